@@ -1,0 +1,24 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="minigrpo",
+    version="0.1.0",
+    description="A from-scratch, pure-PyTorch GRPO trainer for reinforcement learning from verifiable rewards",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["minigrpo", "minigrpo.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.5",  # >= 2.5 for scaled_dot_product_attention(enable_gqa=...)
+        "safetensors",
+        "tokenizers",
+        "huggingface_hub",
+        "sympy",
+        "numpy",
+    ],
+    extras_require={
+        # transformers is a test oracle only: nothing under minigrpo/ imports it.
+        "test": ["pytest", "hypothesis", "transformers>=4.51"],
+        "plot": ["matplotlib"],
+    },
+)
