@@ -1,0 +1,52 @@
+"""Tiny checkpoints and tokenizers built in temporary directories (tests never read ../shared)."""
+
+import json
+import os
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, decoders, trainers
+
+import minigrpo
+
+TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0)
+
+# Random tiny shapes covering what the decoder must get right.
+CONFIGS = {
+    "untied-gqa": dict(TINY),
+    "tied-gqa": dict(TINY, tie_word_embeddings=True),
+    "mha-headdim": dict(TINY, num_key_value_heads=4, head_dim=24),  # head_dim != hidden / heads
+    "mqa-bias": dict(TINY, num_attention_heads=6, num_key_value_heads=1, head_dim=8, attention_bias=True),
+}
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+
+def tiny_model(seed=0, **overrides) -> minigrpo.Qwen3:
+    torch.manual_seed(seed)
+    model = minigrpo.Qwen3(minigrpo.Qwen3Config(**{**TINY, **overrides})).eval()
+    with torch.no_grad():  # non-trivial norms so that a wrong norm weight would show
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def tiny_tokenizer(directory: str) -> minigrpo.Tokenizer:
+    """A byte-level BPE trained on a few sentences, with Qwen3's special tokens, saved in `directory`."""
+    backend = HFTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(["What is 12 + 30? The answer is \\boxed{42}.", "user assistant system think"] * 20, trainer)
+    os.makedirs(directory, exist_ok=True)
+    backend.save(os.path.join(directory, "tokenizer.json"))
+    write_json(os.path.join(directory, "tokenizer_config.json"), {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+    write_json(os.path.join(directory, "generation_config.json"), {"eos_token_id": [backend.token_to_id("<|im_end|>"), backend.token_to_id("<|endoftext|>")]})
+    return minigrpo.Tokenizer.from_directory(directory)
+
+
+def write_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f)

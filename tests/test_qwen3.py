@@ -1,0 +1,142 @@
+"""The hand-written decoder is the same function as transformers' Qwen3, with and without cache and padding."""
+
+import pytest
+import torch
+from helpers import CONFIGS, TINY, tiny_model
+from transformers import Qwen3Config as HFConfig
+from transformers import Qwen3ForCausalLM
+
+import minigrpo
+
+ATOL = 1e-4
+
+
+def hf_twin(model: minigrpo.Qwen3) -> Qwen3ForCausalLM:
+    """transformers' Qwen3 holding the same weights (no disk involved)."""
+    hf = Qwen3ForCausalLM(HFConfig(**model.config.to_dict())).eval()
+    missing, unexpected = hf.load_state_dict(minigrpo.checkpoint.to_hf_state_dict(model), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    return hf
+
+
+def left_pad(prompts, pad=0):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45]]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_logits_equal_transformers(name):
+    model = tiny_model(**CONFIGS[name])
+    hf = hf_twin(model)
+    ids = torch.randint(0, TINY["vocab_size"], (3, 13))
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() <= ATOL
+
+
+def test_left_padded_batch_equals_transformers_with_positions():
+    model = tiny_model()
+    hf = hf_twin(model)
+    ids, mask = left_pad(PROMPTS)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ours = model(ids, attention_mask=mask)
+        theirs = hf(ids, attention_mask=mask, position_ids=positions).logits
+    real = mask.bool()
+    assert (ours[real] - theirs[real]).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_padded_rows_equal_prompts_run_alone(padding):
+    model = tiny_model()
+    if padding == "left":
+        ids, mask = left_pad(PROMPTS)
+    else:
+        ids, mask = (t.flip(-1) for t in left_pad([p[::-1] for p in PROMPTS]))
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask)
+        for row, prompt in enumerate(PROMPTS):
+            alone = model(torch.tensor([prompt]))[0]
+            assert (batched[row][mask[row].bool()] - alone).abs().max() <= ATOL
+
+
+def test_cached_decoding_equals_full_forward():
+    """Prefill a left-padded batch, then feed one token at a time: same logits as one full pass."""
+    model = tiny_model(tie_word_embeddings=True)
+    ids, mask = left_pad(PROMPTS)
+    steps = torch.randint(0, TINY["vocab_size"], (3, 6))  # tokens appended one per step
+    full_ids = torch.cat([ids, steps], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(steps)], dim=1)
+    with torch.no_grad():
+        full = model(full_ids, attention_mask=full_mask)
+        cache = model.new_cache(batch_size=3, max_len=full_ids.shape[1] + 4)  # spare slots stay unused
+        prefill = model(ids, attention_mask=mask, cache=cache)
+        decoded = [model(steps[:, t : t + 1], cache=cache, start_pos=ids.shape[1] + t) for t in range(steps.shape[1])]
+    incremental = torch.cat([prefill, *decoded], dim=1)
+    real = full_mask.bool()
+    assert (incremental[real] - full[real]).abs().max() <= ATOL
+
+
+def test_cache_start_pos_may_be_a_tensor():
+    model = tiny_model()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(1, 8)
+        model(ids[:, :4], cache=cache)
+        last = model(ids[:, 4:], cache=cache, start_pos=torch.tensor(4))
+    assert (last[0, -1] - full[0, -1]).abs().max() <= ATOL
+
+
+def test_cache_reports_its_size():
+    model = tiny_model()
+    cache = model.new_cache(batch_size=3, max_len=10)
+    c = model.config
+    per_tensor = c.num_hidden_layers * 3 * c.num_key_value_heads * 10 * c.head_dim * 4  # fp32 bytes
+    assert cache.nbytes == 2 * per_tensor + 3 * 10
+
+
+def test_bf16_runs_and_stays_close():
+    model = tiny_model()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 16))
+    with torch.no_grad():
+        ref = model(ids)
+        low = model.to(torch.bfloat16)(ids)
+    assert low.dtype == torch.float32  # logits are always returned in fp32
+    scale = ref.abs().max()
+    assert (low - ref).abs().max() <= 0.05 * scale
+    assert (low.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    ids = torch.randint(0, TINY["vocab_size"], (2, 9))
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model().train()
+        model.gradient_checkpointing = checkpointing
+        model(ids).logsumexp(-1).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_config_rejects_impossible_shapes():
+    with pytest.raises(minigrpo.ConfigError, match="multiple of num_key_value_heads"):
+        minigrpo.Qwen3Config(**{**TINY, "num_key_value_heads": 3})
+    with pytest.raises(minigrpo.ConfigError, match="hidden_size must be a positive integer"):
+        minigrpo.Qwen3Config(**{**TINY, "hidden_size": 0})
+    with pytest.raises(minigrpo.ConfigError, match="head_dim must be even"):
+        minigrpo.Qwen3Config(**{**TINY, "head_dim": 7})
+
+
+def test_config_reads_both_rope_theta_spellings():
+    base = {**TINY, "model_type": "qwen3"}
+    base.pop("rope_theta")
+    old = minigrpo.Qwen3Config.from_dict({**base, "rope_theta": 1e6, "rope_scaling": None, "unknown_key": 1})
+    new = minigrpo.Qwen3Config.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert old == new and old.rope_theta == 1e6
+    assert minigrpo.Qwen3Config.from_dict(base).head_dim == TINY["head_dim"]
+
