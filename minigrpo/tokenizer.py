@@ -1,0 +1,117 @@
+"""Text <-> token ids: a thin wrapper over a `tokenizers.Tokenizer` read from tokenizer.json.
+
+It adds what a checkpoint's side files say (EOS and padding ids from generation_config.json and
+tokenizer_config.json) and Qwen3's chat format. It knows strings and ids, not tensors or models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+class Tokenizer:
+    """encode / decode text, plus the special ids the sampler and trainer need."""
+
+    def __init__(self, tokenizer: _HFTokenizer, tokenizer_config: dict | None = None, generation_config: dict | None = None):
+        self.backend = tokenizer
+        self.tokenizer_config = dict(tokenizer_config or {})  # written back unchanged by save()
+        self.generation_config = dict(generation_config or {})  # written back unchanged by save()
+        self.eos_token_ids = self._eos_ids()  # every id that ends a completion, first = the canonical one
+        self.pad_token_id = self._pad_id()  # id used to fill ragged batches (never attended to)
+
+    @classmethod
+    def from_directory(cls, directory: str) -> "Tokenizer":
+        configs = [_read_json_if_exists(os.path.join(directory, name)) for name in ("tokenizer_config.json", "generation_config.json")]
+        return cls(_HFTokenizer.from_file(os.path.join(directory, "tokenizer.json")), *configs)
+
+    def save(self, directory: str) -> None:
+        self.backend.save(os.path.join(directory, "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.tokenizer_config}
+        _write_json(os.path.join(directory, "tokenizer_config.json"), config)
+
+    # --- text <-> ids -------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; no BOS/EOS is added (Qwen3 uses none)."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, batch, skip_special_tokens: bool = False) -> list[str]:
+        return self.backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    # --- chat format ----------------------------------------------------------------------------
+    @property
+    def has_chat_format(self) -> bool:
+        return self.token_to_id(IM_START) is not None and self.token_to_id(IM_END) is not None
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
+        """Qwen3's ChatML text for [{"role", "content"}, ...] (tool calls are not supported).
+
+        With enable_thinking=False an empty <think></think> block is pre-filled, which is how
+        Qwen3's own template switches its reasoning off.
+        """
+        if not self.has_chat_format:
+            raise ValueError("this tokenizer has no <|im_start|>/<|im_end|> tokens: it is not a chat tokenizer")
+        parts = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {message!r}")
+            parts.append(f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n")
+        if add_generation_prompt:
+            parts.append(f"{IM_START}assistant\n")
+            if not enable_thinking:
+                parts.append("<think>\n\n</think>\n\n")
+        return "".join(parts)
+
+    # --- special ids from the side files ------------------------------------------------------
+    def _id_of(self, token) -> int | None:
+        if isinstance(token, dict):  # older tokenizer_config.json: {"content": "<|im_end|>", ...}
+            token = token.get("content")
+        return self.token_to_id(token) if isinstance(token, str) else None
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids = self.generation_config.get("eos_token_id")
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        from_tokenizer = self._id_of(self.tokenizer_config.get("eos_token"))
+        if from_tokenizer is not None and from_tokenizer not in ids:
+            ids.append(from_tokenizer)
+        return tuple(ids)
+
+    def _pad_id(self) -> int | None:
+        pad = self.generation_config.get("pad_token_id")
+        if pad is None:
+            pad = self._id_of(self.tokenizer_config.get("pad_token"))
+        return pad if pad is not None else self.eos_token_id
+
+
+def _read_json_if_exists(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
