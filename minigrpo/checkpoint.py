@@ -54,9 +54,9 @@ def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision:
     device = torch.device(device)
     dtype = _parse_dtype(dtype, device)
     config = read_config(directory)
-    with torch.device("meta"):
-        model = Qwen3(config)
-    model = model.to_empty(device=device).to(dtype)
+    with torch.device("meta"):  # no memory, no random init: the weights come from the files
+        model = Qwen3(config).to(dtype)
+    model = model.to_empty(device=device)
     _load_weights(model, directory)
     model.eval()
     tokenizer = Tokenizer.from_directory(directory) if os.path.exists(os.path.join(directory, "tokenizer.json")) else None

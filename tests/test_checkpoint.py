@@ -9,7 +9,7 @@ import torch
 from helpers import CONFIGS, TINY, tiny_model, tiny_tokenizer, write_json
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config as HFConfig
-from transformers import Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
 import minigrpo
 
@@ -36,7 +36,8 @@ def test_transformers_checkpoint_loads_with_same_logits(tmp_path, name):
 def test_our_checkpoint_loads_in_transformers(tmp_path, name):
     model = tiny_model(**CONFIGS[name])
     minigrpo.save_pretrained(model, None, tmp_path / "ckpt")
-    hf = Qwen3ForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    assert isinstance(hf, Qwen3ForCausalLM)
     with torch.no_grad():
         assert (model(IDS) - hf(IDS).logits).abs().max() <= ATOL
 
