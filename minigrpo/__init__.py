@@ -2,6 +2,7 @@
 
 from .checkpoint import CheckpointError, load_pretrained, save_pretrained
 from .qwen3 import ConfigError, KVCache, Qwen3, Qwen3Config
+from .sampler import Samples, SamplingConfig, generate
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -10,7 +11,10 @@ __all__ = [
     "KVCache",
     "Qwen3",
     "Qwen3Config",
+    "Samples",
+    "SamplingConfig",
     "Tokenizer",
+    "generate",
     "load_pretrained",
     "save_pretrained",
 ]

@@ -90,6 +90,32 @@ class Qwen3Config:
         return d
 
 
+SKINNY_ROWS = 64  # at or below this many rows, CPU matmuls go through the transposed product
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), computed as (weight @ x.T).T when x has few rows on CPU.
+
+    Same maths, another order of the loops: on the project's CPUs (MKL on AMD EPYC) the plain
+    product with 2-64 rows, i.e. a decode step, ran 1.2-2.9x slower than the transposed one
+    (benchmarks/README.md); from a few hundred rows on they are equal, so training is unaffected.
+    """
+    rows = x.numel() // x.shape[-1]
+    if x.device.type != "cpu" or rows > SKINNY_ROWS:
+        return F.linear(x, weight, bias)
+    y = (weight @ x.reshape(rows, -1).t()).t()  # (rows, out), column-major
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """nn.Linear through `linear` above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32 and cast back before the weight, as Qwen3 does."""
 
@@ -139,11 +165,39 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.valid.nbytes
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v (B, kv_heads, T, D) at `slots` (T,); return this layer's full (B, kv_heads, max_len, D) pair."""
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int):
+        """Store k, v (B, kv_heads, T, D) at `slots` (T,); return slots [0, length) as (B, kv_heads, length, D)."""
         self.k[layer].index_copy_(2, slots, k)
         self.v[layer].index_copy_(2, slots, v)
-        return self.k[layer], self.v[layer]
+        return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
+
+    def every_nth_row(self, n: int) -> "KVCache":
+        """A view of rows 0, n, 2n, ...: writes to it land in this cache (used to prefill each prompt once)."""
+        return self._view(self.k[:, ::n], self.v[:, ::n], self.valid[::n])
+
+    def keep_rows(self, rows: torch.Tensor) -> "KVCache":
+        """Move `rows` (ascending indices) to the front, in place, and return a view of just those rows."""
+        n = len(rows)
+        for t in (self.k, self.v):
+            for layer in range(t.shape[0]):  # a layer at a time: the temporary is one layer's rows, not a cache
+                t[layer, :n] = t[layer, rows]
+        self.valid[:n] = self.valid[rows]
+        return self._view(self.k[:, :n], self.v[:, :n], self.valid[:n])
+
+    @classmethod
+    def _view(cls, k, v, valid) -> "KVCache":
+        view = object.__new__(cls)
+        view.k, view.v, view.valid = k, v, valid
+        return view
+
+    def fill_groups(self, n: int) -> None:
+        """Copy row g*n into rows g*n+1 .. g*n+n-1 of every group g, in place."""
+        L, B, H, S, D = self.k.shape
+        for t in (self.k, self.v):
+            groups = t.view(L, B // n, n, H, S, D)
+            groups[:, :, 1:] = groups[:, :, :1]
+        groups = self.valid.view(B // n, n, S)
+        groups[:, 1:] = groups[:, :1]
 
 
 def visibility_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
@@ -166,10 +220,10 @@ class Attention(nn.Module):
         self.layer = layer
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_width, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_width, config.hidden_size, bias=config.attention_bias)
+        self.q_proj = Linear(config.hidden_size, q_width, bias=config.attention_bias)
+        self.k_proj = Linear(config.hidden_size, kv_width, bias=config.attention_bias)
+        self.v_proj = Linear(config.hidden_size, kv_width, bias=config.attention_bias)
+        self.o_proj = Linear(q_width, config.hidden_size, bias=config.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -180,7 +234,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
-            k, v = cache.write(self.layer, slots, k, v)  # (B, Hkv, max_len, D)
+            k, v = cache.write(self.layer, slots, k, v, mask.shape[-1])  # (B, Hkv, S, D), S as the mask
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads
         )  # (B, H, T, D)
@@ -192,9 +246,9 @@ class MLP(nn.Module):
 
     def __init__(self, config: Qwen3Config):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -224,7 +278,7 @@ class Qwen3(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, False)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False)
         self.gradient_checkpointing = False  # recompute each block in backward to save activation memory
         if not any(p.is_meta for p in self.parameters()):
             self.apply(_init_weights)
@@ -237,15 +291,18 @@ class Qwen3(nn.Module):
 
         input_ids (B, T). attention_mask (B, T): 1 for real tokens, 0 for padding (left or right).
         position_ids (B, T): defaults to each token's index among its row's real tokens.
-        cache: a KVCache; the T tokens are written to slots start_pos .. start_pos+T-1 (start_pos
-        an int or a 0-dim tensor) and attend to every valid slot up to their own.
+        cache: a KVCache; the T tokens are written to slots start_pos .. start_pos+T-1 and attend
+        to every valid slot up to their own. With an int start_pos only the slots written so far
+        are read; with a 0-dim tensor (for torch.compile: no recompiles) all max_len slots are,
+        the unwritten ones masked out.
         """
         B, T = input_ids.shape
         slots = torch.arange(T, device=input_ids.device) + start_pos  # (T,)
         new_valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         if cache is not None:
             cache.valid[:, slots] = new_valid
-            valid = cache.valid  # (B, max_len)
+            length = cache.max_len if torch.is_tensor(start_pos) else start_pos + T
+            valid = cache.valid[:, :length]  # (B, S)
         else:
             valid = new_valid  # (B, T)
         if position_ids is None:
@@ -264,7 +321,7 @@ class Qwen3(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states (..., hidden) -> fp32 logits (..., vocab)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         return KVCache(self.config, batch_size, max_len, dtype=self.dtype, device=self.device)

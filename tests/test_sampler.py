@@ -1,0 +1,206 @@
+"""The batched, cached sampler against the naive one, and its sampling rules on hand-set logits."""
+
+import pytest
+import torch
+from helpers import TINY, tiny_model
+from reference_sampler import naive_generate
+
+import minigrpo
+from minigrpo import sampler
+
+PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=3)  # greedy completions of this one vary (a tied random model repeats its input)
+
+
+def test_greedy_batched_equals_one_at_a_time_and_naive(model):
+    batched = minigrpo.generate(model, PROMPTS, max_new_tokens=12, temperature=0)
+    alone = [minigrpo.generate(model, [p], max_new_tokens=12, temperature=0).tokens[0] for p in PROMPTS]
+    naive, naive_logprobs = naive_generate(model, PROMPTS, max_new_tokens=12, temperature=0)
+    assert batched.tokens == alone == naive
+    for ours, reference in zip(batched.logprobs, naive_logprobs):
+        assert torch.allclose(torch.tensor(ours), torch.tensor(reference), atol=1e-4)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7, top_p=0.9), dict(temperature=1.3, top_k=5), dict(temperature=1.0)])
+def test_logprobs_equal_a_full_forward_pass(model, settings):
+    samples = minigrpo.generate(model, PROMPTS, max_new_tokens=9, num_samples=2, seed=3, **settings)
+    for tokens, logprobs, index in zip(samples.tokens, samples.logprobs, samples.prompt_indices):
+        sequence = torch.tensor([PROMPTS[index] + tokens])
+        with torch.no_grad():
+            scaled = model(sequence)[0, len(PROMPTS[index]) - 1 : -1] / settings["temperature"]  # (n, V)
+        expected = scaled.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+        assert (torch.tensor(logprobs) - expected).abs().max() <= 1e-4
+
+
+def test_num_samples_replication_equals_separate_prefills(model):
+    G = 3
+    ids, mask = sampler.left_pad(PROMPTS, model.device)
+    with torch.no_grad():
+        shared = model.new_cache(len(PROMPTS) * G, ids.shape[1] + 4)
+        replicated = sampler.prefill(model, ids, mask, shared, G)
+        separate = model.new_cache(len(PROMPTS) * G, ids.shape[1] + 4)
+        hidden = model.hidden_states(ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), cache=separate)
+        direct = model.logits(hidden[:, -1])
+    assert (replicated - direct).abs().max() <= 1e-5
+    assert (shared.k - separate.k).abs().max() <= 1e-5 and (shared.v - separate.v).abs().max() <= 1e-5
+    assert torch.equal(shared.valid, separate.valid)
+    greedy = minigrpo.generate(model, PROMPTS, max_new_tokens=6, temperature=0, num_samples=G)
+    single = minigrpo.generate(model, PROMPTS, max_new_tokens=6, temperature=0)
+    assert greedy.tokens == [t for t in single.tokens for _ in range(G)]
+    assert greedy.prompt_indices == [i for i in range(len(PROMPTS)) for _ in range(G)]
+
+
+def test_fixed_seed_reproduces(model):
+    settings = dict(max_new_tokens=10, temperature=1.0, top_p=0.95, num_samples=4)
+    first = minigrpo.generate(model, PROMPTS, seed=7, **settings)
+    again = minigrpo.generate(model, PROMPTS, seed=7, **settings)
+    other = minigrpo.generate(model, PROMPTS, seed=8, **settings)
+    assert first.tokens == again.tokens and first.logprobs == again.logprobs
+    assert first.tokens != other.tokens
+    assert len({tuple(t) for t in first.tokens[:4]}) > 1  # the G samples of a prompt differ
+
+
+def test_eos_and_max_new_tokens_per_row(model):
+    free = minigrpo.generate(model, PROMPTS, max_new_tokens=12, temperature=0)
+    eos = free.tokens[0][3]  # a token row 0 emits at step 4 (maybe earlier too)
+    stopped = minigrpo.generate(model, PROMPTS, max_new_tokens=12, temperature=0, eos_token_ids=[eos, 10_000 % TINY["vocab_size"]])
+    for row, tokens in enumerate(free.tokens):
+        ends = [i for i, t in enumerate(tokens) if t in (eos, 10_000 % TINY["vocab_size"])]
+        expected = tokens[: ends[0] + 1] if ends else tokens
+        assert stopped.tokens[row] == expected
+        assert stopped.finish_reasons[row] == ("stop" if ends else "length")
+        assert len(stopped.logprobs[row]) == len(expected)
+    assert stopped.finish_reasons[0] == "stop" and len(stopped.tokens[0]) <= 4
+    assert all(len(t) == 12 for t in free.tokens) and set(free.finish_reasons) == {"length"}
+
+
+def test_stops_early_when_every_row_is_done(model):
+    first = minigrpo.generate(model, [PROMPTS[0]], max_new_tokens=1, temperature=0).tokens[0][0]
+    samples = minigrpo.generate(model, [PROMPTS[0]], max_new_tokens=50, temperature=0, eos_token_ids=[first], check_every=1)
+    assert samples.tokens == [[first]] and samples.decode_steps == 0
+
+
+# --- sampling rules on a model whose logits are set by hand ----------------------------------------
+def fixed_logits_model(logits: torch.Tensor) -> minigrpo.Qwen3:
+    """A Qwen3 that outputs `logits` (V,) at every position whatever the input."""
+    config = minigrpo.Qwen3Config(**{**TINY, "vocab_size": logits.numel(), "tie_word_embeddings": False})
+    model = minigrpo.Qwen3(config).eval()
+    C = config.hidden_size
+    with torch.no_grad():
+        for block in model.layers:  # blocks add nothing to the residual stream
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+        model.embed_tokens.weight.zero_()
+        model.embed_tokens.weight[:, 0] = 1.0  # every token embeds to e_0; the final norm makes it sqrt(C) e_0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, 0] = logits / C**0.5
+    return model
+
+
+LOGITS = torch.log(torch.tensor([0.30, 0.25, 0.15, 0.10, 0.08, 0.05, 0.04, 0.03]))  # probabilities, sorted
+
+
+def draw(model, n_rows=64, steps=8, **settings):
+    samples = minigrpo.generate(model, [[1]] * n_rows, max_new_tokens=steps, seed=0, **settings)
+    return torch.tensor(samples.tokens).flatten()
+
+
+def test_hand_set_logits_model_outputs_its_logits():
+    model = fixed_logits_model(LOGITS)
+    with torch.no_grad():
+        out = model(torch.tensor([[3, 1, 4]]))
+    assert torch.allclose(out, LOGITS.expand_as(out), rtol=1e-4, atol=1e-5)  # RMSNorm's eps is the only error
+
+
+def test_top_k_never_leaves_the_k_most_likely():
+    tokens = draw(fixed_logits_model(LOGITS), top_k=3)
+    assert set(tokens.tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("top_p, allowed", [(0.5, {0, 1}), (0.54, {0, 1}), (0.56, {0, 1, 2}), (0.01, {0})])
+def test_top_p_never_leaves_the_nucleus(top_p, allowed):
+    tokens = draw(fixed_logits_model(LOGITS), top_p=top_p)
+    assert set(tokens.tolist()) == allowed
+
+
+def test_top_k_then_top_p_renormalises_over_k():
+    # top-2 renormalised: 0.545, 0.455; top_p 0.5 keeps only token 0
+    tokens = draw(fixed_logits_model(LOGITS), top_k=2, top_p=0.5)
+    assert set(tokens.tolist()) == {0}
+
+
+def test_nucleus_longer_than_the_candidate_shortcut(monkeypatch):
+    monkeypatch.setattr(sampler, "NUCLEUS_CANDIDATES", 2)  # the shortcut cannot hold a 0.9 nucleus here
+    tokens = draw(fixed_logits_model(LOGITS), top_p=0.9)
+    assert set(tokens.tolist()) == {0, 1, 2, 3, 4, 5}
+
+
+def test_sampling_frequencies_follow_the_temperature_scaled_distribution():
+    tokens = draw(fixed_logits_model(LOGITS), n_rows=256, steps=16, temperature=2.0)
+    observed = torch.bincount(tokens, minlength=8).float() / tokens.numel()
+    expected = (LOGITS / 2.0).softmax(-1)
+    assert (observed - expected).abs().max() < 0.03  # 4096 draws: 3 sigma is ~0.02
+
+
+# --- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "prompts, settings, message",
+    [
+        ([], {}, "non-empty list"),
+        ([[1, 2], []], {}, "prompt 1 is empty"),
+        ([[1] * 30], dict(max_new_tokens=32768), "exceeds the model's context of 32768"),
+        ([[1, 500]], {}, "outside \\[0, 97\\)"),
+        ([[1]], dict(temperature=-0.1), "temperature must be >= 0"),
+        ([[1]], dict(top_p=0.0), "top_p must be in \\(0, 1\\]"),
+        ([[1]], dict(top_p=1.5), "top_p must be in \\(0, 1\\]"),
+        ([[1]], dict(top_k=-1), "top_k must be"),
+        ([[1]], dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
+        ([[1]], dict(num_samples=0), "num_samples must be a positive integer"),
+    ],
+)
+def test_bad_input_is_a_clear_error(model, prompts, settings, message):
+    with pytest.raises(ValueError, match=message):
+        minigrpo.generate(model, prompts, **{"max_new_tokens": 4, **settings})
+
+
+def test_reports_timings_and_cache_size(model):
+    samples = minigrpo.generate(model, PROMPTS, max_new_tokens=5, num_samples=2, seed=0)
+    c = model.config
+    slots = len(PROMPTS) * 2 * (max(map(len, PROMPTS)) + 5)
+    assert samples.kv_cache_bytes == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * slots * 4 + slots
+    assert samples.decode_steps == 4 and samples.num_tokens == 40
+    assert samples.prefill_seconds > 0 and samples.decode_seconds > 0 and samples.tokens_per_second > 0
+
+
+def test_dropping_finished_rows_changes_no_token(model, monkeypatch):
+    """With many EOS ids rows end at different steps; compacting the batch must not change any row."""
+    prompts = [[i + 1, 2 * i + 3, 5, i * 7 % 97] for i in range(12)]
+    eos = [56, 0, 17, 82]  # tokens this model emits at varied steps, and in some rows never
+    compactions = []
+    original = minigrpo.KVCache.keep_rows
+    monkeypatch.setattr(minigrpo.KVCache, "keep_rows", lambda self, rows: compactions.append(len(rows)) or original(self, rows))
+    settings = dict(max_new_tokens=24, temperature=0, eos_token_ids=eos, check_every=2)
+    compacted = minigrpo.generate(model, prompts, compact=True, **settings)
+    masked = minigrpo.generate(model, prompts, compact=False, **settings)
+    naive, naive_logprobs = naive_generate(model, prompts, **settings)
+    assert compactions, "no row was dropped: the test needs rows that finish early"
+    assert compacted.tokens == masked.tokens == naive
+    assert compacted.finish_reasons == masked.finish_reasons
+    for ours, reference in zip(compacted.logprobs, naive_logprobs):
+        assert torch.allclose(torch.tensor(ours), torch.tensor(reference), atol=1e-4)
+    assert len(set(map(len, compacted.tokens))) > 2  # lengths really differ
+
+
+def test_compiled_decode_step_gives_the_same_completions():
+    """compile=True (about 25 s of inductor work on these CPUs, so a one-layer model)."""
+    model = tiny_model(seed=3, num_hidden_layers=1)
+    settings = dict(max_new_tokens=6, temperature=0, eos_token_ids=[56])
+    eager = minigrpo.generate(model, PROMPTS, **settings)
+    compiled = minigrpo.generate(model, PROMPTS, compile=True, **settings)
+    assert compiled.tokens == eager.tokens and compiled.finish_reasons == eager.finish_reasons
+    for a, b in zip(compiled.logprobs, eager.logprobs):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
