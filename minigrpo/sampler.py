@@ -6,8 +6,8 @@ It knows token ids and the model, not text, rewards or training.
 
 Where the speed comes from: one static KV cache sized once per call; each prompt prefilled once
 and its cache copied into its G rows; the LM head applied to the last position only; a decode
-step with no host synchronisation but a periodic "all finished?" check; top-k / top-p on a few
-hundred candidates rather than a sort of the whole vocabulary (exact; see `candidates`).
+step with no host synchronisation but a periodic "all finished?" check; on CPU, top-p by
+rejection instead of a sort of the whole vocabulary (exact; see `nucleus_by_rejection`).
 Finished rows are dropped from the batch (the KV cache compacted in place) once they are half of
 it; with torch.compile they are masked instead, so that shapes never change. The slow reference,
 full recompute per token, lives in the tests.
@@ -15,6 +15,7 @@ full recompute per token, lives in the tests.
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 
@@ -22,8 +23,7 @@ import torch
 
 from .qwen3 import Qwen3
 
-NUCLEUS_CANDIDATES = 512  # top-p looks at this many most likely tokens first, then at all if they are not enough
-
+COMPILE_SLOT_MULTIPLE = 64  # compiled decode steps see cache lengths rounded up to this
 
 @dataclass
 class SamplingConfig:
@@ -101,6 +101,8 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
     for i, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if not all(isinstance(t, numbers.Integral) for t in prompt):
+            raise ValueError(f"prompt {i} must be a list of token ids (ints); encode text with the tokenizer first")
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
         if len(prompt) + config.max_new_tokens > context:
@@ -113,7 +115,10 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
 def _generate(model: Qwen3, prompts, config: SamplingConfig, generator: torch.Generator) -> Samples:
     G, N = config.num_samples, config.max_new_tokens
     ids, mask = left_pad(prompts, model.device)  # (P, Lp)
-    cache = model.new_cache(len(prompts) * G, ids.shape[1] + N)
+    slots = ids.shape[1] + N
+    if config.compile:  # round up so that calls with other prompt lengths reuse the compiled step
+        slots = -(-slots // COMPILE_SLOT_MULTIPLE) * COMPILE_SLOT_MULTIPLE
+    cache = model.new_cache(len(prompts) * G, slots)
 
     start = time.perf_counter()
     logits = prefill(model, ids, mask, cache, G)  # (B, V)
@@ -192,50 +197,70 @@ def sample(logits: torch.Tensor, config: SamplingConfig, generator) -> tuple[tor
     if config.temperature == 0:
         token = logits.argmax(-1)  # (B,)
         return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-    scaled = logits / config.temperature  # (B, V)
-    log_norm = scaled.logsumexp(-1, keepdim=True)  # (B, 1)
-    token = sample_filtered(scaled, log_norm, config.top_k, config.top_p, generator)  # (B,)
-    return token, (scaled.gather(-1, token[:, None]) - log_norm).squeeze(-1)
+    scaled = logits / config.temperature if config.temperature != 1 else logits  # (B, V)
+    token = sample_filtered(scaled, config.top_k, config.top_p, generator)  # (B,)
+    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
-def sample_filtered(scaled, log_norm, top_k: int, top_p: float, generator) -> torch.Tensor:
+def sample_filtered(scaled, top_k: int, top_p: float, generator) -> torch.Tensor:
     """Draw from the top-k / nucleus-filtered distribution; top-p applies after top-k, as in transformers."""
-    found = candidates(scaled, log_norm, top_k, top_p)
-    if found is None:  # no filtering: all V tokens take part
-        return race((scaled - log_norm).exp(), generator)
-    values, indices = found  # (B, K) each, most likely first
-    # top-k renormalises over its k tokens; otherwise these are the full distribution's probabilities
-    probs = values.softmax(-1) if top_k else (values - log_norm).exp()  # (B, K)
-    if top_p < 1:
-        mass_before = probs.cumsum(-1) - probs  # (B, K)
-        probs = probs.masked_fill(mass_before >= top_p, 0.0)  # (B, K); the most likely token always stays
-    return indices.gather(-1, race(probs, generator)[:, None]).squeeze(-1)
-
-
-def candidates(scaled, log_norm, top_k: int, top_p: float):
-    """The most likely tokens, sorted, that can contain every token the filters allow; None if all can.
-
-    top-k needs k of them. top-p needs the shortest prefix holding top_p of the mass: on CPU we first
-    take NUCLEUS_CANDIDATES with topk (a full sort of 152k logits per row costs more than the rest of
-    a small model's step) and fall back to the full sort only if some row's nucleus is longer. That
-    check is a host sync, which costs nothing on CPU; on GPU the full sort is cheap, so we sort.
-    """
-    V = scaled.shape[-1]
-    if top_k and top_k < V:
-        return scaled.topk(top_k, dim=-1)
+    if top_k and top_k < scaled.shape[-1]:
+        values, indices = scaled.topk(top_k, dim=-1)  # (B, k) each, most likely first
+        probs = values.softmax(-1)  # (B, k), renormalised over the k tokens
+        if top_p < 1:
+            mass_before = probs.cumsum(-1) - probs  # (B, k)
+            probs = probs.masked_fill(mass_before >= top_p, 0.0)  # the most likely token always stays
+        return indices.gather(-1, draw(probs.cumsum(-1), generator)).squeeze(-1)
+    probs = scaled.softmax(-1)  # (B, V)
     if top_p >= 1:
-        return None
-    if scaled.device.type == "cpu" and NUCLEUS_CANDIDATES < V:
-        values, indices = scaled.topk(NUCLEUS_CANDIDATES, dim=-1)
-        if bool(((values - log_norm).exp().sum(-1) >= top_p).all()):
-            return values, indices
-    return scaled.sort(dim=-1, descending=True)
+        return draw(probs.cumsum(-1), generator).squeeze(-1)
+    if probs.device.type == "cpu":
+        token = nucleus_by_rejection(probs, top_p, generator)
+        if token is not None:
+            return token
+    return nucleus_by_sorting(probs, top_p, generator)
 
 
-def race(weights: torch.Tensor, generator) -> torch.Tensor:
-    """Index drawn proportionally to non-negative weights (B, K): argmax of weight / Exp(1) noise."""
-    noise = torch.empty_like(weights).exponential_(1.0, generator=generator)
-    return (weights / noise).argmax(-1)
+def draw(cdf: torch.Tensor, generator) -> torch.Tensor:
+    """(B, 1) indices drawn by inverting each row's unnormalised cumulative weights (B, K).
+
+    One uniform number per row: far cheaper on CPU than torch.multinomial or exponential noise,
+    which both draw a random number per vocabulary entry. Zero-weight entries are never drawn.
+    """
+    u = 1.0 - torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)  # (B, 1), in (0, 1]
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=cdf.shape[-1] - 1)
+
+
+def nucleus_by_sorting(probs, top_p: float, generator) -> torch.Tensor:
+    """Top-p the textbook way: sort (B, V), keep the shortest prefix holding top_p of the mass, draw."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    kept = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    return order.gather(-1, draw(kept.cumsum(-1), generator)).squeeze(-1)
+
+
+def nucleus_by_rejection(probs, top_p: float, generator, tries: int = 8) -> torch.Tensor | None:
+    """Top-p without sorting: draw from the full distribution until the draw lies in the nucleus.
+
+    A token is in the nucleus when the tokens more likely than it hold less than top_p of the mass
+    (tokens tied at the boundary are all kept). Accepting only such draws samples exactly from the
+    renormalised nucleus; a draw is accepted with probability >= top_p. Each try is one pass over
+    (B, V) instead of a sort, and checks all rows on the host: free on CPU, which is why only the
+    CPU path uses it. None if some row missed `tries` times (chance <= (1 - top_p)^tries): the
+    caller then sorts, which keeps every row exact.
+    """
+    cdf = probs.cumsum(-1)  # (B, V)
+    token = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (B,)
+    pending = torch.ones_like(token, dtype=torch.bool)  # (B,)
+    for _ in range(tries):
+        candidate = draw(cdf, generator)  # (B, 1)
+        mass_above = torch.where(probs > probs.gather(-1, candidate), probs, 0.0).sum(-1)  # (B,)
+        accepted = pending & (mass_above < top_p)
+        token = torch.where(accepted, candidate.squeeze(-1), token)
+        pending &= ~accepted
+        if not bool(pending.any()):
+            return token
+    return None
 
 
 def to_samples(tokens, logprobs, lengths, config, num_prompts, prefill_s, decode_s, steps, cache_bytes) -> Samples:

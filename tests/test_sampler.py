@@ -133,10 +133,23 @@ def test_top_k_then_top_p_renormalises_over_k():
     assert set(tokens.tolist()) == {0}
 
 
-def test_nucleus_longer_than_the_candidate_shortcut(monkeypatch):
-    monkeypatch.setattr(sampler, "NUCLEUS_CANDIDATES", 2)  # the shortcut cannot hold a 0.9 nucleus here
-    tokens = draw(fixed_logits_model(LOGITS), top_p=0.9)
-    assert set(tokens.tolist()) == {0, 1, 2, 3, 4, 5}
+@pytest.mark.parametrize("path", ["rejection", "sorting"])
+def test_both_top_p_paths_sample_the_renormalised_nucleus(monkeypatch, path):
+    if path == "sorting":  # what a GPU, or a row that misses the nucleus four times, goes through
+        monkeypatch.setattr(sampler, "nucleus_by_rejection", lambda *args, **kwargs: None)
+    tokens = draw(fixed_logits_model(LOGITS), n_rows=256, steps=16, top_p=0.75)
+    assert set(tokens.tolist()) == {0, 1, 2, 3}  # 0.30 + 0.25 + 0.15 < 0.75 <= 0.80
+    observed = torch.bincount(tokens, minlength=8).float() / tokens.numel()
+    nucleus = LOGITS.exp()[:4] / LOGITS.exp()[:4].sum()
+    assert (observed[:4] - nucleus).abs().max() < 0.03  # 4096 draws: 3 sigma is ~0.02
+
+
+def test_rejection_gives_up_and_sorting_takes_over_when_draws_keep_missing():
+    probs = torch.tensor([[0.5, 0.3, 0.2]])
+    rigged = torch.Generator().manual_seed(0)
+    # top_p 0.01 keeps only token 0; with 0 tries allowed the rejection path must give up
+    assert sampler.nucleus_by_rejection(probs, 0.01, rigged, tries=0) is None
+    assert sampler.nucleus_by_sorting(probs, 0.01, rigged).tolist() == [0]
 
 
 def test_sampling_frequencies_follow_the_temperature_scaled_distribution():
@@ -154,6 +167,7 @@ def test_sampling_frequencies_follow_the_temperature_scaled_distribution():
         ([[1, 2], []], {}, "prompt 1 is empty"),
         ([[1] * 30], dict(max_new_tokens=32768), "exceeds the model's context of 32768"),
         ([[1, 500]], {}, "outside \\[0, 97\\)"),
+        (["What is 2+2?"], {}, "prompt 0 must be a list of token ids"),
         ([[1]], dict(temperature=-0.1), "temperature must be >= 0"),
         ([[1]], dict(top_p=0.0), "top_p must be in \\(0, 1\\]"),
         ([[1]], dict(top_p=1.5), "top_p must be in \\(0, 1\\]"),
