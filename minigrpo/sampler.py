@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .qwen3 import Qwen3
 
 COMPILE_SLOT_MULTIPLE = 64  # compiled decode steps see cache lengths rounded up to this
+
 
 @dataclass
 class SamplingConfig:
@@ -68,7 +69,6 @@ class Samples:
     decode_seconds: float = 0.0  # every decode step, sampling included
     decode_steps: int = 0  # model calls after the prefill
     kv_cache_bytes: int = 0  # the one KV cache this call allocated
-    timings: dict = field(default_factory=dict)  # extra counters (compile seconds, ...)
 
     @property
     def num_tokens(self) -> int:
