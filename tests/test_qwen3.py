@@ -19,11 +19,8 @@ def hf_twin(model: minigrpo.Qwen3) -> Qwen3ForCausalLM:
     return hf
 
 
-def left_pad(prompts, pad=0):
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
+def left_pad(prompts):
+    return minigrpo.sampler.left_pad(prompts, "cpu")  # (B, T) ids and mask, each prompt ending at the last column
 
 
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45]]
