@@ -1,21 +1,40 @@
-"""minigrpo: a from-scratch, pure-PyTorch GRPO trainer for reinforcement learning from verifiable rewards."""
+"""minigrpo: a from-scratch, pure-PyTorch GRPO trainer for reinforcement learning from verifiable rewards.
 
-from .checkpoint import CheckpointError, load_pretrained, save_pretrained
-from .qwen3 import ConfigError, KVCache, Qwen3, Qwen3Config
-from .sampler import Samples, SamplingConfig, generate
-from .tokenizer import Tokenizer
+Names are imported on first use, so that `import minigrpo.verifier` (pure Python + sympy, also run
+in the verifier's worker processes) never pays for importing torch.
+"""
 
-__all__ = [
-    "CheckpointError",
-    "ConfigError",
-    "KVCache",
-    "Qwen3",
-    "Qwen3Config",
-    "Samples",
-    "SamplingConfig",
-    "Tokenizer",
-    "generate",
-    "load_pretrained",
-    "save_pretrained",
-]
+import importlib
+
+_EXPORTS = {
+    "CheckpointError": "checkpoint",
+    "load_pretrained": "checkpoint",
+    "save_pretrained": "checkpoint",
+    "ConfigError": "qwen3",
+    "KVCache": "qwen3",
+    "Qwen3": "qwen3",
+    "Qwen3Config": "qwen3",
+    "Samples": "sampler",
+    "SamplingConfig": "sampler",
+    "generate": "sampler",
+    "Tokenizer": "tokenizer",
+    "extract_answer": "verifier",
+    "is_equivalent": "verifier",
+    "math_reward": "verifier",
+    "math_rewards": "verifier",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'minigrpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
