@@ -1,0 +1,150 @@
+"""Stage 2 of the loop, reward: arithmetic on parsed values, refused when the result would be huge.
+
+Every operation `parse` performs goes through these functions. Powers and factorials are refused
+from an estimate of their size before anything is computed (9^{9^{9^9}}, (10^{100000})!), exact
+rationals past MAX_BITS after; operations on tuples, sets, intervals or relations are refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from .values import Interval, Relation, Set, Tuple, Union, Unsupported
+
+MAX_BITS = 400_000  # exact rationals larger than this (about 120,000 digits) are not computed
+MAX_FACTORIAL = 1_000  # n! is computed for n up to this
+MAX_DISTINCT = 100  # distinct elements of a set (matching them is quadratic)
+PM = sympy.Dummy("pm")  # stands for the sign of a ± until the value is split in two
+
+
+def scalar(value):
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    if not isinstance(value, sympy.Basic):
+        raise Unsupported("arithmetic on a tuple, set, interval or relation")
+    return value
+
+
+def checked_literal(mantissa: str, exponent: int):
+    if (len(mantissa) + abs(exponent)) * 3.33 > MAX_BITS:
+        raise Unsupported("number too large")
+    return sympy.Rational(mantissa) * sympy.Integer(10) ** exponent
+
+
+def _checked(value):
+    if isinstance(value, sympy.Rational) and value.p.bit_length() + value.q.bit_length() > MAX_BITS:
+        raise Unsupported("number too large")
+    return value
+
+
+def add(a, b):
+    return _checked(scalar(a) + scalar(b))
+
+
+def mul(a, b):
+    a, b = scalar(a), scalar(b)
+    if isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase) and a.shape[1] != b.shape[0]:
+        raise Unsupported("matrix shapes do not match")
+    return _checked(a * b)
+
+
+def div(a, b):
+    a, b = scalar(a), scalar(b)
+    if isinstance(b, sympy.MatrixBase):
+        raise Unsupported("division by a matrix")
+    if b == 0:
+        raise Unsupported("division by zero")
+    return _checked(a / b)
+
+
+def power(base, exponent):
+    base, exponent = scalar(base), scalar(exponent)
+    if isinstance(exponent, sympy.MatrixBase) or isinstance(base, sympy.MatrixBase):
+        raise Unsupported("matrix powers")
+    if base.is_number and exponent.is_number and _result_bits(base, exponent) > MAX_BITS:
+        raise Unsupported("power too large")
+    if base == 0 and exponent.is_number and exponent.is_negative:
+        raise Unsupported("division by zero")
+    return _checked(base**exponent)
+
+
+def _result_bits(base, exponent) -> float:
+    """An upper estimate of log2 |base ** exponent| (inf when it cannot be estimated cheaply)."""
+    if not exponent.is_real:
+        return 0.0 if not exponent.is_Rational else math.inf
+    if exponent.is_Rational:
+        e = abs(exponent)
+        if e.q > 1000:
+            return math.inf
+        e = float(e) if e.p.bit_length() < 64 else math.inf
+    else:
+        e = abs(float(sympy.N(exponent, 15))) if len(exponent.free_symbols) == 0 else math.inf
+    if base in (0, 1, -1) or e == 0:
+        return 0.0
+    magnitude = _log2_abs(base)
+    return e * max(abs(magnitude), 1.0)
+
+
+def _log2_abs(x) -> float:
+    if isinstance(x, sympy.Rational):
+        return x.p.bit_length() - x.q.bit_length()
+    try:
+        return math.log2(abs(complex(sympy.N(x, 15)))) if len(str(x)) < 200 else math.inf
+    except (TypeError, ValueError, OverflowError):
+        return math.inf
+
+
+def factorial(n):
+    n = scalar(n)
+    if not (n.is_Integer and 0 <= n <= MAX_FACTORIAL):
+        raise Unsupported("factorial of a non-integer or too large a number")
+    return sympy.factorial(n)
+
+
+def binomial(n, k):
+    n, k = scalar(n), scalar(k)
+    if n.is_Integer and k.is_Integer and 0 <= k <= n and n > 100_000:
+        raise Unsupported("binomial too large")
+    return sympy.binomial(n, k)
+
+
+def root(value, index):
+    value, index = scalar(value), scalar(index)
+    if not (index.is_Integer and 2 <= index <= 100):
+        raise Unsupported("root index must be a small integer")
+    return power(value, sympy.Rational(1, index))
+
+
+def make_set(items) -> Set:
+    distinct = tuple(dict.fromkeys(items))  # written twice is still one element
+    if len(distinct) > MAX_DISTINCT:
+        raise Unsupported("too many distinct elements")
+    return Set(distinct)
+
+
+def infinite(items) -> bool:
+    return any(isinstance(x, sympy.Basic) and x in (sympy.oo, -sympy.oo) for x in items)
+
+
+def as_interval_or_set(value):
+    if isinstance(value, (Interval, Set)):
+        return value
+    if isinstance(value, Tuple) and len(value.items) == 2 and value.brackets == "()":
+        return Interval(value.items[0], value.items[1], False, False)
+    raise Unsupported("\\cup of something that is not an interval or a set")
+
+
+def contains_pm(value) -> bool:
+    if isinstance(value, sympy.Basic):
+        return value.has(PM)
+    if isinstance(value, (Tuple, Set)):
+        return any(map(contains_pm, value.items))
+    if isinstance(value, Interval):
+        return contains_pm(value.lo) or contains_pm(value.hi)
+    if isinstance(value, Relation):
+        return contains_pm(value.lhs) or contains_pm(value.rhs)
+    if isinstance(value, Union):
+        return any(map(contains_pm, value.parts))
+    return False

@@ -1,0 +1,358 @@
+"""Stage 2 of the loop, reward: decide whether a predicted answer equals the gold answer.
+
+In: two extracted answers as strings. Out: True or False, the same every time. This is the
+unguarded reference: it can take long on hostile input, so callers use `bounded`, which runs it
+in a killable worker with a deadline. It knows values, not responses (see `extract`).
+
+The rules, in order:
+- equal after `normalize` -> equal;
+- either side not understood (`parse` raises) -> not equal (fail closed);
+- an equation between numbers is a computation, and stands for its result: "2 \\cdot 6 = 12" ~ 12;
+- a name on one side only is dropped: "x = 5" ~ "5", "(p, q) = (3, 2)" ~ "(3, 2)";
+- numbers: exact rational equality for integers, decimals and fractions (3 = 3.0 = 6/2, but
+  1000001 != 1000000 and 2^-98 != 2^-99); other closed forms (2\\sqrt2 = \\sqrt8, e^{i\\pi} = -1)
+  by 60-digit evaluation with a 1e-40 relative margin, which separates distinct closed forms;
+- a decimal for a gold that is not a terminating decimal (1/3, \\sqrt2, \\pi) needs at least
+  7 significant digits and must lie within one unit of its last digit: the only tolerance. A
+  decimal gold facing an irrational prediction is read the same way (the gold is the rounding);
+- expressions with variables: the same variables, and equal values at 3 fixed sample points of
+  both signs (at positive points only when roots make the branch matter: \\sqrt{1/n} ~ 1/\\sqrt{n});
+- equations and inequalities: the same relation, sides moved to one side and equal up to a
+  constant factor (positive for inequalities): y = 2x + 3 ~ 3 + 2x = y, but x = 2 !~ y = 2;
+- tuples in order, sets and bare lists in any order (repeats ignored) with the same size,
+  intervals with the same open/closed ends (an inequality on one variable against an interval
+  counts as one), matrices elementwise, a column vector as a tuple.
+A hedge ("3 or 5", \\pm 3, a list for a single gold, an interval for a number) never equals a
+single value.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from .normalize import normalize
+from .parse import parse
+from .values import Interval, Parsed, Relation, Set, Text, Tuple, Union, Unsupported
+
+MAX_ANSWER_CHARS = 20_000  # longer answers are compared as plain strings only
+MIN_SIGNIFICANT_DIGITS = 7  # a decimal approximation of a non-terminating gold needs this many
+RELATIVE_MARGIN = sympy.Float("1e-40", 60)  # closed forms closer than this (relatively) are equal
+PRECISION = 60  # digits used to evaluate closed forms
+_SAMPLES = [sympy.Rational(n, d) for n, d in ((3, 7), (-11, 13), (17, 5), (-5, 19), (23, 11))]
+_NAME_OPS = ("=", "in")
+
+
+def answers_match(pred: str, gold: str) -> bool:
+    """Whether the extracted answer `pred` equals `gold` by the rules in the module docstring."""
+    if not (isinstance(pred, str) and isinstance(gold, str)):
+        return False
+    if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
+        return pred.strip() == gold.strip()
+    p, g = normalize(pred), normalize(gold)
+    if not g or not p:
+        return False
+    if p == g:
+        return True
+    try:
+        gold_value, pred_value = parse(g), parse(p)
+    except Unsupported:
+        return False
+    try:
+        return bool(values_match(pred_value, gold_value))
+    except Exception:  # a sympy operation that refuses these values: not shown equal
+        return False
+
+
+def values_match(pred: Parsed, gold: Parsed) -> bool:
+    return _match(pred.value, gold.value, (pred.decimals, gold.decimals))
+
+
+def _match(p, g, decimals) -> bool:
+    p, g = _result(p), _result(g)
+    if isinstance(p, Relation) != isinstance(g, Relation):
+        p, g = _drop_name(p), _drop_name(g)
+    if isinstance(p, Text) or isinstance(g, Text):
+        return isinstance(p, Text) and isinstance(g, Text) and p.words == g.words
+    if _interval_like(p, g) or _interval_like(g, p):
+        return _intervals_match(_as_intervals(p), _as_intervals(g), decimals)
+    if isinstance(p, Set) or isinstance(g, Set):
+        return _unordered_match(_items(p), _items(g), decimals)
+    if isinstance(p, Relation) or isinstance(g, Relation):
+        return isinstance(p, Relation) and isinstance(g, Relation) and _relations_match(p, g)
+    if isinstance(p, Tuple) or isinstance(g, Tuple):
+        p_items, g_items = _sequence(p), _sequence(g)
+        return p_items is not None and g_items is not None and _ordered_match(p_items, g_items, decimals)
+    return _scalars_match(p, g, decimals)
+
+
+# -- names --------------------------------------------------------------------------------------
+def _result(value):
+    """'5 \\times 6 \\times 4 = 120' -> 120: an equation between numbers is a computation and its result."""
+    if isinstance(value, Relation) and value.op == "=" and _constant(value.lhs) and _constant(value.rhs):
+        return value.rhs
+    return value
+
+
+def _constant(value) -> bool:
+    return isinstance(value, sympy.Basic) and not value.free_symbols
+
+
+def _drop_name(value):
+    """'x = 5' -> 5, '(p, q) = (3, 2)' -> (3, 2), 'x \\in [1, 2]' -> [1, 2]; anything else unchanged."""
+    if isinstance(value, Relation) and value.op in _NAME_OPS and _is_name(value.lhs):
+        return value.rhs
+    return value
+
+
+def _is_name(value) -> bool:
+    """A variable, a tuple of them, or a product/ratio/absolute value of them: x, (p, q), AB, V_1/V_2, |AB|."""
+    if isinstance(value, Tuple):
+        return all(map(_is_name, value.items))
+    if isinstance(value, sympy.Symbol):
+        return True
+    if isinstance(value, sympy.Pow):
+        return _is_name(value.base) and value.exp in (1, -1)
+    if isinstance(value, (sympy.Mul, sympy.Abs)):
+        return all(map(_is_name, value.args))
+    return False
+
+
+# -- structures ---------------------------------------------------------------------------------
+def _items(value) -> list:
+    return list(value.items) if isinstance(value, Set) else [value]
+
+
+def _unordered_match(p_items, g_items, decimals) -> bool:
+    if len(p_items) != len(g_items):
+        return False
+    unused = list(p_items)
+    for g in g_items:
+        hit = next((i for i, p in enumerate(unused) if _match(p, g, decimals)), None)
+        if hit is None:
+            return False
+        unused.pop(hit)
+    return True
+
+
+def _ordered_match(p_items, g_items, decimals) -> bool:
+    return len(p_items) == len(g_items) and all(_match(p, g, decimals) for p, g in zip(p_items, g_items))
+
+
+def _sequence(value):
+    """Elements of a tuple or of a row/column vector; None for anything else."""
+    if isinstance(value, Tuple):
+        return list(value.items)
+    if isinstance(value, sympy.MatrixBase) and 1 in value.shape:
+        return list(value)
+    return None
+
+
+def _as_intervals(value):
+    """A list of intervals for an interval, a union, an open pair or a one-variable inequality."""
+    if isinstance(value, Interval):
+        return [value]
+    if isinstance(value, Union):
+        parts = [_as_intervals(p) for p in value.parts]
+        return None if any(p is None for p in parts) else [i for p in parts for i in p]
+    if isinstance(value, Tuple) and len(value.items) == 2 and value.brackets == "()":
+        return [Interval(value.items[0], value.items[1], False, False)]
+    bounds = _inequality_bounds(value)
+    return None if bounds is None else [bounds]
+
+
+def _interval_like(a, b) -> bool:
+    """Whether a is an interval, or an inequality compared with something that is not one."""
+    if isinstance(a, (Interval, Union)):
+        return True
+    return _inequality_bounds(a) is not None and isinstance(b, (Tuple, Interval, Union))
+
+
+def _inequality_bounds(value):
+    """'x > 2' -> (2, oo); '1 <= f(x) < 3' (a chain) -> [1, 3); anything else -> None."""
+    relations = value.items if isinstance(value, Set) else (value,)
+    lo, hi, lo_closed, hi_closed, names = -sympy.oo, sympy.oo, False, False, set()
+    for rel in relations:
+        if not isinstance(rel, Relation) or rel.op not in ("<", "<=", ">", ">="):
+            return None
+        if not all(isinstance(side, sympy.Expr) for side in (rel.lhs, rel.rhs)):
+            return None
+        op, var, bound = rel.op, rel.lhs, rel.rhs
+        if bound.free_symbols and not var.free_symbols:
+            op, var, bound = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op], bound, var
+        if not var.free_symbols or bound.free_symbols:
+            return None
+        names.add(var)
+        if op in (">", ">="):
+            lo, lo_closed = bound, op == ">="
+        else:
+            hi, hi_closed = bound, op == "<="
+    return Interval(lo, hi, lo_closed, hi_closed) if len(names) == 1 else None
+
+
+def _intervals_match(p_parts, g_parts, decimals) -> bool:
+    if p_parts is None or g_parts is None or len(p_parts) != len(g_parts):
+        return False
+    unused = list(p_parts)
+    for g in g_parts:
+        hit = next((i for i, p in enumerate(unused) if _interval_match(p, g, decimals)), None)
+        if hit is None:
+            return False
+        unused.pop(hit)
+    return True
+
+
+def _interval_match(p: Interval, g: Interval, decimals) -> bool:
+    return (
+        (p.left_closed, p.right_closed) == (g.left_closed, g.right_closed)
+        and _match(p.lo, g.lo, decimals)
+        and _match(p.hi, g.hi, decimals)
+    )
+
+
+# -- relations ----------------------------------------------------------------------------------
+_FLIPPED = {"<": ">", "<=": ">="}
+
+
+def _relations_match(p: Relation, g: Relation) -> bool:
+    """Same relation, and (lhs - rhs) of one is a constant multiple of the other's."""
+    p_op, p_side = _one_sided(p)
+    g_op, g_side = _one_sided(g)
+    if p_op != g_op or p_side is None or g_side is None:
+        return False
+    if p_side == g_side or (p_op in ("=", "!=") and p_side == -g_side):
+        return True
+    ratios = _ratios_at_samples(p_side, g_side)
+    if not ratios or any(r == 0 for r in ratios):
+        return False
+    if p_op in (">", ">=") and not all(r.is_real and r > 0 for r in ratios):
+        return False
+    return all(_close(r, ratios[0]) for r in ratios[1:])
+
+
+def _one_sided(rel: Relation):
+    """('>', lhs - rhs) for lhs > rhs; x < y becomes ('>', y - x); None for non-expressions."""
+    lhs, rhs = rel.lhs, rel.rhs
+    if not all(isinstance(side, sympy.Expr) for side in (lhs, rhs)) or rel.op == "in":
+        return rel.op, None
+    if rel.op in _FLIPPED:
+        return _FLIPPED[rel.op], rhs - lhs
+    return rel.op, lhs - rhs
+
+
+def _ratios_at_samples(p, g) -> list:
+    if _names(p) != _names(g):
+        return []
+    ratios = []
+    for p_value, g_value in _values_at_samples(p, g):
+        if g_value != 0:
+            ratios.append(p_value / g_value)
+    return ratios if len(ratios) >= 2 or not (p.free_symbols or g.free_symbols) else []
+
+
+# -- scalars ------------------------------------------------------------------------------------
+def _scalars_match(p, g, decimals) -> bool:
+    """decimals: (pred's, gold's) map from each decimal literal's value to its written precision."""
+    if not (isinstance(p, sympy.Basic) and isinstance(g, sympy.Basic)):
+        return False
+    if isinstance(p, sympy.MatrixBase) or isinstance(g, sympy.MatrixBase):
+        return (
+            isinstance(p, sympy.MatrixBase) and isinstance(g, sympy.MatrixBase) and p.shape == g.shape
+            and all(_scalars_match(a, b, decimals) for a, b in zip(p, g))
+        )
+    if p == g:
+        return True
+    if _infinite(p) or _infinite(g):
+        return False
+    if p.free_symbols or g.free_symbols:
+        return _functions_match(p, g)
+    pred_decimals, gold_decimals = decimals
+    if p.is_Rational and g.is_Rational and (p not in pred_decimals or _terminates(g)):
+        return False  # exact numbers, and not equal
+    if p in pred_decimals and not _terminates(g):
+        return _approximates(p, pred_decimals[p], g)
+    if g in gold_decimals and not p.is_Rational:
+        return _approximates(g, gold_decimals[g], p)  # the gold is itself a rounded irrational
+    return _numbers_match(p, g)
+
+
+def _infinite(x) -> bool:
+    return x.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan)
+
+
+def _terminates(g) -> bool:
+    """Whether g is a rational with a terminating decimal expansion (denominator 2^a 5^b)."""
+    if not g.is_Rational:
+        return False
+    q = g.q
+    for prime in (2, 5):
+        while q % prime == 0:
+            q //= prime
+    return q == 1
+
+
+def _approximates(p, digits_and_ulp, g) -> bool:
+    """A written decimal p for a non-terminating g: enough digits, within one unit of the last."""
+    digits, ulp = digits_and_ulp
+    g_value = _evaluate(g)
+    if digits < MIN_SIGNIFICANT_DIGITS or g_value is None:
+        return False
+    return bool(abs(sympy.Float(p, PRECISION) - g_value) <= ulp)
+
+
+def _numbers_match(p, g) -> bool:
+    p_value, g_value = _evaluate(p), _evaluate(g)
+    return p_value is not None and g_value is not None and _close(p_value, g_value)
+
+
+def _functions_match(p, g) -> bool:
+    """Equal at sample points of both signs; with roots or fractional powers, where branches can
+    differ for negative arguments (\\sqrt{1/n} vs 1/\\sqrt{n}), equal at positive points is enough."""
+    if _names(p) != _names(g) and _names(p) and _names(g):
+        return False  # x is not y; but sin^2 x + cos^2 x may well be 1
+    for positive in (False, True):
+        pairs = _values_at_samples(p, g, positive)
+        if len(pairs) >= 2 and all(_close(a, b) for a, b in pairs):
+            return True
+        if not (_has_branches(p) or _has_branches(g)):
+            return False
+    return False
+
+
+def _has_branches(expr) -> bool:
+    return any(not power.exp.is_integer for power in expr.atoms(sympy.Pow))
+
+
+def _names(expr) -> set:
+    return {s.name for s in expr.free_symbols}
+
+
+def _values_at_samples(p, g, positive=False) -> list:
+    """(p, g) evaluated at 3 fixed points of their variables; points where either is undefined skipped."""
+    symbols = sorted(p.free_symbols | g.free_symbols, key=lambda s: s.name)
+    by_name = {}
+    for k, s in enumerate(symbols):
+        by_name.setdefault(s.name, k)
+    pairs = []
+    for j in range(3):
+        point = {}
+        for s in symbols:
+            value = _SAMPLES[(j + 2 * by_name[s.name]) % len(_SAMPLES)] + sympy.Rational(by_name[s.name], 97)
+            point[s] = abs(value) if positive else value
+        p_value, g_value = _evaluate(p.subs(point)), _evaluate(g.subs(point))
+        if p_value is not None and g_value is not None:
+            pairs.append((p_value, g_value))
+    return pairs
+
+
+def _evaluate(expr):
+    """expr as a 60-digit complex number, or None when it is not a finite number."""
+    value = sympy.N(expr, PRECISION)
+    re, im = value.as_real_imag()
+    if not all(isinstance(part, sympy.Number) and part.is_finite for part in (re, im)):
+        return None
+    return re + sympy.I * im if im != 0 else re
+
+
+def _close(a, b) -> bool:
+    scale = max(abs(a), abs(b))
+    return bool(scale == 0 or abs(a - b) <= RELATIVE_MARGIN * scale)

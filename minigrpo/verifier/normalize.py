@@ -1,0 +1,185 @@
+"""Stage 2 of the loop, reward: rewrite an extracted answer into one canonical spelling.
+
+In: an answer string as the model or the dataset wrote it (LaTeX or plain text). Out: the same
+answer with presentation stripped: delimiters, \\left/\\right, spacing commands, \\dfrac and
+friends, \\text{} wrappers and unit words, degree and percent marks, currency, thousands
+separators, a trailing period. Two answers equal after this are the same answer; anything else
+is for `parse` and `equivalence`. Pure string work, linear in the length of the answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Words that name a unit rather than a quantity, dropped wherever they stand ("5 cm" -> "5").
+# Single letters (m, g, s, h) are left out on purpose: they are far more often variables.
+UNIT_WORDS = frozenset(
+    """
+    cm mm km meter meters metre metres centimeter centimeters kilometer kilometers inch inches
+    ft foot feet yd yard yards mi mile miles unit units sq square cubic kg gram grams mg lb
+    lbs pound pounds oz ounce ounces ml liter liters litre litres gal gallon gallons sec
+    second seconds min minute minutes hr hrs hour hours day days week weeks month months year
+    years mph kph dollar dollars cent cents usd euro euros percent pct deg degree degrees rad
+    radian radians point points
+    """.split()
+)
+
+_SPACING = re.compile(
+    r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg|displaystyle|textstyle"
+    r"|limits|nolimits|enspace|thinspace|negthinspace)(?![A-Za-z])|\\q?quad"
+    r"|(?<!\\)\\[,:;! ]|~"
+)
+_FRAC_ALIASES = re.compile(r"\\[dtc]frac(?![A-Za-z])")
+_IGNORED_GROUPS = re.compile(r"\\(?:hspace|vspace|phantom|hphantom|vphantom|label|tag)\*?\{[^{}]*\}")
+_TEXT_COMMANDS = re.compile(
+    r"\\(?:text|textrm|textbf|textit|textnormal|texttt|mbox|mathrm|mathbf|mathit|mathsf|mathtt"
+    r"|operatorname|boxed|fbox)\s*\{"
+)
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])|°|\^\{\\text\{o\}\}")
+_PERCENT_AND_MONEY = re.compile(r"\\%|%|\\\$|\$")
+_BRACED_COMMA = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!)\s*(?=\d{3}(?!\d))")  # 10{,}000 and 10,\!000
+_UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*[23]\s*\}?")
+_SIMPLE_SUBSCRIPT = re.compile(r"_\{\s*([A-Za-z0-9]+)\s*\}")
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")
+_COMMA_THOUSANDS = re.compile(r"^(?P<pre>[^,()\[\]{}]*?)(?P<num>\d{1,3}(?:,\d{3})+)(?P<post>(?:\.\d+)?[^,()\[\]{}]*)$")
+_APPROX = re.compile(r"\\approx(?![A-Za-z])|\\simeq(?![A-Za-z])|≈")
+_SEPARATOR = re.compile(r"[,;]|\band\b|\bor\b")
+_EQUALS = re.compile(r"(?<![<>!=\\])=(?![=<>])")
+MATH_WORDS = frozenset("and or sin cos tan sec csc cot log ln exp sqrt pi infty".split())
+_UNICODE = {
+    "−": "-", "–": "-", "×": r"\times ", "·": r"\cdot ", "÷": "/", "√": r"\sqrt ", "π": r"\pi ",
+    "∞": r"\infty ", "≤": r"\le ", "≥": r"\ge ", "≠": r"\ne ", "∪": r"\cup ", "∩": r"\cap ",
+    "ℝ": r"\mathbb{R}", "∈": r"\in ", "±": r"\pm ", "∓": r"\mp ", "∅": r"\emptyset ",
+    "\u00a0": " ", "\u2009": " ", "\u202f": " ",
+}
+_UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
+
+
+def normalize(answer: str) -> str:
+    """The canonical spelling of one answer (see the module docstring)."""
+    s = answer.strip()
+    if "\\begin" not in s:
+        s = re.sub(r"\\\\(?=[A-Za-z])", r"\\", s)  # a doubly escaped response: \\frac -> \frac
+    s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group()], s)
+    s = _strip_outer_delimiters(s)
+    s = _BRACED_COMMA.sub("", s)
+    s = _IGNORED_GROUPS.sub("", s)
+    s = _DEGREES.sub(" ", s)
+    s = _PERCENT_AND_MONEY.sub(" ", s)
+    s = _SPACING.sub(" ", s)
+    s = _FRAC_ALIASES.sub(r"\\frac", s)
+    s = _unwrap_text_commands(s, drop_units=True) or _unwrap_text_commands(s, drop_units=False)
+    s = _join_thousands(s)
+    s = _drop_unit_words(s)
+    s = _SIMPLE_SUBSCRIPT.sub(r"_\1", s)
+    s = re.sub(r"\s+", " ", s).strip().rstrip(".,;: ").strip()
+    return _final_link(s)
+
+
+def _strip_outer_delimiters(s: str) -> str:
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)")):
+        if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
+            return s[len(left):-len(right)].strip()
+    return s
+
+
+def _unwrap_text_commands(s: str, drop_units: bool) -> str:
+    """\\text{ cm} -> ' cm ', \\boxed{x} -> 'x': the command and its braces go, the content stays."""
+    out, i = [], 0
+    for match in _TEXT_COMMANDS.finditer(s):
+        if match.start() < i:
+            continue  # inside a group already copied
+        end = _closing_brace(s, match.end() - 1)
+        if end < 0:
+            break
+        out.append(s[i:match.start()])
+        content = _unwrap_text_commands(s[match.end():end], drop_units)
+        i = end + 1
+        if drop_units and _only_units(content):
+            out.append(" ")
+            power = _UNIT_POWER.match(s, i)  # \text{ cm}^2
+            i = power.end() if power else i
+        else:
+            out.append(" " + content + " ")
+    out.append(s[i:])
+    return "".join(out).strip()
+
+
+def _only_units(text: str) -> bool:
+    """'cm', ' m', 'in^2', 'square feet': inside \\text{} even a single letter is a unit."""
+    words = re.sub(r"\^\s*\{?[23]\}?|\.", " ", text).split()
+    return bool(words) and all(w.lower() in UNIT_WORDS or (len(w) == 1 and w.isalpha()) or w == "in" for w in words)
+
+
+def _closing_brace(s: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(s)):
+        if s[i] == "{" and (i == 0 or s[i - 1] != "\\"):
+            depth += 1
+        elif s[i] == "}" and s[i - 1] != "\\":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _join_thousands(s: str) -> str:
+    """12{,}345 / 12 345 -> 12345 always; 12,345 -> 12345 only when no list or tuple could be meant."""
+    s = _BRACED_COMMA.sub("", s)
+    s = _SPACED_THOUSANDS.sub(lambda m: m.group().replace(" ", ""), s)
+    match = _COMMA_THOUSANDS.match(s)
+    if match and not re.search(r"\d\s*$", match.group("pre")):
+        s = match.group("pre") + match.group("num").replace(",", "") + match.group("post")
+    return s
+
+
+def _drop_unit_words(s: str) -> str:
+    """Remove unit words (and a '^2' or '^3' on them) when something other than words remains."""
+    stripped = re.sub(
+        r"(?<![A-Za-z\\])([A-Za-z]+)\.?(?:\s*\^\s*\{?[23]\}?)?(?![A-Za-z])",
+        lambda m: " " if m.group(1).lower() in UNIT_WORDS else m.group(),
+        s,
+    )
+    if not re.search(r"[0-9A-Za-z\\]", stripped):
+        return s
+    # words left after a number are a label too: "72 clips", "18 square feet"
+    trailing = re.fullmatch(r"(.*\d[^A-Za-z]*?)((?:\s+[A-Za-z]{2,})+)\s*", stripped)
+    if trailing and not set(trailing.group(2).split()) & MATH_WORDS:
+        return trailing.group(1)
+    return stripped
+
+
+def _final_link(s: str) -> str:
+    """The last link of a chain: 'x = 5+5+1 = 11' -> 'x = 11', 'x = 1/3 \\approx 0.33' -> 'x = 1/3'."""
+    approx = _split_top_level(s, _APPROX)
+    if len(approx) > 1:
+        s = approx[0] if not _is_name(approx[0]) else approx[0] + " = " + approx[1]
+    items = _split_top_level(s, _SEPARATOR)
+    if len(items) > 1:
+        links = [_final_link(item) for item in items]
+        return s if links == items else ", ".join(links)
+    links = _split_top_level(s, _EQUALS)
+    if len(links) < 3:
+        return s
+    return (links[0] + " = " if _is_name(links[0]) else "") + links[-1]
+
+
+def _is_name(s: str) -> bool:
+    return bool(re.fullmatch(r"\\?[A-Za-z]+(?:_[A-Za-z0-9]+)?", s.strip()))
+
+
+def _split_top_level(s: str, separator: re.Pattern) -> list[str]:
+    """s split at the matches of `separator` that are outside all brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        depth += c in "([{"
+        depth -= c in ")]}"
+        match = separator.match(s, i) if depth == 0 else None
+        if match and match.end() > i:
+            parts.append(s[start:i].strip())
+            start = i = match.end()
+            continue
+        i += 1
+    parts.append(s[start:].strip())
+    return parts

@@ -1,0 +1,282 @@
+"""The math verifier: extraction, normalisation, equivalence, time bounds, and fuzzing.
+
+Cases are written here, not read from ../shared (a benchmark input). `answers_match` is the
+in-process reference; `is_equivalent` / `math_reward` are the bounded versions run in worker
+processes, and are held equal to it.
+"""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import minigrpo
+from minigrpo.verifier import TIME_LIMIT, extract_answer, is_equivalent, math_reward, math_rewards
+from minigrpo.verifier.bounded import WorkerPool
+from minigrpo.verifier.equivalence import answers_match
+from minigrpo.verifier.normalize import normalize
+
+SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
+
+
+# -- extraction ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "response, answer",
+    [
+        (r"so the total is \boxed{12}.", "12"),
+        (r"first \boxed{3}, then after checking \boxed{4}", "3, 4"),  # one sentence: one answer with two parts
+        (r"We get \boxed{3}. Rechecking the second case, the count is \boxed{5}.", "5"),  # the last one counts
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{\left\{ 1, \frac{3}{4} \right\}}", r"\left\{ 1, \frac{3}{4} \right\}"),
+        (r"the answer is \boxed 7 apples", "7"),
+        (r"\fbox{x+1}", "x+1"),
+        (r"$\boxed{\boxed{9}}$", r"\boxed{9}"),  # the outer box is the answer; normalize unwraps the inner
+        (r"\boxed{1} and \boxed{2}", "1, 2"),
+        ("<answer> 41 </answer>", "41"),
+        ("<answer>$x^2$</answer>", "x^2"),
+        ("Natalia sold 48 + 24 = 72.\n#### 72", "72"),
+        ("#### 70\nWait, that is wrong.\n#### 71", "71"),
+        ("The final answer is $\\frac{3}{5}$. I hope it is correct.", r"\frac{3}{5}"),
+        ("Answer: 17", "17"),
+        ("Final Answer: the smallest such n is 34.", "34"),
+        ("Hence the area is $6\\sqrt{3}$.", r"6\sqrt{3}"),
+        ("The total cost comes to 1,250 dollars", "1,250"),
+        ("<think>maybe \\boxed{2}</think>The answer is \\boxed{3}.", "3"),
+        ("<think>maybe \\boxed{2}</think>So it is 3.", "3"),
+        ("<think>it must be \\boxed{2}</think>", "2"),  # nothing after the thinking: search the thinking
+    ],
+)
+def test_extract_answer(response, answer):
+    assert extract_answer(response) == answer
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "",
+        "I am not sure how to do this",
+        r"so \boxed{}",  # empty final box
+        r"so \boxed{ }",
+        r"\boxed{3} but on reflection \boxed{",  # unterminated final box: an earlier box does not count
+        r"\boxed{\frac{1}{2}",
+        "<answer>5",
+        None,
+        12,
+    ],
+)
+def test_no_answer(response):
+    assert extract_answer(response) is None
+    assert math_reward(response, "3") == 0.0
+
+
+def test_extraction_ignores_boxes_in_thinking_when_a_final_answer_follows():
+    response = "<think>First guess \\boxed{7}. No, recount.</think>\n\nThe answer is $\\boxed{8}$."
+    assert math_reward(response, "8") == 1.0
+    assert math_reward(response, "7") == 0.0
+
+
+# -- normalisation ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "written, canonical",
+    [
+        (r"\left( 1, 2 \right)", "( 1, 2 )"),
+        (r"\dfrac{3}{4}", r"\frac{3}{4}"),
+        (r"\tfrac{3}{4}", r"\frac{3}{4}"),
+        (r"5\text{ cm}", "5"),
+        (r"5 \mbox{ inches}^2", "5"),
+        ("12 square feet", "12"),
+        (r"45^\circ", "45"),
+        (r"45^{\circ}", "45"),
+        ("45°", "45"),
+        (r"30\%", "30"),
+        (r"\$4.50", "4.50"),
+        ("12,345", "12345"),
+        (r"10\,000", "10000"),
+        (r"10{,}000", "10000"),
+        (r"1,\!234,\!567", "1234567"),
+        ("1 000 000", "1000000"),
+        ("7.", "7"),
+        (r"$\frac{1}{2}$", r"\frac{1}{2}"),
+        (r"\text{(C)}", "(C)"),
+        (r"x = 5 + 5 + 1 = 11", "x = 11"),
+        (r"x = \frac{1}{3} \approx 0.33", r"x = \frac{1}{3}"),
+        (r"1,2", "1,2"),  # a list, not a thousands separator
+        (r"[1,100]", "[1,100]"),
+    ],
+)
+def test_normalize(written, canonical):
+    assert normalize(written) == canonical
+
+
+# -- equivalence --------------------------------------------------------------------------------
+EQUAL = [
+    # exact numbers, written differently
+    ("3", "3"), ("3.0", "3"), ("003", "3"), ("6/2", "3"), (r"\frac{6}{2}", "3"), ("-0.5", r"-\frac12"),
+    (".25", r"\frac{1}{4}"), ("2.50", r"\frac{5}{2}"), (r"4\frac{2}{3}", r"\frac{14}{3}"), ("1.5e3", "1500"),
+    ("12,345", "12345"), (r"\$1{,}000", "1000"), ("1000000", r"10^6"),
+    # LaTeX shorthand and decoration
+    (r"\frac12", "1/2"), (r"\sqrt2", r"\sqrt{2}"), (r"\left(\frac{1}{2}\right)", "0.5"),
+    (r"7\text{ cm}", "7"), (r"90^\circ", "90"), (r"25\%", "25"), ("x = 5", "5"), ("5", "k = 5"),
+    (r"\text{(C)}", "C"), ("(C)", r"\textbf{(C)}"), (r"\text{Yes}", "yes"), (r"\text{ Monday }", "monday"),
+    # closed forms
+    (r"2\sqrt2", r"\sqrt8"), (r"\sqrt{12}", r"2\sqrt{3}"), (r"e^{i\pi}", "-1"), (r"\frac{\pi}{2}", r"\pi/2"),
+    (r"\sin^2 x + \cos^2 x", "1"), (r"\log_2 8", "3"), (r"\binom{5}{2}", "10"), ("5!", "120"),
+    (r"\frac{1}{\sqrt2}", r"\frac{\sqrt2}{2}"), (r"\sqrt[3]{27}", "3"), (r"|-4|", "4"),
+    # expressions with variables
+    ("(x+1)^2", "x^2+2x+1"), (r"\frac{x}{7}+\frac{2}{7}", r"\frac{x+2}{7}"), (r"\tan^2 y + 1", r"\sec^2 y"),
+    ("-q + p", "p - q"), ("2ab", "2ba"), (r"\frac{1}{\sqrt{n}}", r"\sqrt{1/n}"),
+    # decimals for non-terminating golds: at least 7 significant digits, within a unit of the last
+    ("0.3333333", r"\frac{1}{3}"), ("0.6666667", r"\frac{2}{3}"), ("0.6666666", r"\frac{2}{3}"),
+    ("3.1415927", r"\pi"), ("1.4142136", r"\sqrt{2}"), ("0.08333333333", r"\frac{1}{12}"),
+    (r"\sqrt{17}", "4.123105625617661"),  # a long decimal gold is a rounded irrational
+    # structures
+    ("(1, 2)", "(1,2)"), (r"\left(3, \frac{\pi}{2}\right)", r"(3, \pi/2)"), ("(1, 4.5)", r"(1, \frac92)"),
+    (r"\{1, 2, 3\}", r"\{3, 1, 2\}"), ("1, 2, 3", "3, 2, 1"), ("2 and 3", "3, 2"), ("-2, 1", r"1 \text{ and } -2"),
+    (r"\pm 3", "3, -3"), (r"1 \pm \sqrt{2}", r"1+\sqrt2, 1-\sqrt2"),
+    ("[0, 1)", "[0,1)"), (r"(-\infty, 3]", r"(-\infty, 3]"), (r"[1,2] \cup [3,4]", r"[3,4] \cup [1,2]"),
+    (r"x \in [1, 2]", "[1, 2]"), ("x > 2", r"(2, \infty)"), (r"1 \le x < 3", "[1, 3)"), (r"\mathbb{R}", r"(-\infty,\infty)"),
+    ("(p, q) = (3, 2)", "(3, 2)"), ("a = 1, b = 2", "b = 2, a = 1"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{bmatrix}1&2\\3&4\end{bmatrix}"),
+    (r"\begin{pmatrix} 0.5 \\ 2 \end{pmatrix}", r"\begin{pmatrix} \frac12 \\ 2 \end{pmatrix}"),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1, 2)"),
+    # equations and inequalities
+    ("y = 2x + 3", "y = 3 + 2x"), ("y - 2x = 3", "y = 2x + 3"), ("2x + 4y - 3 = 0", r"y = -\frac{x}{2} + \frac{3}{4}"),
+    (r"x \geq 5", "x >= 5"), (r"x \le 2", "2 >= x"), ("-x > -1", "x < 1"), (r"x \neq 3", "x != 3"),
+    # complex numbers and infinity
+    ("3 + 4i", "4i + 3"), (r"\frac{1}{i}", "-i"), (r"\infty", "oo"), (r"-\infty", r"-\infty"),
+    # a computation ending in its result
+    (r"5 \times 6 \times 4 = 120", "120"), ("3, 3, 3", "3"),
+]
+
+NOT_EQUAL = [
+    # exact numbers must match exactly
+    ("1000001", "1000000"), ("1000000", "1000001"), (r"\frac{1}{2^{99}}", r"\frac{1}{2^{98}}"), ("0.5000001", "0.5"),
+    ("3.0001", "3"), ("0.33", r"\frac{1}{3}"), ("0.33333", r"\frac{1}{3}"), ("3.14159", r"\pi"), ("3.1416", r"\pi"),
+    ("0.333", "0.3333"), ("0.3333", "0.333"), (r"\frac{1}{3}", "0.333"), ("-5", "5"), ("4", r"4\sqrt{2}"),
+    # near misses in structure
+    ("(2, 1)", "(1, 2)"), ("[0, 1]", "[0, 1)"), ("(0, 1]", "[0, 1]"), ("[0, 9)", "[0, 1)"), ("(1, 2, 3)", "(1, 2)"),
+    (r"\{1, 2\}", r"\{1, 2, 3\}"), ("1, 2", "1, 2, 3"), ("x = 2", "y = 2"), ("x > 5", "x < 5"), (r"x \ge 5", "x > 5"),
+    ("y = 2x + 3", "y = 2x - 3"), ("x^2 + 2x + 1", "(x-1)^2"), ("x", "y"), ("|x|", "x"), ("2x", "x"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{pmatrix} 1 & 3 \\ 2 & 4 \end{pmatrix}"),
+    (r"\begin{pmatrix} 1 & 2 \end{pmatrix}", r"\begin{pmatrix} 1 \\ 2 \\ 3 \end{pmatrix}"),
+    ("3 + 4i", "3 - 4i"), (r"\infty", r"-\infty"), (r"\infty", "10^{100}"), ("B", "C"), (r"\text{Tuesday}", "Monday"),
+    # hedges never equal a single value
+    ("3 or 5", "3"), (r"3 \text{ or } 5", "3"), (r"\pm 3", "3"), (r"\{3, 5\}", "3"), ("3, 5", "3"),
+    (r"1, 2, 3, \ldots", "3"), (r"1, 2, 3, 4, 5, 6, 7, 8, 9, 10", "3"), (r"\mathbb{R}", "3"), (r"(2, \infty)", "3"),
+    ("[2, 4]", "3"), (r"x \ge 3", "3"), ("approximately 3", "3"), (r"-[0,1)", "1"),
+    # a gold that cannot be understood makes nothing correct, and junk is no answer
+    ("3", r"\unknowncommand{3}"), ("", "3"), ("3", ""), ("x", r"\sum_k"), (r"\frac{1}{0}", r"\frac{1}{0} + 1"),
+]
+
+
+@pytest.mark.parametrize("pred, gold", EQUAL)
+def test_equal_pairs(pred, gold):
+    assert answers_match(pred, gold), f"{pred!r} should equal {gold!r}"
+
+
+@pytest.mark.parametrize("pred, gold", NOT_EQUAL)
+def test_unequal_pairs(pred, gold):
+    assert not answers_match(pred, gold), f"{pred!r} must not equal {gold!r}"
+
+
+def test_bounded_check_agrees_with_the_reference():
+    pairs = EQUAL + NOT_EQUAL
+    expected = [answers_match(p, g) for p, g in pairs]
+    assert [is_equivalent(p, g) for p, g in pairs[::7]] == expected[::7]
+    responses = [f"The answer is $\\boxed{{{p}}}$." for p, _ in pairs]
+    assert math_rewards(responses, [g for _, g in pairs], workers=2) == [float(e) for e in expected]
+
+
+# -- time bounds --------------------------------------------------------------------------------
+HOSTILE = [
+    r"9^{9^{9^9}}",
+    r"(10^{100000})!",
+    r"10^{10^{10}} - 10^{10^{10}} + 1",
+    r"\sum_{k=1}^{10^{9}} \sin(k)",  # no cap catches this one: the worker is killed
+    "(" * 5000 + "1" + ")" * 5000,
+    r"\frac{" * 3000 + "1" + "}{2}" * 3000,
+    "1" * 1_000_000,
+    "x^" * 100_000 + "2",
+    "\ud800\udfff\x00\u202e" * 1000,  # unpaired surrogates, NUL, bidi override
+    r"\boxed{" * 100_000,
+]
+
+
+@pytest.mark.parametrize("pred", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_inputs_return_in_time(pred):
+    is_equivalent("1", "1")  # the worker pool is started (once) outside the timed call
+    for a, b in ((pred, "1"), ("1", pred)):
+        start = time.monotonic()
+        assert is_equivalent(a, b) is False
+        assert time.monotonic() - start < TIME_LIMIT + SLACK
+    start = time.monotonic()
+    assert math_reward(f"\\boxed{{{pred}}}", "2") == 0.0
+    assert time.monotonic() - start < TIME_LIMIT + SLACK
+
+
+def test_a_killed_worker_is_replaced_and_the_next_check_is_fast():
+    pool = WorkerPool(1)
+    try:
+        results = pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1"), ("match", "2", "2")], failed=False)
+        assert results == [False, True]
+        start = time.monotonic()
+        assert pool.run([("match", r"2\sqrt2", r"\sqrt8")], failed=False) == [True]
+        assert time.monotonic() - start < 0.5
+    finally:
+        pool.close()
+
+
+def test_bad_arguments_are_not_equal_rather_than_errors():
+    assert is_equivalent(None, "1") is False
+    assert is_equivalent("1", 1) is False
+    assert math_reward(b"\\boxed{1}", "1") == 0.0
+    with pytest.raises(ValueError, match="2 responses but 1 gold"):
+        math_rewards(["a", "b"], ["1"])
+
+
+# -- fuzzing ------------------------------------------------------------------------------------
+FRAGMENTS = [
+    "\\boxed{", "\\fbox{", "{", "}", "\\frac", "\\sqrt", "^", "_", "(", ")", "[", "]", "\\{", "\\}", ",", "=",
+    "<think>", "</think>", "<answer>", "</answer>", "####", "The answer is", "$", "\\left", "\\right", "\\pm",
+    "\\cup", "\\infty", "\\text{", "\\begin{pmatrix}", "\\end{pmatrix}", "&", "\\\\", "x", "i", "e", "\\pi",
+    "1", "9", "0.5", "-", "+", "/", "!", " ", "\n", "or", "\\sum_{k=1}^", "%", "°", "\ud800",
+]
+LATEXISH = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join) | st.text(max_size=200)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=LATEXISH)
+def test_fuzz_extract_answer_never_raises(text):
+    answer = extract_answer(text)
+    assert answer is None or (isinstance(answer, str) and answer.strip() == answer and answer)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pred=LATEXISH, gold=LATEXISH)
+def test_fuzz_equivalence_never_raises(pred, gold):
+    assert answers_match(pred, gold) in (True, False)
+    assert answers_match(pred, pred) is bool(normalize(pred))  # every non-empty answer equals itself
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pred=LATEXISH, gold=LATEXISH)
+def test_fuzz_bounded_check_returns_in_time(pred, gold):
+    is_equivalent("1", "1")
+    start = time.monotonic()
+    assert is_equivalent(pred, gold) in (True, False)
+    assert time.monotonic() - start < TIME_LIMIT + SLACK
+
+
+# -- packaging ----------------------------------------------------------------------------------
+def test_public_names_are_reexported():
+    assert minigrpo.extract_answer is extract_answer
+    assert minigrpo.is_equivalent is is_equivalent
+    assert minigrpo.math_reward(r"so \boxed{\dfrac{1}{2}}", "0.5") == 1.0
+
+
+def test_the_verifier_never_imports_torch():
+    code = "import sys, minigrpo.verifier as v; v.math_reward('\\\\boxed{1}', '1'); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
