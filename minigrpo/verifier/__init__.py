@@ -1,0 +1,37 @@
+"""Stage 2 of the loop, reward: verifiable rewards from strings, with no torch anywhere.
+
+- math: `extract_answer` (final answer of a response), `is_equivalent` (two answers, bounded in
+  time by worker processes), `math_reward` / `math_rewards` (a response against a gold answer);
+- `format_reward`: <think>...</think>, then exactly one \\boxed{};
+- `code_reward` / `code_rewards`: run generated Python against tests in a sandbox;
+- `compute_rewards`: the named rewards a task asks for, weighted and summed.
+The modules, in the order an answer flows: extract -> normalize -> parse -> equivalence, wrapped
+by bounded (worker processes); format, code and rewards beside them.
+"""
+
+from .bounded import TIME_LIMIT, VerifierError, is_equivalent, math_reward, math_rewards
+from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_tests
+from .extract import extract_answer
+from .format import FormatConfig, format_reward
+from .rewards import REWARD_FUNCTIONS, RewardSpec, Rewards, compute_rewards, register_reward
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "TIME_LIMIT",
+    "FormatConfig",
+    "RewardSpec",
+    "Rewards",
+    "SandboxConfig",
+    "VerifierError",
+    "code_reward",
+    "code_rewards",
+    "compute_rewards",
+    "extract_answer",
+    "extract_code",
+    "format_reward",
+    "is_equivalent",
+    "math_reward",
+    "math_rewards",
+    "register_reward",
+    "run_tests",
+]

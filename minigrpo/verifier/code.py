@@ -1,0 +1,261 @@
+"""Stage 2 of the loop, verify (code): strings in (a completion, its test cases), a float reward out.
+
+Runs untrusted, model-generated Python in a sandbox and returns the fraction of tests it passes. It knows
+strings and processes, not tensors or the tokenizer; standard library only (POSIX; Linux for namespaces).
+
+The sandbox itself, the process that runs the program, is `sandbox.py`; its docstring says how a
+run is confined and what a hostile program can still do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from . import sandbox
+from .sandbox import CLEANUP_SECONDS
+
+STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long to start, on top of the tests
+MIN_MEMORY_BYTES = 64 << 20  # below this the Python interpreter itself cannot run
+PYTHON_FENCES = ("python", "py", "python3", "")  # info strings of the fenced blocks extract_code takes
+
+
+@dataclass
+class SandboxConfig:
+    """Limits for every test run; checked once, before any work."""
+
+    timeout: float = 5.0  # wall-clock seconds per test; then every process of the test is killed
+    cpu_seconds: int = 5  # RLIMIT_CPU per process, in CPU seconds
+    memory_bytes: int = 2 << 30  # RLIMIT_AS: address space per process
+    file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a test may write, stdout and stderr included
+    max_processes: int = 16  # RLIMIT_NPROC: processes and threads of the sandbox uid (enforced only as root)
+    max_output_bytes: int = 1 << 20  # stdout kept per test; a stdin/stdout test whose output is longer fails
+    first_uid: int = 2_000_000_000  # as root, sandboxes run as uid (and gid) first_uid, first_uid + 1, ...: unused uids
+
+    def __post_init__(self):
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e6:
+            raise ValueError(f"timeout must be a positive number of seconds (below 1e6), got {self.timeout!r}")
+        for name in ("cpu_seconds", "max_processes", "max_output_bytes", "file_size_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.memory_bytes, int) or self.memory_bytes < MIN_MEMORY_BYTES:
+            raise ValueError(
+                f"memory_bytes must be an integer of at least {MIN_MEMORY_BYTES >> 20} MiB "
+                f"(Python itself needs that much), got {self.memory_bytes!r}"
+            )
+        if self.max_output_bytes > self.file_size_bytes:
+            raise ValueError(
+                f"max_output_bytes ({self.max_output_bytes}) cannot exceed file_size_bytes ({self.file_size_bytes}): "
+                "stdout is a file, so it never grows past file_size_bytes"
+            )
+        if not isinstance(self.first_uid, int) or not 0 < self.first_uid < 2**32 - 1024:
+            raise ValueError(f"first_uid must be a uid other than root's, 1 .. {2**32 - 1025}, got {self.first_uid!r}")
+
+
+@dataclass
+class CaseResult:
+    """What one test case did in the sandbox."""
+
+    passed: bool
+    timed_out: bool  # killed at the wall-clock timeout
+    exit_code: int  # of the test's process; negative: killed by that signal
+    stdout: str  # at most max_output_bytes of it, decoded as UTF-8 (bad bytes replaced)
+    stderr: str  # the last STDERR_TAIL_BYTES of it
+
+
+# ---------------------------------------------------------------- completions and test specs
+
+FENCE = re.compile(r"^[ \t]*```(.*)$", re.MULTILINE)  # only fence lines are visited: linear in the text
+
+
+def extract_code(completion: str) -> str | None:
+    """The body of the last fenced ```python / ```py / bare ``` block; None if there is none.
+
+    A completion that ends inside an open fence was cut off: its final answer is missing, so None."""
+    body_start, language, last = None, "", None
+    for fence in FENCE.finditer(completion):
+        info = fence.group(1).lstrip("`").strip()  # "````python" opens a fence too
+        if body_start is None:
+            if "`" not in info:  # "```x = 1```" on one line is inline code, not a fence
+                body_start, language = fence.end() + 1, (info.split() or [""])[0].lower()
+        elif not info:  # a closing fence has no info string
+            if language in PYTHON_FENCES:
+                last = completion[body_start : fence.start()]
+            body_start = None
+    return None if body_start is not None else last
+
+
+def check_tests(tests, config: SandboxConfig | None = None) -> list[dict]:
+    """Validate a test list (a user's mistake, so ValueError) and return it as case dicts."""
+    config = config or SandboxConfig()
+    if not isinstance(tests, (list, tuple)) or len(tests) == 0:
+        raise ValueError(f"tests must be a non-empty list of test cases, got {type(tests).__name__} {tests!r:.80}")
+    return [_check_test(i, test, config) for i, test in enumerate(tests)]
+
+
+def _check_test(i: int, test, config: SandboxConfig) -> dict:
+    if isinstance(test, str):
+        if not test.strip():
+            raise ValueError(f"test {i} is an empty string: it would pass for any program")
+        try:
+            compile(test, f"<test {i}>", "exec")
+        except (SyntaxError, ValueError) as error:
+            raise ValueError(f"test {i} is not valid Python: {error}") from None
+        return {"kind": "assert", "source": test}
+    if isinstance(test, dict):
+        if set(test) != {"input", "output"} or not all(isinstance(v, str) for v in test.values()):
+            raise ValueError(f"test {i}: a stdin/stdout test is a dict with exactly the keys 'input' and 'output', "
+                             f"both str; got {test!r:.80}")
+        if len(test["output"].encode()) > config.max_output_bytes:
+            raise ValueError(f"test {i}: the expected output is longer than max_output_bytes ({config.max_output_bytes})")
+        return {"kind": "stdio", "input": test["input"], "output": test["output"]}
+    raise ValueError(
+        f"test {i} must be a str of Python statements or a dict with 'input' and 'output', not {type(test).__name__}"
+    )
+
+
+def _output_lines(text: str) -> list[str]:
+    """Output as compared: trailing whitespace of each line and trailing blank lines removed."""
+    lines = [line.rstrip() for line in text.split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+# ---------------------------------------------------------------- the public entry points
+
+
+def run_cases(code: str, tests: list, config: SandboxConfig | None = None) -> list[CaseResult]:
+    """Run `code` against each test in the sandbox; one CaseResult per test, in order."""
+    config = config or SandboxConfig()
+    cases = check_tests(tests, config)
+    with _sandbox_uid(config) as uid, _sandbox_directory(uid) as directory:
+        reports = _supervise(code, cases, config, uid, directory)
+    return [_judge(case, report) for case, report in zip(cases, reports)]
+
+
+def run_tests(code: str, tests: list, config: SandboxConfig | None = None) -> list[bool]:
+    """Whether `code` passes each test."""
+    return [result.passed for result in run_cases(code, tests, config)]
+
+
+def code_reward(completion: str, tests: list, config: SandboxConfig | None = None) -> float:
+    """Fraction of `tests` passed by the last Python block of `completion`; 0.0 without one."""
+    config = config or SandboxConfig()
+    check_tests(tests, config)  # a bad spec raises even when there is no code to run
+    code = extract_code(completion) if isinstance(completion, str) else None
+    if code is None:
+        return 0.0
+    passed = run_tests(code, tests, config)
+    return sum(passed) / len(passed)
+
+
+def code_rewards(
+    completions: list[str], tests: list[list], config: SandboxConfig | None = None, workers: int | None = None
+) -> list[float]:
+    """code_reward for each completion against its own tests, `workers` sandboxes at a time."""
+    from concurrent.futures import ThreadPoolExecutor  # each thread only waits on its sandbox process
+
+    if len(completions) != len(tests):
+        raise ValueError(f"got {len(completions)} completions but {len(tests)} test lists; each completion needs its own")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be a positive integer or None (one per CPU), got {workers!r}")
+    config = config or SandboxConfig()
+    for test_list in tests:
+        check_tests(test_list, config)
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda c, t: code_reward(c, t, config), completions, tests))
+
+
+# ---------------------------------------------------------------- trainer side: start, wait, judge
+
+_uids_in_use: set[int] = set()
+_uids_lock = threading.Lock()
+
+
+@contextmanager
+def _sandbox_uid(config: SandboxConfig):
+    """A uid no other sandbox of this process is using; None when not root (no uid change then)."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    with _uids_lock:
+        uid = config.first_uid
+        while uid in _uids_in_use:
+            uid += 1
+        _uids_in_use.add(uid)
+    try:
+        yield uid
+    finally:
+        with _uids_lock:
+            _uids_in_use.discard(uid)
+
+
+@contextmanager
+def _sandbox_directory(uid: int | None):
+    directory = tempfile.mkdtemp(prefix="minigrpo-sandbox-")  # mode 0700
+    try:
+        if uid is not None:
+            os.chown(directory, uid, uid)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | None, directory: str) -> list[dict]:
+    """Run the supervisor on this job; its per-case reports (failures if it ran past the backstop)."""
+    inputs = [{k: v for k, v in case.items() if k != "output"} for case in cases]  # the expected output stays here
+    job = {"program": code, "cases": inputs, "uid": uid, **asdict(config)}
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # nothing of os.environ
+    process = subprocess.Popen(
+        [sys.executable, "-I", os.path.abspath(sandbox.__file__)],
+        cwd=directory, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    backstop = STARTUP_SECONDS + len(cases) * (config.timeout + CLEANUP_SECONDS)
+    try:
+        out, err = process.communicate(json.dumps(job).encode(), timeout=backstop)
+    except subprocess.TimeoutExpired:  # only under extreme load: the supervisor enforces the timeouts itself
+        _stop(process)
+        killed = {"proof": False, "timed_out": True, "exit_code": -signal.SIGKILL, "stdout_overflow": False}
+        return [{**killed, "stdout": "", "stderr": "the sandbox ran past its backstop and was killed"}] * len(cases)
+    finally:
+        if process.poll() is None:  # interrupted (Ctrl-C): take the sandbox down with us
+            _stop(process)
+    try:
+        result = json.loads(out)
+    except ValueError:
+        result = {"error": f"exit code {process.returncode}: {err[-2000:].decode(errors='replace')}"}
+    if "error" in result:
+        raise RuntimeError(f"the code sandbox could not run: {result['error']}")
+    return result["reports"]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM: the supervisor kills and reaps its running test, then exits; SIGKILL if it has not within a second."""
+    process.terminate()
+    try:
+        process.communicate(timeout=CLEANUP_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+
+
+def _judge(case: dict, report: dict) -> CaseResult:
+    """Assert tests pass on the proof alone; stdin/stdout tests on a clean exit and the expected output."""
+    if case["kind"] == "assert":
+        passed = report["proof"]
+    else:
+        same = not report["stdout_overflow"] and _output_lines(report["stdout"]) == _output_lines(case["output"])
+        passed = report["exit_code"] == 0 and same
+    return CaseResult(passed, report["timed_out"], report["exit_code"], report["stdout"], report["stderr"])

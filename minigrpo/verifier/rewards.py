@@ -1,0 +1,114 @@
+"""Stage 2 of the loop, reward: named reward functions, weighted and summed.
+
+In: the completions of one batch as strings, the task's columns for the same rows (a gold
+`answer`, code `tests`, ...) and the reward specs a task names, e.g. accuracy 1.0 + format 0.1.
+Out: `Rewards`, the weighted total per completion and every component kept apart for logging.
+A reward function has TRL's shape: `fn(completions, **columns) -> list[float]`, one float per
+completion, and reads only the columns it names. It knows strings, not tensors.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .bounded import math_rewards
+from .code import code_rewards
+from .format import FormatConfig, format_reward
+
+RewardFunction = Callable[..., list]
+
+REWARD_FUNCTIONS: dict[str, RewardFunction] = {}
+
+
+def register_reward(name: str):
+    """Decorator: make a reward function available to tasks under `name`."""
+
+    def register(fn: RewardFunction) -> RewardFunction:
+        if name in REWARD_FUNCTIONS:
+            raise ValueError(f"a reward called {name!r} is already registered")
+        REWARD_FUNCTIONS[name] = fn
+        return fn
+
+    return register
+
+
+@register_reward("accuracy")
+def _accuracy(completions: list[str], answer: list[str], **_) -> list[float]:
+    """1.0 where the final answer equals the gold `answer` column (math verifier), else 0.0."""
+    return math_rewards(completions, answer)
+
+
+@register_reward("format")
+def _format(completions: list[str], format_config: FormatConfig | None = None, **_) -> list[float]:
+    """1.0 where the response is well-formed (<think>, then one \\boxed{}), else 0.0."""
+    return [format_reward(c, format_config) for c in completions]
+
+
+@register_reward("code")
+def _code(completions: list[str], tests: list[list], **_) -> list[float]:
+    """Fraction of the row's `tests` that the completion's last Python block passes, sandboxed."""
+    return code_rewards(completions, tests)
+
+
+@dataclass
+class RewardSpec:
+    """One reward a task uses."""
+
+    name: str  # a key of REWARD_FUNCTIONS: "accuracy", "format", "code" or one you registered
+    weight: float = 1.0  # its factor in the total reward
+    options: dict = field(default_factory=dict)  # extra keyword arguments for the function
+
+    def __post_init__(self):
+        if self.name not in REWARD_FUNCTIONS:
+            raise ValueError(f"unknown reward {self.name!r}; known: {', '.join(sorted(REWARD_FUNCTIONS))}")
+        if not math.isfinite(self.weight):
+            raise ValueError(f"reward {self.name!r} has a weight that is not a finite number: {self.weight}")
+
+
+@dataclass
+class Rewards:
+    total: list[float]  # weighted sum per completion
+    components: dict[str, list[float]]  # unweighted value per reward name, per completion
+
+    def stats(self) -> dict[str, float]:
+        """Flat, slash-named means for the logger: reward/mean, reward/accuracy, ..."""
+        out = {"reward/mean": _mean(self.total)}
+        out.update({f"reward/{name}": _mean(values) for name, values in self.components.items()})
+        return out
+
+
+def compute_rewards(completions: list[str], columns: dict[str, list], specs: list[RewardSpec]) -> Rewards:
+    """Every spec's reward for every completion, and their weighted total."""
+    for name, column in columns.items():
+        if len(column) != len(completions):
+            raise ValueError(f"column {name!r} has {len(column)} rows for {len(completions)} completions")
+    total = [0.0] * len(completions)
+    components = {}
+    for spec in specs:
+        values = _call(spec, completions, columns)
+        components[spec.name] = values
+        total = [t + spec.weight * v for t, v in zip(total, values)]
+    return Rewards(total, components)
+
+
+def _call(spec: RewardSpec, completions: list[str], columns: dict[str, list]) -> list[float]:
+    fn = REWARD_FUNCTIONS[spec.name]
+    missing = [p for p in _required_columns(fn) if p not in columns and p not in spec.options]
+    if missing:
+        raise ValueError(f"reward {spec.name!r} needs the column(s) {', '.join(missing)}; the task has {', '.join(sorted(columns)) or 'none'}")
+    values = fn(completions, **columns, **spec.options)
+    if len(values) != len(completions) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        raise ValueError(f"reward {spec.name!r} must return one finite float per completion")
+    return [float(v) for v in values]
+
+
+def _required_columns(fn: RewardFunction) -> list[str]:
+    params = list(inspect.signature(fn).parameters.values())[1:]  # the first is the completions
+    return [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

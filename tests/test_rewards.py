@@ -1,0 +1,107 @@
+"""The format reward and the reward registry: components kept apart, weights summed by hand."""
+
+import pytest
+
+from minigrpo.verifier import (
+    REWARD_FUNCTIONS,
+    FormatConfig,
+    RewardSpec,
+    compute_rewards,
+    format_reward,
+    register_reward,
+)
+
+GOOD = "<think>\n6 times 7 is 42.\n</think>\n\nThe answer is $\\boxed{42}$."
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        (GOOD, 1.0),
+        ("  " + GOOD, 1.0),
+        ("<think>ok</think>\\boxed{\\frac{1}{2}}", 1.0),
+        ("The answer is $\\boxed{42}$.", 0.0),  # no thinking
+        ("<think>\n</think>\\boxed{42}", 0.0),  # empty thinking
+        ("<think>a</think><think>b</think>\\boxed{42}", 0.0),  # two blocks
+        ("<think>a \\boxed{42}", 0.0),  # never closed
+        ("Sure. <think>a</think>\\boxed{42}", 0.0),  # thinking not first
+        ("<think>a</think>The answer is 42.", 0.0),  # no box
+        ("<think>a</think>\\boxed{41} or \\boxed{42}", 0.0),  # two boxes
+        ("<think>a</think>\\boxed{}", 0.0),  # empty box
+        ("<think>a</think>\\boxed{42", 0.0),  # unterminated box
+        ("<think>a \\boxed{41}</think>\\boxed{42}", 1.0),  # boxes while thinking are fine
+        (None, 0.0),
+    ],
+)
+def test_format_reward(response, expected):
+    assert format_reward(response) == expected
+
+
+def test_format_length_limits_and_prompt_opened_thinking():
+    assert format_reward(GOOD, FormatConfig(max_chars=len(GOOD))) == 1.0
+    assert format_reward(GOOD, FormatConfig(max_chars=len(GOOD) - 1)) == 0.0
+    long_final = "<think>a</think>" + "words " * 300 + "\\boxed{1}"
+    assert format_reward(long_final) == 0.0  # default: final part at most 1,000 characters
+    assert format_reward(long_final, FormatConfig(max_answer_chars=0)) == 1.0
+    opened = FormatConfig(thinking_opened_by_prompt=True)
+    assert format_reward("6 times 7.\n</think>\n\\boxed{42}", opened) == 1.0
+    assert format_reward(GOOD, opened) == 0.0  # a second <think> when the prompt opened one
+    no_thinking = FormatConfig(require_thinking=False)
+    assert format_reward("So \\boxed{42}.", no_thinking) == 1.0
+    assert format_reward(GOOD, no_thinking) == 0.0
+    with pytest.raises(ValueError, match="length limits"):
+        FormatConfig(max_chars=-1)
+
+
+def test_weighted_total_and_separate_components():
+    completions = [GOOD, "The answer is \\boxed{42}.", "<think>x</think>\\boxed{41}", "no idea"]
+    columns = {"answer": ["42", "42", "42", "42"]}
+    rewards = compute_rewards(completions, columns, [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.5)])
+    assert rewards.components == {"accuracy": [1.0, 1.0, 0.0, 0.0], "format": [1.0, 0.0, 1.0, 0.0]}
+    assert rewards.total == [1.5, 1.0, 0.5, 0.0]
+    assert rewards.stats() == {"reward/mean": 0.75, "reward/accuracy": 0.5, "reward/format": 0.5}
+
+
+def test_code_reward_through_the_registry():
+    completion = "```python\ndef add(a, b):\n    return a + b\n```"
+    tests = [["assert add(1, 2) == 3", "assert add(2, 2) == 5"]]
+    rewards = compute_rewards([completion], {"tests": tests}, [RewardSpec("code", 2.0)])
+    assert rewards.components["code"] == [0.5]
+    assert rewards.total == [1.0]
+
+
+def test_a_registered_reward_and_its_options():
+    @register_reward("test_length_penalty")
+    def length_penalty(completions, limit, **_):
+        return [-1.0 if len(c) > limit else 0.0 for c in completions]
+
+    try:
+        spec = RewardSpec("test_length_penalty", 0.1, options={"limit": 5})
+        rewards = compute_rewards(["short", "much longer"], {}, [spec])
+        assert rewards.components["test_length_penalty"] == [0.0, -1.0]
+        assert rewards.total == pytest.approx([0.0, -0.1])
+        with pytest.raises(ValueError, match="already registered"):
+            register_reward("test_length_penalty")(length_penalty)
+    finally:
+        del REWARD_FUNCTIONS["test_length_penalty"]
+
+
+def test_registry_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown reward 'acuracy'; known: accuracy, code, format"):
+        RewardSpec("acuracy")
+    with pytest.raises(ValueError, match="not a finite number"):
+        RewardSpec("format", float("nan"))
+    with pytest.raises(ValueError, match="needs the column\\(s\\) answer; the task has tests"):
+        compute_rewards(["x"], {"tests": [[]]}, [RewardSpec("accuracy")])
+    with pytest.raises(ValueError, match="column 'answer' has 1 rows for 2 completions"):
+        compute_rewards(["x", "y"], {"answer": ["1"]}, [RewardSpec("accuracy")])
+
+    @register_reward("test_broken")
+    def broken(completions, **_):
+        return [1.0]
+
+    try:
+        with pytest.raises(ValueError, match="'test_broken' must return one finite float per completion"):
+            compute_rewards(["a", "b"], {}, [RewardSpec("test_broken")])
+    finally:
+        del REWARD_FUNCTIONS["test_broken"]
