@@ -162,8 +162,9 @@ def _close_pools() -> None:
     _pools.clear()
 
 
-def default_workers(num_jobs: int) -> int:
-    return max(1, min(num_jobs, os.cpu_count() or 1))
+def default_workers() -> int:
+    """One worker per CPU, at most 8: each holds sympy (~55 MB), and checks take milliseconds."""
+    return max(1, min(os.cpu_count() or 1, 8))
 
 
 def is_equivalent(pred: str, gold: str) -> bool:
@@ -179,7 +180,7 @@ def math_reward(response: str, gold: str) -> float:
 
 
 def math_rewards(responses: list[str], golds: list[str], workers: int | None = None) -> list[float]:
-    """`math_reward` for many pairs at once, spread over `workers` processes (default: one per CPU)."""
+    """`math_reward` for many pairs at once, spread over `workers` processes (default: one per CPU, up to 8)."""
     if len(responses) != len(golds):
         raise ValueError(f"got {len(responses)} responses but {len(golds)} gold answers")
     jobs = [
@@ -188,5 +189,5 @@ def math_rewards(responses: list[str], golds: list[str], workers: int | None = N
     ]
     if not jobs:
         return []
-    pool = worker_pool(workers or default_workers(len(jobs)))
+    pool = worker_pool(workers or default_workers())
     return [float(x) for x in pool.run(jobs, failed=0.0)]

@@ -1,0 +1,148 @@
+"""Math verifier on a labelled corpus: accuracy, false positives/negatives per category, latency.
+
+Each case is scored one at a time through the public, time-bounded API (`math_reward` for a full
+response, `is_equivalent` when `bare` says the prediction is already extracted), and its wall time
+is measured around that call. With `--against math-verify` the `math-verify` package (a
+benchmark-only dependency: pip install "math-verify[antlr4_13_2]") scores the same cases in the
+same run. A second check boxes each MATH-500 gold answer: it must match itself, and `\\boxed{123}`
+must match no gold but 123.
+
+    python benchmarks/bench_verifier.py --against math-verify
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+
+import minigrpo.verifier as verifier
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.path.join(HERE, "..", "..", "shared", "data")
+
+
+def ours(case) -> bool:
+    if case.get("bare"):
+        return verifier.is_equivalent(case["pred"], case["gold"])
+    return verifier.math_reward(case["pred"], case["gold"]) == 1.0
+
+
+def math_verify_scorer():
+    """math-verify's documented use: parse the gold and the prediction, then verify(gold, pred)."""
+    from math_verify import parse, verify
+
+    def score(case) -> bool:
+        gold = parse(f"${case['gold']}$")
+        pred = parse(f"${case['pred']}$" if case.get("bare") else case["pred"])
+        return bool(verify(gold, pred))
+
+    return score
+
+
+def run(cases, score):
+    """(correct?, seconds) per case; an exception counts as 'not equal' and is counted."""
+    results, errors = [], 0
+    score(cases[0])  # start-up (worker processes, imports) is not part of any case
+    for case in cases:
+        start = time.perf_counter()
+        try:
+            said = score(case)
+        except Exception:
+            said, errors = False, errors + 1
+        results.append((said, time.perf_counter() - start))
+    return results, errors
+
+
+def summary(cases, results) -> dict:
+    table = collections.defaultdict(lambda: collections.Counter())
+    for case, (said, _) in zip(cases, results):
+        row = table[case["category"]]
+        row["n"] += 1
+        row["right"] += said == case["expected"]
+        row["fp"] += said and not case["expected"]
+        row["fn"] += case["expected"] and not said
+    times = sorted(t for _, t in results)
+    total = collections.Counter()
+    for row in table.values():
+        total.update(row)
+    return {
+        "categories": table,
+        "total": total,
+        "median_ms": 1e3 * statistics.median(times),
+        "p99_ms": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))],
+        "max_ms": 1e3 * times[-1],
+    }
+
+
+def print_tables(names, summaries) -> None:
+    categories = sorted(summaries[0]["categories"], key=lambda c: -summaries[0]["categories"][c]["n"])
+    header = "| category | n | " + " | ".join(f"{n} acc | {n} FP | {n} FN" for n in names) + " |"
+    print(header)
+    print("|" + "---|" * (2 + 3 * len(names)))
+    for category in categories + ["all"]:
+        rows = [s["total"] if category == "all" else s["categories"][category] for s in summaries]
+        cells = " | ".join(f"{100 * r['right'] / r['n']:.1f}% | {r['fp']} | {r['fn']}" for r in rows)
+        print(f"| {category} | {rows[0]['n']} | {cells} |")
+    print()
+    print("| verifier | median ms | p99 ms | max ms |")
+    print("|---|---|---|---|")
+    for name, s in zip(names, summaries):
+        print(f"| {name} | {s['median_ms']:.2f} | {s['p99_ms']:.1f} | {s['max_ms']:.0f} |")
+
+
+def math500_check(path: str) -> None:
+    golds = [json.loads(line)["answer"] for line in open(path, encoding="utf-8")]
+    responses = [f"Working omitted.\n\nThe final answer is $\\boxed{{{g}}}$." for g in golds]
+    start = time.perf_counter()
+    self_match = verifier.math_rewards(responses, golds)
+    wrong_123 = verifier.math_rewards(["So the answer is \\boxed{123}."] * len(golds), golds)
+    seconds = time.perf_counter() - start
+    false_123 = [g for g, r in zip(golds, wrong_123) if r == 1.0 and g.strip() != "123"]
+    missed = [g for g, r in zip(golds, self_match) if r != 1.0]
+    print(f"MATH-500 golds boxed in a response: {len(golds) - len(missed)}/{len(golds)} match themselves; "
+          f"\\boxed{{123}} matches {len(false_123)} golds other than 123 ({seconds:.1f} s for both batches)")
+    for gold in missed[:10] + false_123[:10]:
+        print("   ", repr(gold))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", default=os.path.join(SHARED, "verifier_corpus.jsonl"))
+    parser.add_argument("--math500", default=os.path.join(SHARED, "math500_test.jsonl"))
+    parser.add_argument("--against", choices=["math-verify"], help="also run this verifier on the same cases")
+    parser.add_argument("--show-misses", action="store_true", help="print every case we got wrong")
+    args = parser.parse_args()
+    for path in (args.corpus, args.math500):
+        if not os.path.exists(path):
+            sys.exit(f"bench_verifier: no such file {path} (the corpus lives in ../shared/data)")
+
+    cases = [json.loads(line) for line in open(args.corpus, encoding="utf-8")]
+    load = os.getloadavg()[0]
+    print(f"{len(cases)} cases from {args.corpus}; {os.cpu_count()} cpus, load avg {load:.2f}\n")
+    names, summaries = ["minigrpo"], []
+    results, errors = run(cases, ours)
+    summaries.append(summary(cases, results))
+    if args.show_misses:
+        for case, (said, _) in zip(cases, results):
+            if said != case["expected"]:
+                print(f"  miss [{case['category']}] expected {case['expected']}: gold {case['gold']!r} pred {case['pred'][-120:]!r}")
+    if args.against == "math-verify":
+        import importlib.metadata
+
+        names.append(f"math-verify {importlib.metadata.version('math-verify')}")
+        mv_results, mv_errors = run(cases, math_verify_scorer())
+        summaries.append(summary(cases, mv_results))
+        print(f"math-verify raised on {mv_errors} cases (counted as 'not equal')")
+    print(f"minigrpo raised on {errors} cases\n")
+    print_tables(names, summaries)
+    print()
+    math500_check(args.math500)
+
+
+if __name__ == "__main__":
+    main()
