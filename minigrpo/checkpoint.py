@@ -176,18 +176,23 @@ def save_pretrained(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
     try:
-        _write_weights(model, tmp, max_shard_bytes)
-        _write_json(os.path.join(tmp, "config.json"), {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")})
-        if tokenizer is not None:
-            tokenizer.save(tmp)
-            generation = {**tokenizer.generation_config, "eos_token_id": list(tokenizer.eos_token_ids)}
-            if tokenizer.pad_token_id is not None:
-                generation["pad_token_id"] = tokenizer.pad_token_id
-            _write_json(os.path.join(tmp, "generation_config.json"), generation)
+        write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
         _replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_files(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
+    """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically."""
+    _write_weights(model, directory, max_shard_bytes)
+    _write_json(os.path.join(directory, "config.json"), {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")})
+    if tokenizer is not None:
+        tokenizer.save(directory)
+        generation = {**tokenizer.generation_config, "eos_token_id": list(tokenizer.eos_token_ids)}
+        if tokenizer.pad_token_id is not None:
+            generation["pad_token_id"] = tokenizer.pad_token_id
+        _write_json(os.path.join(directory, "generation_config.json"), generation)
 
 
 def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int) -> None:

@@ -1,0 +1,69 @@
+"""End of the loop, metrics: what each step did, for people and for plots.
+
+In: a flat dict of floats per step, named with slashes (reward/mean, clip/low_frac, time/sample);
+now and then a few completions with their rewards. Out: one JSON line per step in
+output_dir/metrics.jsonl, one console line, a tqdm progress bar. It writes what it is handed,
+unchanged, and knows nothing of how the numbers were made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tqdm import tqdm
+
+CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
+    ("reward/mean", "reward", "{:.3f}"),
+    ("reward/accuracy/mean", "acc", "{:.3f}"),
+    ("groups/zero_variance_frac", "flat", "{:.2f}"),
+    ("completion/length_mean", "len", "{:.0f}"),
+    ("loss", "loss", "{:+.4f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("entropy", "ent", "{:.2f}"),
+    ("clip/region_frac", "clip", "{:.3f}"),
+    ("grad_norm", "gnorm", "{:.3f}"),
+    ("lr", "lr", "{:.1e}"),
+    ("time/step", "s", "{:.1f}"),
+]
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: str, max_steps: int, start_step: int, progress_bar: bool = True):
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        _drop_lines_after(self.path, start_step)  # a resumed run rewrites the steps after its checkpoint
+        self.file = open(self.path, "a", encoding="utf-8")
+        self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar)
+
+    def log(self, step: int, stats: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **stats}) + "\n")
+        self.file.flush()
+        self.bar.update(1)
+        self.bar.write(console_line(step, stats))
+
+    def log_completions(self, step: int, examples: list[dict]) -> None:
+        for example in examples:
+            rewards = ", ".join(f"{k} {v:.2f}" for k, v in example["rewards"].items())
+            self.bar.write(f"--- step {step} | {rewards}\n{example['prompt'][-200:]}\n>>> {example['completion'][:600]}")
+
+    def close(self) -> None:
+        self.bar.close()
+        self.file.close()
+
+
+def console_line(step: int, stats: dict[str, float]) -> str:
+    parts = [f"step {step}"]
+    parts += [f"{label} {fmt.format(stats[key])}" for key, label, fmt in CONSOLE if key in stats]
+    if stats.get("skipped"):
+        parts.append("SKIPPED (non-finite loss or gradient)")
+    return " | ".join(parts)
+
+
+def _drop_lines_after(path: str, step: int) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(kept)

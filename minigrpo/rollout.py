@@ -1,0 +1,88 @@
+"""Between the stages: the rollout buffer, one record per sampled completion.
+
+In: the sampler's completions for a batch of prompts (stage 1); later stages fill in rewards
+(2), advantages (3) and the old / reference log-probs (4). Out: padded tensors for the update,
+in micro-batches. It knows token ids and numbers, not text, rewards' meaning or the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One sampled completion and everything the update needs to know about it."""
+
+    prompt_ids: list[int]  # the prompt it continues
+    completion_ids: list[int]  # sampled tokens, EOS included when one was emitted
+    group: int  # which prompt of this step (its G completions share the number)
+    finish_reason: str  # "stop" (EOS) or "length" (cut at max_completion_length)
+    rewards: dict[str, float] = field(default_factory=dict)  # each reward component, unweighted
+    reward: float = 0.0  # the weighted total
+    advantage: float = 0.0  # group-relative, from the total
+    in_loss: bool = True  # False for a truncated completion when those are masked
+    old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it (num_iterations > 1)
+    ref_logprobs: torch.Tensor | None = None  # (Tc,) under the reference model (beta > 0)
+
+
+@dataclass
+class Batch:
+    """Rollouts collated for one forward pass: [left-padded prompt | right-padded completion]."""
+
+    input_ids: torch.Tensor  # (B, Lp + Tc)
+    attention_mask: torch.Tensor  # (B, Lp + Tc) 1 for real tokens
+    completion_start: int  # Lp: the column of each completion's first token
+    completion_mask: torch.Tensor  # (B, Tc) 1 for tokens that count in the loss: up to and including EOS
+    advantages: torch.Tensor  # (B,)
+    old_logprobs: torch.Tensor | None  # (B, Tc) or None
+    ref_logprobs: torch.Tensor | None  # (B, Tc) or None
+
+
+def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
+    """Pad prompts on the left and completions on the right, so every completion starts at column Lp."""
+    prompt_width = max(len(r.prompt_ids) for r in rollouts)
+    completion_width = max(len(r.completion_ids) for r in rollouts)
+    B = len(rollouts)
+    ids = torch.full((B, prompt_width + completion_width), pad_id, dtype=torch.long)  # (B, Lp + Tc)
+    attention = torch.zeros_like(ids)  # (B, Lp + Tc)
+    loss_mask = torch.zeros(B, completion_width)  # (B, Tc)
+    for row, r in enumerate(rollouts):
+        start = prompt_width - len(r.prompt_ids)
+        end = prompt_width + len(r.completion_ids)
+        ids[row, start:prompt_width] = torch.tensor(r.prompt_ids)
+        ids[row, prompt_width:end] = torch.tensor(r.completion_ids, dtype=torch.long)
+        attention[row, start:end] = 1
+        loss_mask[row, : len(r.completion_ids)] = float(r.in_loss)
+    return Batch(
+        input_ids=ids.to(device),
+        attention_mask=attention.to(device),
+        completion_start=prompt_width,
+        completion_mask=loss_mask.to(device),
+        advantages=torch.tensor([r.advantage for r in rollouts], dtype=torch.float32, device=device),
+        old_logprobs=_pad([r.old_logprobs for r in rollouts], completion_width, device),
+        ref_logprobs=_pad([r.ref_logprobs for r in rollouts], completion_width, device),
+    )
+
+
+def _pad(rows: list, width: int, device) -> torch.Tensor | None:
+    if any(r is None for r in rows):
+        return None
+    out = torch.zeros(len(rows), width, dtype=torch.float32)  # (B, Tc)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out.to(device)
+
+
+def micro_batches(count: int, size: int, generator: torch.Generator | None = None) -> list[list[int]]:
+    """Indices 0..count-1 in chunks of `size`, shuffled when a generator is given."""
+    order = torch.randperm(count, generator=generator).tolist() if generator is not None else list(range(count))
+    return [order[i : i + size] for i in range(0, count, size)]
+
+
+def store_logprobs(rollouts: list[Rollout], logprobs: torch.Tensor, attribute: str) -> None:
+    """Write each row of a (B, Tc) log-prob tensor back to its rollout, trimmed to its completion."""
+    for r, row in zip(rollouts, logprobs.detach().float().cpu()):
+        setattr(r, attribute, row[: len(r.completion_ids)].clone())

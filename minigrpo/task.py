@@ -1,0 +1,77 @@
+"""Start of the loop, task -> prompt: what is asked, what the rewards check it against, in what order.
+
+In: rows (dicts) with a "prompt" (text ready for the tokenizer, or chat messages) and the columns
+the task's rewards read ("answer" for accuracy, "tests" for code). Out: batches of rows in a
+seeded order that goes through every row once per epoch; the position in that order is part of
+a checkpoint, so a resumed run asks the same questions a straight run would. It knows rows,
+not tokens or the model.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .verifier import RewardSpec
+
+
+@dataclass
+class Task:
+    """A dataset of prompts and the rewards that score completions of them."""
+
+    rows: list[dict]  # each: "prompt" (str or chat messages) plus the columns its rewards read
+    rewards: list[RewardSpec]  # e.g. [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.1)]
+
+    def __post_init__(self):
+        if not self.rows:
+            raise ValueError("a task needs at least one row")
+        if not self.rewards:
+            raise ValueError("a task needs at least one reward, e.g. RewardSpec('accuracy')")
+        for i, row in enumerate(self.rows):
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), (str, list)):
+                raise ValueError(f"row {i} needs a 'prompt': a string, or a list of chat messages")
+        columns = set(self.rows[0])
+        for i, row in enumerate(self.rows):
+            if set(row) != columns:
+                raise ValueError(f"row {i} has columns {sorted(row)}, row 0 has {sorted(columns)}")
+
+    def columns(self, rows: list[dict], repeat: int) -> dict[str, list]:
+        """Each non-prompt column of `rows`, every value repeated `repeat` times (once per completion)."""
+        return {key: [row[key] for row in rows for _ in range(repeat)] for key in rows[0] if key != "prompt"}
+
+
+class PromptStream:
+    """Rows in a seeded order, epoch after epoch; `state` / `load_state` for exact resume."""
+
+    def __init__(self, num_rows: int, seed: int):
+        self.num_rows, self.seed = num_rows, seed
+        self.epoch, self.position = 0, 0
+        self.order = self._order()
+
+    def next(self, count: int) -> list[int]:
+        """The indices of the next `count` rows."""
+        indices = []
+        while len(indices) < count:
+            if self.position == self.num_rows:
+                self.epoch, self.position = self.epoch + 1, 0
+                self.order = self._order()
+            indices.append(self.order[self.position])
+            self.position += 1
+        return indices
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_rows": self.num_rows}
+
+    def load_state(self, state: dict) -> None:
+        if (state["seed"], state["num_rows"]) != (self.seed, self.num_rows):
+            raise ValueError(
+                f"the checkpoint was written for {state['num_rows']} rows with seed {state['seed']}, "
+                f"this run has {self.num_rows} rows with seed {self.seed}: resuming would ask other questions"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self.order = self._order()
+
+    def _order(self) -> list[int]:
+        order = list(range(self.num_rows))
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)
+        return order

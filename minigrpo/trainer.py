@@ -1,0 +1,396 @@
+"""The GRPO loop: the only module that combines the stages, numbered as in the README's diagram.
+
+In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
+TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, checkpoints. One step:
+
+  1. sample      P prompts x G completions (sampler.generate)             -> rollout buffer
+  2. verify      decode, score every reward, weight and sum (verifier)    -> reward per completion
+  3. advantages  group-relative (advantages.py); dynamic sampling resamples groups with no signal
+  4. update      old / reference log-probs, then num_iterations passes, each over shuffled
+                 micro-batches with gradient accumulation, gradient clipping and one AdamW step
+  5. metrics and checkpoints
+
+With num_iterations = 1 the old log-probs are the current ones detached: the ratio is exactly 1,
+the clipped surrogate reduces to the advantage, and since advantages are centred within each
+group the loss reads about 0 with clip fraction 0 (its gradient is not 0). This matches TRL.
+
+Departures from DeepSeekMath GRPO beyond loss.py's: every sampling seed, the data order and the
+micro-batch shuffles derive from TrainConfig.seed and the step number, so a resumed run repeats
+a straight one bit for bit on CPU; each of the num_iterations passes is one AdamW step over the
+whole batch (the paper leaves the split open); the learning rate is scheduled per GRPO step
+(warm-up, then constant or cosine over max_steps), set on the optimizer before each step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+
+import torch
+
+from . import state as checkpoints
+from .advantages import group_advantages, zero_variance_groups
+from .checkpoint import load_pretrained
+from .config import GRPOConfig, TrainConfig, as_dict
+from .loss import grpo_loss, token_logprobs
+from .metrics import MetricsLogger
+from .rollout import Rollout, collate, micro_batches, store_logprobs
+from .sampler import generate
+from .task import PromptStream, Task
+from .verifier import compute_rewards
+
+
+class Trainer:
+    def __init__(self, model, tokenizer, task: Task, grpo: GRPOConfig, config: TrainConfig, *,
+                 model_path: str = "", reference=None):
+        config.check_against(grpo)
+        self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
+        self.model_path = model_path  # where the run started: the reference model is reloaded from it
+        self.prompt_ids = [self._encode(row["prompt"]) for row in task.rows]
+        self._check_context()
+        self.eos_ids = tuple(tokenizer.eos_token_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        if grpo.beta > 0:  # a frozen reference only when the KL needs one
+            self.reference = _frozen_copy(reference if reference is not None else model)
+        else:
+            self.reference = None
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+        )
+        self.stream = PromptStream(len(task.rows), config.seed)
+        self.step = 0
+        model.gradient_checkpointing = config.gradient_checkpointing
+
+    # -- the loop -------------------------------------------------------------------------------
+    def train(self) -> None:
+        logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar)
+        try:
+            last = min(self.config.max_steps, self.config.stop_at_step or self.config.max_steps)
+            while self.step < last:
+                stats, examples = self.train_step()
+                logger.log(self.step, stats)
+                every = self.config.log_completions_every
+                if every and self.step % every == 0:
+                    logger.log_completions(self.step, examples)
+                if self.config.save_every and self.step % self.config.save_every == 0:
+                    self.save()
+            if not self.config.save_every or self.step % self.config.save_every:
+                self.save()
+        finally:
+            logger.close()
+
+    def train_step(self) -> tuple[dict[str, float], list[dict]]:
+        """One GRPO step; (stats for the logger, a few completions with their rewards)."""
+        self.step += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.learning_rate * self._lr_factor(self.step - 1)
+        timings, started = {}, time.perf_counter()
+        # Stages 1-3, repeated by dynamic sampling until the batch has enough groups with signal.
+        sampled, trained, texts, sampling = self._collect(timings)
+        stats = {**_reward_stats(sampled), **sampling}
+        # Stage 4: update.
+        t = time.perf_counter()
+        update_stats = self._update(trained)
+        timings["time/update"] = time.perf_counter() - t
+        stats.update(update_stats)
+        stats["lr"] = self.optimizer.param_groups[0]["lr"]
+        timings["time/step"] = time.perf_counter() - started
+        stats.update(timings)
+        return stats, self._examples(sampled, texts)
+
+    # -- stages 1-3 -----------------------------------------------------------------------------
+    def _collect(self, timings: dict):
+        """Stages 1-3: (every rollout sampled, the ones to train on, their texts, sampling stats)."""
+        G, wanted = self.grpo.num_generations, self.config.batch_size // self.grpo.num_generations
+        drop_flat = self.grpo.dynamic_sampling or self.grpo.drop_zero_variance_groups
+        everything, rollouts, texts, rows, flat, sampled = [], [], [], [], 0, 0
+        sample_seconds = sample_tokens = 0.0
+        for round_ in range(self.grpo.max_sampling_rounds if self.grpo.dynamic_sampling else 1):
+            indices = self.stream.next(wanted - len(rows) if self.grpo.dynamic_sampling else wanted)
+            # Stage 1: sample G completions per prompt.
+            t = time.perf_counter()
+            samples = self._sample(indices, round_)
+            sample_seconds += time.perf_counter() - t
+            sample_tokens += samples.num_tokens
+            new = self._rollouts(indices, samples, group_offset=len(rows))
+            # Stage 2: verify.
+            t = time.perf_counter()
+            new_texts = self._score(new, [self.task.rows[i] for i in indices])
+            timings["time/verify"] = timings.get("time/verify", 0.0) + time.perf_counter() - t
+            # Stage 3: advantages (zero for groups whose rewards are all equal).
+            flags = self._advantages(new)
+            sampled += len(indices)
+            flat += int(flags.sum())
+            everything += new
+            texts += new_texts
+            for g in range(len(indices)):
+                if not (drop_flat and flags[g]):
+                    rollouts += _renumber(new[g * G : (g + 1) * G], len(rows))
+                    rows.append(indices[g])
+            if len(rows) >= wanted:
+                break
+        if self.grpo.scale_rewards == "batch" and rollouts:
+            self._advantages(rollouts)  # one std over the batch that is actually trained on
+        timings["time/sample"] = sample_seconds
+        sampling = {
+            "groups/zero_variance_frac": flat / max(sampled, 1),
+            "groups/trained": len(rows),
+            "groups/sampled": sampled,
+            "sampling/samples_per_s": sampled * G / max(sample_seconds, 1e-9),
+            "sampling/tokens_per_s": sample_tokens / max(sample_seconds, 1e-9),
+        }
+        return everything, rollouts, texts, sampling
+
+    def _sample(self, indices: list[int], round_: int):
+        seed = random.Random(f"{self.config.seed}-{self.step}-{round_}").getrandbits(62)
+        self.model.eval()
+        return generate(
+            self.model, [self.prompt_ids[i] for i in indices],
+            max_new_tokens=self.grpo.max_completion_length, temperature=self.grpo.temperature,
+            top_p=self.grpo.top_p, top_k=self.grpo.top_k, num_samples=self.grpo.num_generations,
+            eos_token_ids=self.eos_ids, seed=seed,
+        )
+
+    def _rollouts(self, indices: list[int], samples, group_offset: int) -> list[Rollout]:
+        G = self.grpo.num_generations
+        assert len(samples.tokens) == len(indices) * G, f"{len(samples.tokens)} completions for {len(indices)} prompts x {G}"
+        return [
+            Rollout(
+                prompt_ids=self.prompt_ids[indices[p]], completion_ids=tokens, group=group_offset + p,
+                finish_reason=reason, in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
+            )
+            for tokens, reason, p in zip(samples.tokens, samples.finish_reasons, samples.prompt_indices)
+        ]
+
+    def _score(self, rollouts: list[Rollout], rows: list[dict]) -> list[str]:
+        """Stage 2: every reward of the task for every completion, plus DAPO's overlong penalty."""
+        texts = [self._decode(r.completion_ids) for r in rollouts]
+        result = compute_rewards(texts, self.task.columns(rows, self.grpo.num_generations), self.task.rewards)
+        components = dict(result.components)
+        totals = list(result.total)
+        if self.grpo.overlong_buffer:
+            penalties = [_overlong_penalty(len(r.completion_ids), self.grpo) for r in rollouts]
+            components["overlong"] = penalties
+            totals = [t + p for t, p in zip(totals, penalties)]
+        for i, r in enumerate(rollouts):
+            r.rewards = {name: values[i] for name, values in components.items()}
+            r.reward = totals[i]
+        return texts
+
+    def _advantages(self, rollouts: list[Rollout]) -> torch.Tensor:
+        """Stage 3: write each rollout's advantage; returns the zero-variance flag of each group."""
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
+        advantages = group_advantages(rewards, self.grpo.num_generations, self.grpo.scale_rewards)  # (N,)
+        for r, a in zip(rollouts, advantages.tolist()):
+            r.advantage = a
+        return zero_variance_groups(rewards, self.grpo.num_generations)  # (N / G,)
+
+    # -- stage 4 --------------------------------------------------------------------------------
+    def _update(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """num_iterations AdamW steps on these rollouts; stats averaged over tokens and passes."""
+        if not rollouts:
+            return {"skipped": 1.0, "update/reason_no_groups": 1.0}
+        self.model.train()
+        if self.grpo.num_iterations > 1:
+            self._store_logprobs(rollouts, self.model, "old_logprobs")
+        if self.reference is not None:
+            self._store_logprobs(rollouts, self.reference, "ref_logprobs")
+        totals = {"sequences": len(rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts if r.in_loss)}
+        passes = [self._one_pass(rollouts, totals, k) for k in range(self.grpo.num_iterations)]
+        return _mean_of_passes(passes)
+
+    def _one_pass(self, rollouts: list[Rollout], totals: dict, k: int) -> dict[str, float]:
+        generator = torch.Generator().manual_seed(random.Random(f"{self.config.seed}-{self.step}-pass{k}").getrandbits(62))
+        started, weighted, tokens, finite = time.perf_counter(), {}, 0.0, True
+        self.optimizer.zero_grad(set_to_none=True)
+        for chunk in micro_batches(len(rollouts), self.config.micro_batch_size, generator):
+            loss, stats = self._micro_step([rollouts[i] for i in chunk], totals)
+            finite &= math.isfinite(stats["loss"])
+            for key, value in stats.items():
+                weighted[key] = weighted.get(key, 0.0) + value * (stats["tokens"] if key != "loss" else 1.0)
+            tokens += stats["tokens"]
+        grad_norm = self._clip_gradients()
+        skipped = not (finite and math.isfinite(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
+        else:
+            self.optimizer.step()
+        out = {k: v / max(tokens, 1.0) for k, v in weighted.items() if k not in ("loss", "tokens")}
+        seconds = time.perf_counter() - started
+        out.update(loss=weighted["loss"], grad_norm=grad_norm, skipped=float(skipped),
+                   **{"training/tokens_per_s": tokens / max(seconds, 1e-9)})
+        return out
+
+    def _micro_step(self, rollouts: list[Rollout], totals: dict):
+        batch = collate(rollouts, self.pad_id, self.model.device)
+        with self._autocast():
+            logprobs, entropies = token_logprobs(
+                self.model, batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature
+            )
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
+        loss, stats = grpo_loss(
+            logprobs, old, batch.advantages, batch.completion_mask,
+            ref_logprobs=batch.ref_logprobs, beta=self.grpo.beta, epsilon=self.grpo.epsilon,
+            epsilon_high=self.grpo.epsilon_high, loss_type=self.grpo.loss_type,
+            max_completion_length=self.grpo.max_completion_length, num_sequences=totals["sequences"],
+            num_tokens=totals["tokens"], entropies=entropies,
+        )
+        if math.isfinite(stats["loss"]):
+            loss.backward()
+        return loss, stats
+
+    def _store_logprobs(self, rollouts: list[Rollout], model, attribute: str) -> None:
+        with torch.no_grad():
+            for chunk in micro_batches(len(rollouts), self.config.micro_batch_size):
+                part = [rollouts[i] for i in chunk]
+                batch = collate(part, self.pad_id, self.model.device)
+                with self._autocast():
+                    logprobs, _ = token_logprobs(
+                        model, batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature
+                    )
+                store_logprobs(part, logprobs, attribute)
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
+    def _autocast(self):
+        on_gpu = self.model.device.type == "cuda"
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu and self.config.bf16) if on_gpu else _nothing()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self) -> str:
+        return checkpoints.save_checkpoint(
+            self.config.output_dir, self.step, self.model, self.tokenizer, self.state_dict(), self.config.save_total_limit
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "data": self.stream.state(),
+            "rng": checkpoints.rng_states(),
+            "model_path": self.model_path,
+            "configs": as_dict(self.grpo, self.config),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.stream.load_state(state["data"])
+        checkpoints.set_rng_states(state["rng"])
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _encode(self, prompt) -> list[int]:
+        text = prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
+        return self.tokenizer.encode(text)
+
+    def _decode(self, ids: list[int]) -> str:
+        if ids and ids[-1] in self.eos_ids:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids)
+
+    def _check_context(self) -> None:
+        longest = max(range(len(self.prompt_ids)), key=lambda i: len(self.prompt_ids[i]))
+        context = self.model.config.max_position_embeddings
+        if len(self.prompt_ids[longest]) + self.grpo.max_completion_length > context:
+            raise ValueError(
+                f"row {longest}'s prompt has {len(self.prompt_ids[longest])} tokens; with max_completion_length="
+                f"{self.grpo.max_completion_length} that exceeds the model's context of {context} tokens"
+            )
+
+    def _lr_factor(self, step: int) -> float:
+        """Multiplier of learning_rate before GRPO step step + 1: linear warm-up, then constant or cosine."""
+        warmup, total = self.config.warmup_steps, self.config.max_steps
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if self.config.lr_schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    def _examples(self, rollouts: list[Rollout], texts: list[str], count: int = 2) -> list[dict]:
+        """The first completion of the first `count` groups, with its prompt and rewards."""
+        G = self.grpo.num_generations
+        return [
+            {"prompt": self.tokenizer.decode(rollouts[i].prompt_ids), "completion": texts[i],
+             "rewards": {**rollouts[i].rewards, "total": rollouts[i].reward}}
+            for i in range(0, min(len(rollouts), count * G), G)
+        ]
+
+
+def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
+          *, device: str = "cpu", dtype=None) -> Trainer:
+    """Load the policy from `model_path` (a directory or Hub id), or with config.resume from the latest
+    checkpoint in config.output_dir, and run GRPO up to config.max_steps. The entry point of
+    examples/train_math.py."""
+    grpo, config = grpo or GRPOConfig(), config or TrainConfig()
+    config.check_against(grpo)
+    resume_from = checkpoints.latest_checkpoint(config.output_dir) if config.resume else None
+    model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
+    if tokenizer is None:
+        raise ValueError(f"{model_path} has no tokenizer.json: the trainer needs one to decode completions")
+    reference = None
+    if resume_from is not None and grpo.beta > 0:  # the KL is to the model the run started from
+        reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
+    trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference)
+    if resume_from is not None:
+        trainer.load_state_dict(checkpoints.load_state(resume_from))
+        print(f"resuming from {resume_from} (step {trainer.step})")
+    trainer.train()
+    return trainer
+
+
+# -- small pure helpers ---------------------------------------------------------------------------
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _frozen_copy(model):
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def _renumber(rollouts: list[Rollout], group: int) -> list[Rollout]:
+    for r in rollouts:
+        r.group = group
+    return rollouts
+
+
+def _overlong_penalty(length: int, grpo: GRPOConfig) -> float:
+    """DAPO's soft overlong punishment: 0 up to L - buffer tokens, then down linearly to -penalty at L."""
+    free = grpo.max_completion_length - grpo.overlong_buffer
+    return -grpo.overlong_penalty * max(0, length - free) / grpo.overlong_buffer
+
+
+def _reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    out = {}
+    if not rollouts:
+        return out
+    totals = torch.tensor([r.reward for r in rollouts])
+    out["reward/mean"], out["reward/std"] = float(totals.mean()), float(totals.std()) if len(totals) > 1 else 0.0
+    for name in rollouts[0].rewards:
+        values = torch.tensor([r.rewards[name] for r in rollouts])
+        out[f"reward/{name}/mean"] = float(values.mean())
+        out[f"reward/{name}/std"] = float(values.std()) if len(values) > 1 else 0.0
+    lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float32)
+    out["completion/length_mean"], out["completion/length_max"] = float(lengths.mean()), float(lengths.max())
+    out["completion/truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
+    return out
+
+
+def _mean_of_passes(passes: list[dict]) -> dict[str, float]:
+    keys = set().union(*passes)
+    out = {k: sum(p.get(k, 0.0) for p in passes) / len(passes) for k in keys}
+    out["skipped"] = max(p["skipped"] for p in passes)
+    return out

@@ -1,0 +1,215 @@
+"""The trainer: a step moves the weights only when there is signal, exact resume across processes,
+crash-safe checkpoints, DAPO options, skipped non-finite steps, and configuration errors."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import minigrpo
+from helpers import tiny_model, tiny_tokenizer
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.state import latest_checkpoint, load_state
+from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
+
+
+def _count_x(completions, **_):
+    """A reward a random model earns unevenly: the share of characters that are 'x'."""
+    return [c.count("x") / max(len(c), 1) for c in completions]
+
+
+def _constant(completions, **_):
+    return [1.0 for _ in completions]
+
+
+for _name, _fn in (("test_count_x", _count_x), ("test_constant", _constant)):
+    if _name not in REWARD_FUNCTIONS:
+        register_reward(_name)(_fn)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("policy"))
+    tokenizer = tiny_tokenizer(directory)
+    model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=96)
+    minigrpo.save_pretrained(model, tokenizer, directory)
+    return directory
+
+
+def make_trainer(checkpoint, tmp_path, reward="test_count_x", grpo=None, **train):
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=12)
+    settings = dict(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, micro_batch_size=3,
+                    learning_rate=1e-2, progress_bar=False, log_completions_every=0)
+    return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, TrainConfig(**{**settings, **train}))
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_a_step_with_signal_changes_the_weights(checkpoint, tmp_path):
+    trainer = make_trainer(checkpoint, tmp_path)
+    before = weights(trainer.model)
+    stats, examples = trainer.train_step()
+    assert stats["groups/zero_variance_frac"] < 1 and stats["skipped"] == 0.0
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert stats["clip/region_frac"] == 0.0 and abs(stats["ratio/mean"] - 1.0) < 1e-6  # mu = 1: ratio 1
+    assert len(examples) == 2 and "test_count_x" in examples[0]["rewards"]
+
+
+def test_a_step_with_all_advantages_zero_leaves_the_weights(checkpoint, tmp_path):
+    trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", weight_decay=0.0)
+    before = weights(trainer.model)
+    stats, _ = trainer.train_step()
+    assert stats["groups/zero_variance_frac"] == 1.0 and stats["loss"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_beta_keeps_a_frozen_reference_and_logs_kl(checkpoint, tmp_path):
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, beta=0.1, num_iterations=2)
+    trainer = make_trainer(checkpoint, tmp_path, grpo=grpo)
+    assert make_trainer(checkpoint, tmp_path).reference is None  # beta = 0: no reference model at all
+    reference = weights(trainer.reference)
+    stats, _ = trainer.train_step()
+    assert stats["kl"] > 0  # the second pass moved away from the reference
+    assert all(torch.equal(reference[k], v) for k, v in trainer.reference.state_dict().items())
+    assert not any(p.requires_grad for p in trainer.reference.parameters())
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal(checkpoint, tmp_path):
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, dynamic_sampling=True, max_sampling_rounds=3)
+    trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
+    stats, _ = trainer.train_step()
+    assert stats["groups/sampled"] == 2 + 2 + 2  # three rounds, every group flat
+    assert stats["groups/trained"] == 0 and stats["skipped"] == 1.0
+
+
+def test_overlong_penalty_and_truncation_masking(checkpoint, tmp_path):
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, overlong_buffer=4, overlong_penalty=1.0,
+                      mask_truncated_completions=True)
+    trainer = make_trainer(checkpoint, tmp_path, grpo=grpo)
+    sampled, trained, _, _ = trainer._collect({})
+    for r in sampled:
+        expected = -max(0, len(r.completion_ids) - 8) / 4  # free up to 12 - 4 tokens, then down to -1 at 12
+        assert r.rewards["overlong"] == expected
+        assert r.in_loss == (r.finish_reason == "stop")
+
+
+def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_path, monkeypatch):
+    trainer = make_trainer(checkpoint, tmp_path, max_steps=2)
+    trainer.train_step()  # the optimizer has state now
+    before, optimizer_before = weights(trainer.model), trainer.optimizer.state_dict()
+    real_loss = minigrpo.trainer.grpo_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real_loss(*args, **kwargs)
+        return loss * float("nan"), {**stats, "loss": float("nan")}
+
+    monkeypatch.setattr(minigrpo.trainer, "grpo_loss", nan_loss)
+    stats, _ = trainer.train_step()
+    assert stats["skipped"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    after = trainer.optimizer.state_dict()["state"]
+    assert all(torch.equal(optimizer_before["state"][i]["exp_avg"], after[i]["exp_avg"]) for i in after)
+
+
+RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+import minigrpo
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
+from minigrpo.verifier import register_reward
+import test_trainer  # registers the test rewards
+
+task = Task(test_trainer.ROWS, [RewardSpec("test_count_x")])
+grpo = GRPOConfig(num_generations=4, max_completion_length=10, num_iterations=2, beta=0.05)
+config = TrainConfig(output_dir={out!r}, max_steps=4, stop_at_step={steps}, batch_size=8, micro_batch_size=3, learning_rate=1e-2,
+                     warmup_steps=1, lr_schedule="cosine", resume={resume}, progress_bar=False, log_completions_every=0)
+minigrpo.train({checkpoint!r}, task, grpo, config)
+"""
+
+
+def run_training(checkpoint, out, steps, resume):
+    script = RUN.format(tests=os.path.dirname(__file__), out=str(out), steps=steps, resume=resume, checkpoint=checkpoint)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300, capture_output=True)
+    return minigrpo.load_pretrained(latest_checkpoint(str(out)))[0]
+
+
+def test_resume_is_exact(checkpoint, tmp_path):
+    straight = run_training(checkpoint, tmp_path / "straight", 4, resume=False)
+    run_training(checkpoint, tmp_path / "stopped", 2, resume=False)  # this process ends after step 2 of 4
+    resumed = run_training(checkpoint, tmp_path / "stopped", 4, resume=True)
+    original = minigrpo.load_pretrained(checkpoint)[0].state_dict()
+    for name, value in straight.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+    assert any(not torch.equal(v, original[k]) for k, v in straight.state_dict().items())
+    state = load_state(latest_checkpoint(str(tmp_path / "stopped")))
+    assert state["step"] == 4 and state["data"]["position"] == (4 * 2) % len(ROWS)
+    steps = [line for line in open(tmp_path / "stopped" / "metrics.jsonl")]
+    assert len(steps) == 4
+    from transformers import AutoModelForCausalLM  # the oracle reads training checkpoints too
+
+    twin = AutoModelForCausalLM.from_pretrained(latest_checkpoint(str(tmp_path / "stopped")))
+    assert torch.equal(twin.model.embed_tokens.weight, resumed.embed_tokens.weight)
+
+
+SLOW_SAVE = """
+import sys, time, torch
+sys.path.insert(0, {tests!r})
+import minigrpo
+from minigrpo import state
+from minigrpo.state import load_state, latest_checkpoint
+real_save = torch.save
+def slow_save(*args, **kwargs):
+    print("saving", flush=True)
+    time.sleep(60)
+torch.save = slow_save
+model, tokenizer = minigrpo.load_pretrained({checkpoint!r})
+state.save_checkpoint({out!r}, 2, model, tokenizer, {{"step": 2}}, keep=2)
+"""
+
+
+def test_killing_a_save_leaves_the_previous_checkpoint(checkpoint, tmp_path):
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    minigrpo.state.save_checkpoint(str(tmp_path), 1, model, tokenizer, {"step": 1}, keep=2)
+    script = SLOW_SAVE.format(tests=os.path.dirname(__file__), checkpoint=checkpoint, out=str(tmp_path))
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "saving"  # weights written, trainer state being written
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    latest = latest_checkpoint(str(tmp_path))
+    assert latest.endswith("step-000001") and load_state(latest) == {"step": 1}
+    reloaded, _ = minigrpo.load_pretrained(latest)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in reloaded.state_dict().items())
+    minigrpo.state.save_checkpoint(str(tmp_path), 2, model, tokenizer, {"step": 2}, keep=2)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-000001", "step-000002"]  # the debris is gone
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: GRPOConfig(num_generations=1), "num_generations must be an integer >= 2"),
+        (lambda: GRPOConfig(epsilon=0), "epsilon and epsilon_high must be > 0"),
+        (lambda: GRPOConfig(epsilon_high=-0.1), "epsilon and epsilon_high must be > 0"),
+        (lambda: GRPOConfig(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
+        (lambda: GRPOConfig(scale_rewards="std"), "scale_rewards must be one of group, batch, none"),
+        (lambda: TrainConfig(batch_size=10).check_against(GRPOConfig(num_generations=4)),
+         "batch_size=10 completions do not split into groups of num_generations=4"),
+        (lambda: TrainConfig(lr_schedule="linear"), "lr_schedule must be one of constant, cosine"),
+        (lambda: TrainConfig(micro_batch_size=0), "micro_batch_size must be a positive integer"),
+    ],
+)
+def test_bad_configuration_fails_with_a_clear_message(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_completions_beyond_the_context_fail_at_start(checkpoint, tmp_path):
+    with pytest.raises(ValueError, match="with max_completion_length=90 that exceeds the model's context of 96"):
+        make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=90))
