@@ -213,3 +213,25 @@ def test_bad_configuration_fails_with_a_clear_message(make, message):
 def test_completions_beyond_the_context_fail_at_start(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="with max_completion_length=90 that exceeds the model's context of 96"):
         make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=90))
+
+
+def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
+    """The step's gradient, not its weights: Adam's first update is about lr * sign(g), which turns
+    rounding-level gradient differences into lr-sized weight differences."""
+    for loss_type in ("grpo", "dapo", "dr_grpo"):
+        grpo = GRPOConfig(num_generations=4, max_completion_length=12, loss_type=loss_type)
+        trainers = [make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=size) for size in (8, 3)]
+        losses = []
+        for trainer in trainers:
+            trainer.optimizer.step = lambda: None  # keep the accumulated gradient to compare
+            losses.append(trainer.train_step()[0]["loss"])
+        assert losses[0] == pytest.approx(losses[1], abs=1e-7)
+        whole, split = (dict(t.model.named_parameters()) for t in trainers)
+        for name, p in whole.items():
+            torch.testing.assert_close(p.grad, split[name].grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_the_stage_functions_are_public():
+    assert minigrpo.grpo_loss is minigrpo.loss.grpo_loss
+    assert minigrpo.group_advantages is minigrpo.advantages.group_advantages
+    assert minigrpo.train is minigrpo.trainer.train
