@@ -1,0 +1,83 @@
+"""Outside the loop: how well a policy solves held-out problems (before and after training, and
+for checkpoints).
+
+In: a model, its tokenizer, problems, a prompt template and the task's rewards. Out: per-problem
+results and pass@1 (greedy or sampled), pass@k (the unbiased estimator of Chen et al. 2021 from
+n samples) and majority-vote@k. It uses the batched sampler and the verifier, and trains nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from .sampler import generate
+from .tasks import Problem
+from .tasks.prompts import Template
+from .verifier import RewardSpec, compute_rewards, extract_answer
+from .verifier.normalize import normalize
+
+
+@dataclass
+class Evaluation:
+    pass_at_1: float  # mean correctness of single samples (greedy when temperature is 0)
+    pass_at_k: dict[int, float]  # k -> probability that one of k samples is correct
+    majority_at_k: float  # the most common answer among the n samples is correct
+    results: list[dict]  # per problem: question, answer, completions, correct flags
+
+
+def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewards: list[RewardSpec] | None = None, *,
+             samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 256,
+             batch_size: int = 64, seed: int = 0, ks: tuple[int, ...] = ()) -> Evaluation:
+    """Sample `samples` completions per problem (greedy if temperature is 0) and score them."""
+    rewards = rewards or [RewardSpec("accuracy")]
+    results = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start:start + batch_size]
+        prompts = [tokenizer.encode(template.render(p.question, tokenizer)) for p in chunk]
+        out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                       num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed + start)
+        texts = [_decode(tokenizer, ids) for ids in out.tokens]
+        columns = {"answer": [p.answer for p in chunk for _ in range(samples)]}
+        for key in chunk[0].extra:
+            columns[key] = [p.extra[key] for p in chunk for _ in range(samples)]
+        scores = compute_rewards(texts, columns, rewards).total
+        for i, p in enumerate(chunk):
+            mine = slice(i * samples, (i + 1) * samples)
+            results.append({"question": p.question, "answer": p.answer, "completions": texts[mine],
+                            "correct": [s > 0.5 for s in scores[mine]]})
+    return Evaluation(
+        pass_at_1=_mean([sum(r["correct"]) / samples for r in results]),
+        pass_at_k={k: _mean([pass_at_k(samples, sum(r["correct"]), k) for r in results]) for k in ks if k <= samples},
+        majority_at_k=_mean([_majority_correct(r) for r in results]),
+        results=results,
+    )
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn from n (c of them correct) is correct."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _majority_correct(result: dict) -> float:
+    """Whether the most common final answer (by normalised spelling) is among the correct ones."""
+    answers = [extract_answer(c) for c in result["completions"]]
+    keyed = [(normalize(a) if a else None, ok) for a, ok in zip(answers, result["correct"])]
+    counts = Counter(key for key, _ in keyed if key)
+    if not counts:
+        return 0.0
+    top = counts.most_common(1)[0][0]
+    return float(any(ok for key, ok in keyed if key == top))
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    if ids and ids[-1] in tokenizer.eos_token_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

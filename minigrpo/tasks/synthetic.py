@@ -1,0 +1,158 @@
+"""Start of the loop, task: generated problems whose answers can be checked, at chosen difficulty.
+
+In: a kind, a count, a split, a seed and a difficulty. Out: `Problem`s with a worked solution
+in a compact format a tiny model can learn ("23*6=138;47+138=185;####185"). Train and test
+problems never overlap: a problem's split is decided by a hash of its text, not by the order it
+was drawn in. Kinds: arithmetic (multi-step integer expressions), fractions (answers such as
+\\frac{5}{6} that exercise the verifier's equivalence), linear (ax + b = c), countdown (reach a
+target with four numbers; scored by the `countdown` reward, since many answers are right).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import operator
+import random
+from fractions import Fraction
+
+from ..verifier import register_reward
+from ..verifier.extract import extract_answer
+from . import Problem
+
+TEST_SHARE = 10  # one problem in this many (by hash of its text) belongs to the test split
+SPLITS = ("train", "test")
+
+
+def generate(kind: str, count: int, split: str = "train", seed: int = 0, difficulty: int = 1) -> list[Problem]:
+    """`count` distinct problems of `kind` from `split`, the same for the same arguments."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown synthetic task {kind!r}; known: {', '.join(KINDS)}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not 1 <= difficulty <= 3:
+        raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
+    rng = random.Random(f"{kind}-{seed}-{difficulty}")
+    problems, seen = [], set()
+    for _ in range(200 * count + 10_000):
+        problem = KINDS[kind](rng, difficulty)
+        if problem.question in seen or _split_of(problem.question) != split:
+            continue
+        seen.add(problem.question)
+        problems.append(problem)
+        if len(problems) == count:
+            return problems
+    raise ValueError(f"only {len(problems)} distinct {split} problems of {kind} at difficulty {difficulty}; asked for {count}")
+
+
+def _split_of(question: str) -> str:
+    digest = int(hashlib.sha1(question.encode()).hexdigest(), 16)
+    return "test" if digest % TEST_SHARE == 0 else "train"
+
+
+def arithmetic(rng: random.Random, difficulty: int) -> Problem:
+    """difficulty 1: a + b * c (a, b two-digit, c in 2..9); 2: one more term; 3: two more, with '-'."""
+    operands = [rng.randint(10, 99), rng.randint(10, 99), rng.randint(2, 9)]
+    ops = ["+", "*"]
+    for _ in range(difficulty - 1):
+        ops.append(rng.choice("+-*"))
+        operands.append(rng.randint(2, 9) if ops[-1] == "*" else rng.randint(10, 99))
+    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
+    steps, values, pending = [], [operands[0]], []
+    for op, x in zip(ops, operands[1:]):  # products first, each written out
+        if op == "*":
+            product = values[-1] * x
+            steps.append(f"{values[-1]}*{x}={product}")
+            values[-1] = product
+        else:
+            pending.append(op)
+            values.append(x)
+    total = values[0]
+    for op, x in zip(pending, values[1:]):  # then sums and differences, left to right
+        result = total + x if op == "+" else total - x
+        steps.append(f"{total}{op}{x}={result}")
+        total = result
+    return Problem(question, str(total), ";".join(steps) + f";####{total}")
+
+
+def fractions(rng: random.Random, difficulty: int) -> Problem:
+    """p/q + r/s (difficulty 2: or -, 3: or *), answered in lowest terms as \\frac{}{}."""
+    p, q, r, s = rng.randint(1, 9), rng.randint(2, 9), rng.randint(1, 9), rng.randint(2, 9)
+    op = rng.choice("+-*"[:difficulty])
+    a, b = Fraction(p, q), Fraction(r, s)
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    question = f"{p}/{q}{op}{r}/{s}"
+    answer = _latex(value)
+    return Problem(question, answer, f"{question}={_plain(value)};####{_plain(value)}")
+
+
+def linear(rng: random.Random, difficulty: int) -> Problem:
+    """a x + b = c with an integer solution x; larger coefficients with difficulty."""
+    x, a = rng.randint(-9 * difficulty, 9 * difficulty), rng.randint(2, 3 + 3 * difficulty)
+    b = rng.randint(-20 * difficulty, 20 * difficulty)
+    c = a * x + b
+    question = f"{a}x{b:+d}={c}"
+    solution = f"{a}x={c}{-b:+d}={c - b};x={c - b}/{a}={x};####{x}"
+    return Problem(question, f"x = {x}", solution)
+
+
+def countdown(rng: random.Random, difficulty: int) -> Problem:
+    """Reach the target with + - * and each of 3 + difficulty // 2 numbers exactly once."""
+    target = 0
+    while target <= 0:  # a positive target, as in the Countdown game
+        numbers = [rng.randint(1, 9 + 4 * difficulty) for _ in range(3 + difficulty // 2)]
+        expression = str(numbers[0])
+        for x in numbers[1:]:
+            expression = f"({expression}{rng.choice('+-*')}{x})"
+        target = int(_evaluate(expression))
+    shown = ",".join(map(str, numbers))
+    return Problem(f"{shown}->{target}", str(target), f"{expression[1:-1] if len(numbers) > 1 else expression}={target};####{expression}",
+                   extra={"numbers": numbers})
+
+
+KINDS = {"arithmetic": arithmetic, "fractions": fractions, "linear": linear, "countdown": countdown}
+
+
+@register_reward("countdown")
+def countdown_reward(completions: list[str], numbers: list[list[int]], answer: list[str], **_) -> list[float]:
+    """1.0 when the final expression uses exactly the given numbers and evaluates to the target."""
+    return [_countdown_correct(c, n, int(a)) for c, n, a in zip(completions, numbers, answer)]
+
+
+def _countdown_correct(completion: str, numbers: list[int], target: int) -> float:
+    expression = extract_answer(completion)
+    if expression is None or len(expression) > 200:
+        return 0.0
+    try:
+        tree = ast.parse(expression, mode="eval")
+        used = sorted(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant))
+        return 1.0 if used == sorted(numbers) and _evaluate_tree(tree.body) == target else 0.0
+    except (SyntaxError, ValueError, ZeroDivisionError, TypeError):
+        return 0.0
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _evaluate(expression: str) -> Fraction:
+    return _evaluate_tree(ast.parse(expression, mode="eval").body)
+
+
+def _evaluate_tree(node) -> Fraction:
+    """+ - * / on integer literals only, exactly: anything else is a ValueError."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate_tree(node.left), _evaluate_tree(node.right))
+    raise ValueError("only integers and + - * / are allowed")
+
+
+def _latex(value: Fraction) -> str:
+    if value.denominator == 1:
+        return str(value.numerator)
+    sign = "-" if value < 0 else ""
+    return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+
+
+def _plain(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
