@@ -1,0 +1,109 @@
+"""Make the embedded default: a tiny Qwen3 that half knows multi-step arithmetic.
+
+    python examples/pretrain_tiny.py                      # writes models/minigrpo-tiny-arith
+
+Supervised warm-up on generated worked solutions ("23*6=138;47+138=185;####185"), stopped early
+on purpose: GRPO needs a start that is right sometimes (20-50% greedy on held-out problems) and
+right more often among several samples (pass@8 well above pass@1). The tokenizer is a small BPE
+trained here with `tokenizers` (digits split one by one); the model and tokenizer are saved in
+Hugging Face layout and load with `minigrpo.load_pretrained` like any Qwen3 checkpoint.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+import minigrpo
+from minigrpo.evaluate import evaluate
+from minigrpo.loss import token_logprobs
+from minigrpo.rollout import Rollout, collate
+from minigrpo.tasks import synthetic
+from minigrpo.tasks.prompts import template
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--output", default="models/minigrpo-tiny-arith")
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--max_steps", type=int, default=600, help="upper bound on warm-up steps")
+parser.add_argument("--stop_accuracy", type=float, default=0.30, help="stop once held-out greedy accuracy reaches this")
+parser.add_argument("--batch_size", type=int, default=128)
+parser.add_argument("--learning_rate", type=float, default=1e-3)
+parser.add_argument("--eval_every", type=int, default=25)
+args = parser.parse_args()
+torch.manual_seed(args.seed)
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+EOS = "<|endoftext|>"
+TEMPLATE = template("tiny")
+
+# 1. Data: worked solutions to train on, held-out problems to decide when to stop.
+train = synthetic.generate("arithmetic", 20_000, "train", seed=args.seed)
+held_out = synthetic.generate("arithmetic", 200, "test", seed=args.seed)
+texts = [TEMPLATE.render(p.question) + p.solution for p in train]
+
+# 2. Tokenizer: byte-level BPE over this text, each digit its own token.
+backend = HFTokenizer(models.BPE())
+backend.pre_tokenizer = pre_tokenizers.Sequence(
+    [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+)
+backend.decoder = decoders.ByteLevel()
+backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=48, special_tokens=[EOS], show_progress=False))
+staging = args.output + ".tokenizer-staging"
+os.makedirs(staging, exist_ok=True)
+backend.save(os.path.join(staging, "tokenizer.json"))
+with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": EOS, "pad_token": EOS}, f)
+with open(os.path.join(staging, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [backend.token_to_id(EOS)], "pad_token_id": backend.token_to_id(EOS)}, f)
+tokenizer = minigrpo.Tokenizer.from_directory(staging)
+eos = tokenizer.eos_token_id
+
+# 3. Model: Qwen3's architecture at 0.6 M parameters.
+config = minigrpo.Qwen3Config(
+    vocab_size=tokenizer.vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+    rope_theta=10_000.0, tie_word_embeddings=True,
+)
+model = minigrpo.Qwen3(config)
+print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, vocabulary {tokenizer.vocab_size}")
+examples = [Rollout(tokenizer.encode(TEMPLATE.render(p.question)), tokenizer.encode(p.solution) + [eos], 0, "stop") for p in train]
+
+# 4. Warm-up: cross-entropy on the solution tokens only, until held-out accuracy reaches the mark.
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+generator = torch.Generator().manual_seed(args.seed)
+started, accuracy, step = time.time(), 0.0, 0
+for step in range(1, args.max_steps + 1):
+    for group in optimizer.param_groups:
+        group["lr"] = args.learning_rate * min(1.0, step / 50)
+    chunk = torch.randint(len(examples), (args.batch_size,), generator=generator).tolist()
+    batch = collate([examples[i] for i in chunk], eos, "cpu")
+    model.train()
+    logprobs, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_start, 1.0)
+    loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    if step % args.eval_every == 0:
+        model.eval()
+        accuracy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=40).pass_at_1
+        print(f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} ({time.time() - started:.0f} s)")
+        if accuracy >= args.stop_accuracy:
+            break
+
+# 5. Where it starts from, and the checkpoint.
+model.eval()
+sampled = evaluate(model, tokenizer, held_out, TEMPLATE, samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8))
+print(f"stopped at step {step}: greedy {accuracy:.3f}, sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}")
+minigrpo.save_pretrained(model, tokenizer, args.output)
+with open(os.path.join(args.output, "pretrain.json"), "w") as f:
+    json.dump({"command": "python examples/pretrain_tiny.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+               "steps": step, "greedy_accuracy": accuracy, "sampled_pass_at_1": sampled.pass_at_1,
+               "pass_at_8": sampled.pass_at_k[8], "seconds": round(time.time() - started)}, f, indent=1)
+for name in os.listdir(staging):
+    os.remove(os.path.join(staging, name))
+os.rmdir(staging)
+print(f"saved to {args.output}")
