@@ -69,7 +69,8 @@ def resolve_checkpoint(path_or_repo_id: str, revision: str | None = None) -> str
         return path_or_repo_id
     if os.path.exists(path_or_repo_id):
         raise CheckpointError(f"{path_or_repo_id} is a file; a checkpoint is a directory with config.json and *.safetensors")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", path_or_repo_id):
+    looks_local = os.path.isdir(path_or_repo_id.split("/")[0])  # "models/x" when ./models exists
+    if looks_local or not re.fullmatch(r"[\w.-]+/[\w.-]+", path_or_repo_id):
         raise CheckpointError(f"no such checkpoint directory: {path_or_repo_id}")
     return download(path_or_repo_id, revision=revision)
 
