@@ -16,6 +16,7 @@ from tqdm import tqdm
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
     ("reward/accuracy/mean", "acc", "{:.3f}"),
+    ("eval/accuracy", "held-out", "{:.3f}"),
     ("groups/zero_variance_frac", "flat", "{:.2f}"),
     ("completion/length_mean", "len", "{:.0f}"),
     ("loss", "loss", "{:+.4f}"),

@@ -64,12 +64,18 @@ class Trainer:
         model.gradient_checkpointing = config.gradient_checkpointing
 
     # -- the loop -------------------------------------------------------------------------------
-    def train(self) -> None:
+    def train(self, on_step=None, observer=None) -> None:
+        """Steps up to max_steps (or stop_at_step). on_step(trainer) may return extra stats to log
+        with the step, e.g. a held-out evaluation every few steps. The first step is shown to
+        `observer` if one is given."""
         logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar)
         try:
             last = min(self.config.max_steps, self.config.stop_at_step or self.config.max_steps)
             while self.step < last:
-                stats, examples = self.train_step()
+                stats, examples = self.train_step(observer)
+                observer = None
+                if on_step is not None:
+                    stats.update(on_step(self) or {})
                 logger.log(self.step, stats)
                 every = self.config.log_completions_every
                 if every and self.step % every == 0:
@@ -81,20 +87,25 @@ class Trainer:
         finally:
             logger.close()
 
-    def train_step(self) -> tuple[dict[str, float], list[dict]]:
-        """One GRPO step; (stats for the logger, a few completions with their rewards)."""
+    def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
+        """One GRPO step; (stats for the logger, a few completions with their rewards). An observer
+        (see trace.py) is shown the rollouts after stage 3 and the stats after stage 4."""
         self.step += 1
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.learning_rate * self._lr_factor(self.step - 1)
         timings, started = {}, time.perf_counter()
         # Stages 1-3, repeated by dynamic sampling until the batch has enough groups with signal.
         sampled, trained, texts, sampling = self._collect(timings)
+        if observer is not None:
+            observer.rollouts(self, sampled, texts)
         stats = {**_reward_stats(sampled), **sampling}
         # Stage 4: update.
         t = time.perf_counter()
         update_stats = self._update(trained)
         timings["time/update"] = time.perf_counter() - t
         stats.update(update_stats)
+        if observer is not None:
+            observer.updated(self, update_stats)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         timings["time/step"] = time.perf_counter() - started
         stats.update(timings)
@@ -325,10 +336,18 @@ class Trainer:
 
 
 def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
-          *, device: str = "cpu", dtype=None) -> Trainer:
+          *, device: str = "cpu", dtype=None, on_step=None) -> Trainer:
     """Load the policy from `model_path` (a directory or Hub id), or with config.resume from the latest
-    checkpoint in config.output_dir, and run GRPO up to config.max_steps. The entry point of
-    examples/train_math.py."""
+    checkpoint in config.output_dir, and run GRPO up to config.max_steps."""
+    trainer = build_trainer(model_path, task, grpo, config, device=device, dtype=dtype)
+    trainer.train(on_step)
+    return trainer
+
+
+def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
+                  *, device: str = "cpu", dtype=None) -> Trainer:
+    """The Trainer `train` runs, restored from the latest checkpoint when config.resume is set.
+    examples/train_math.py uses it to evaluate before training."""
     grpo, config = grpo or GRPOConfig(), config or TrainConfig()
     config.check_against(grpo)
     resume_from = checkpoints.latest_checkpoint(config.output_dir) if config.resume else None
@@ -342,7 +361,6 @@ def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: T
     if resume_from is not None:
         trainer.load_state_dict(checkpoints.load_state(resume_from))
         print(f"resuming from {resume_from} (step {trainer.step})")
-    trainer.train()
     return trainer
 
 

@@ -1,0 +1,79 @@
+"""examples/train_math.py end to end, in seconds: a micro model on synthetic arithmetic (with
+--trace and --resume), and the Qwen3 path (chat template, MATH-format JSONL) on a tiny random
+Qwen3 with a Qwen-style chat tokenizer. Both run the real command line in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import minigrpo
+from helpers import tiny_model, tiny_tokenizer
+from minigrpo.state import latest_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--steps", "2", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2",
+         "--max_completion_length", "6", "--eval_count", "4", "--train_count", "20", "--eval_every", "1", "--save_every", "1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("qwen-style"))
+    tokenizer = tiny_tokenizer(directory)  # Qwen3's special tokens: it has the chat format
+    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=256), tokenizer, directory)
+    return directory
+
+
+def train_math(*args):
+    result = subprocess.run([sys.executable, "examples/train_math.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_micro_run_with_trace_then_resume(checkpoint, tmp_path):
+    out = str(tmp_path / "run")
+    printed = train_math("--model", checkpoint, "--template", "tiny", "--output_dir", out, "--trace", *SMALL)
+    for stage in ("[task -> prompt]", "[1 sample]", "[2 verify]", "[3 advantages]", "[4 update]", "[4 loss]"):
+        assert stage in printed
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["steps"] == 2 and 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
+    assert summary["wall_seconds"] > 0
+    printed = train_math("--model", checkpoint, "--template", "tiny", "--output_dir", out, "--resume", *SMALL[:1], "3", *SMALL[2:])
+    assert "resuming from" in printed
+    steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [s["step"] for s in steps] == [1, 2, 3] and all("eval/accuracy" in s for s in steps)
+    assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 3
+    assert minigrpo.load_pretrained(latest_checkpoint(out))[0] is not None
+
+
+def test_qwen_path_on_a_math_jsonl_file(checkpoint, tmp_path):
+    data = tmp_path / "math.jsonl"
+    rows = [{"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$."}, {"problem": "Half of 3?", "answer": "\\frac{3}{2}"},
+            {"problem": "What is $2^3$?", "answer": "8"}, {"problem": "Solve $x+1=3$.", "answer": "x = 2"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = str(tmp_path / "qwen")
+    train_math("--model", checkpoint, "--data", str(data), "--template", "chat", "--output_dir", out,
+               "--rewards", "accuracy:1.0,format:0.1", *SMALL)
+    steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(steps) == 2 and "reward/format/mean" in steps[0]
+    assert json.load(open(os.path.join(out, "summary.json")))["eval_problems"] == 4
+
+
+def test_a_bad_flag_value_is_one_clear_line(checkpoint, tmp_path):
+    result = subprocess.run([sys.executable, "examples/train_math.py", "--model", checkpoint, "--num_generations", "1",
+                             "--output_dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "num_generations must be an integer >= 2" in result.stderr
+
+
+def test_curves_are_plotted_from_metrics(tmp_path):
+    pytest.importorskip("matplotlib")
+    from minigrpo.plots import plot_curves
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps({"step": s, "reward/mean": s / 10, "kl": 0.0, "eval/accuracy": 0.5})
+                                 for s in range(1, 4)))
+    assert plot_curves(str(metrics), str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
