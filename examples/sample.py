@@ -1,0 +1,80 @@
+"""Sample a few completions from a checkpoint and show what the verifier makes of each.
+
+    python examples/sample.py --prompt "23*6+47" --answer 185          # models/minigrpo-tiny-arith
+    python examples/sample.py --model Qwen/Qwen3-0.6B --template chat --prompt "What is 12 + 30?" --answer 42
+
+Each completion is printed with its extracted final answer and, given --answer, its accuracy and
+format rewards (the format reward asks for a <think> block only with the "chat" template). A quick
+look at a policy before and after training; nothing is written.
+"""
+
+import argparse
+import sys
+
+import minigrpo
+from minigrpo.tasks.prompts import TEMPLATES, template
+from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_reward
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--model", default="models/minigrpo-tiny-arith", help="checkpoint directory or Hub repo id")
+parser.add_argument("--prompt", required=True, help="the question, without any template around it")
+parser.add_argument("--answer", help="gold answer: score each completion against it")
+parser.add_argument("--template", default="tiny", choices=list(TEMPLATES), help="how the question is put to the model")
+parser.add_argument("--num_samples", type=int, default=4)
+parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+parser.add_argument("--top_p", type=float, default=1.0)
+parser.add_argument("--max_new_tokens", type=int, default=256)
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--device", default="cpu")
+parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU")
+args = parser.parse_args()
+
+
+def fail(message):
+    sys.exit(f"sample.py: {message}")
+
+
+# 1. the model
+try:
+    model, tokenizer = minigrpo.load_pretrained(args.model, dtype=args.dtype, device=args.device)
+except minigrpo.CheckpointError as error:
+    fail(error)
+if tokenizer is None:
+    fail(f"{args.model} has no tokenizer.json")
+
+# 2. the prompt, in the chosen template
+prompt_template = template(args.template)
+try:
+    prompt = prompt_template.render(args.prompt, tokenizer)
+except ValueError as error:
+    fail(error)
+prompt_ids = tokenizer.encode(prompt)
+print(f"prompt ({len(prompt_ids)} tokens):\n{prompt}")
+
+# 3. sample
+try:
+    samples = minigrpo.generate(model, [prompt_ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_p=args.top_p, num_samples=args.num_samples, eos_token_ids=tokenizer.eos_token_ids,
+                                seed=args.seed)
+except ValueError as error:
+    fail(error)
+
+# 4. each completion, its answer and rewards
+format_config = FormatConfig(require_thinking=prompt_template.chat and prompt_template.thinking)
+correct = 0
+for i, (ids, reason) in enumerate(zip(samples.tokens, samples.finish_reasons), start=1):
+    if ids and ids[-1] in tokenizer.eos_token_ids:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids)
+    print(f"\n--- sample {i}/{len(samples.tokens)} ({len(ids)} tokens, {reason}) ---\n{text}")
+    line = f"answer: {extract_answer(text)}"
+    if args.answer is not None:
+        accuracy = math_reward(text, args.answer)
+        correct += int(accuracy == 1.0)
+        line += f"   accuracy: {accuracy:.1f}   format: {format_reward(text, format_config):.1f}"
+    print(line)
+
+summary = f"\n{samples.num_tokens} tokens at {samples.tokens_per_second:.1f} tokens/s"
+if args.answer is not None:
+    summary += f"; {correct}/{len(samples.tokens)} correct (gold answer {args.answer})"
+print(summary)

@@ -1,0 +1,91 @@
+"""Smoke tests of examples/sample.py and examples/eval_math.py, run as scripts on a tiny checkpoint.
+
+Each run pays a few seconds of imports (torch, the verifier's workers), so every run of this file
+is started at once by one fixture and the tests read the finished runs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import tiny_model, tiny_tokenizer
+
+import minigrpo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (script, arguments); {ckpt}, {data} and {tmp} are filled in by the fixture
+RUNS = {
+    "sample": ("sample.py", "--model {ckpt} --prompt 12+30 --answer 42 --num_samples 3 --max_new_tokens 8"),
+    "eval": ("eval_math.py", "--model {ckpt} --data {data} --count 4 --num_samples 2 --k 1,2,8 --max_new_tokens 8 "
+                             "--output {tmp}/results.jsonl"),
+    "sample_no_model": ("sample.py", "--model {tmp}/missing --prompt 1+1"),
+    "sample_no_local_model": ("sample.py", "--model models/no-such-model --prompt 1+1"),  # never a Hub look-up
+    "eval_no_model": ("eval_math.py", "--model {tmp}/missing --data arithmetic"),
+    "eval_no_data": ("eval_math.py", "--model {ckpt} --data {tmp}/none.jsonl"),
+}
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("example_tools")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp):
+    tokenizer = tiny_tokenizer(str(tmp / "tokenizer"))
+    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size), tokenizer, tmp / "ckpt")
+    data = tmp / "gsm8k.jsonl"
+    rows = [{"question": f"{i}+1", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(6)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    started = {}
+    for name, (script, args) in RUNS.items():
+        argv = [arg.format(ckpt=tmp / "ckpt", data=data, tmp=tmp) for arg in args.split()]
+        started[name] = subprocess.Popen([sys.executable, os.path.join("examples", script), *argv], cwd=ROOT,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finished = {}
+    for name, process in started.items():
+        stdout, stderr = process.communicate(timeout=180)
+        finished[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return finished
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sample_prints_each_completion_with_its_rewards(runs):
+    out = runs["sample"]
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("prompt (") and "12+30\n" in out.stdout
+    assert out.stdout.count("\n--- sample ") == 3
+    reward_lines = [line for line in out.stdout.splitlines() if line.startswith("answer: ")]
+    assert len(reward_lines) == 3 and all("accuracy: " in line and "format: " in line for line in reward_lines)
+    assert "/3 correct (gold answer 42)" in out.stdout
+
+
+def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp):
+    out = runs["eval"]
+    assert out.returncode == 0, out.stderr
+    summary = out.stdout.splitlines()[0]
+    assert summary.startswith(f"{tmp}/gsm8k.jsonl (4 problems, 2 samples each, temperature 0.8): pass@1 ")
+    assert "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary  # k above the samples is left out
+    rows = read_jsonl(tmp / "results.jsonl")
+    assert [row["answer"] for row in rows] == ["1", "2", "3", "4"]  # the first 4 of the file's 6 rows
+    assert all(set(row) == {"question", "answer", "completions", "correct"} for row in rows)
+    assert all(len(row["completions"]) == 2 and len(row["correct"]) == 2 for row in rows)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("sample_no_model", "sample.py: no such checkpoint directory: "),
+    ("sample_no_local_model", "sample.py: no such checkpoint directory: models/no-such-model"),
+    ("eval_no_model", "eval_math.py: no such checkpoint directory: "),
+    ("eval_no_data", "eval_math.py: unknown dataset "),
+])
+def test_missing_model_or_data_is_a_one_line_error(runs, name, message):
+    out = runs[name]
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith(message) and out.stderr.count("\n") == 1, out.stderr
