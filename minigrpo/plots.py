@@ -29,6 +29,8 @@ def plot_curves(metrics_path: str, png_path: str) -> bool:
         points = [(row["step"], row[key]) for row in rows if key in row]
         if points:
             ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
+        else:  # e.g. the KL when beta = 0: there is no reference model
+            ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("step")
     figure.tight_layout()
