@@ -31,7 +31,7 @@ parser.add_argument("--num_samples", type=int, default=8, help="samples per prob
 parser.add_argument("--k", default="1,4,8", help="comma-separated k for pass@k (each at most --num_samples)")
 parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
 parser.add_argument("--top_p", type=float, default=1.0)
-parser.add_argument("--max_new_tokens", type=int, default=512)
+parser.add_argument("--max_new_tokens", type=int, help="default: 512, or what the model's context leaves")
 parser.add_argument("--batch_size", type=int, default=64, help="problems per sampler call")
 parser.add_argument("--output", default="runs/eval_math/results.jsonl", help="per-problem results, as JSONL")
 parser.add_argument("--seed", type=int, default=0)
@@ -71,10 +71,12 @@ rewards = [RewardSpec("countdown" if args.data == "countdown" else "accuracy")]
 # 3. sample and score
 from minigrpo.evaluate import evaluate  # noqa: E402  (here, so that a bad argument above fails before torch loads)
 
+longest = max(len(tokenizer.encode(template(args.template).render(p.question, tokenizer))) for p in problems)
+max_new_tokens = args.max_new_tokens or max(1, min(512, model.config.max_position_embeddings - longest))
 start = time.perf_counter()
 try:
     result = evaluate(model, tokenizer, problems, template(args.template), rewards, samples=samples, temperature=temperature,
-                      top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                      top_p=args.top_p, max_new_tokens=max_new_tokens, batch_size=args.batch_size, seed=args.seed,
                       ks=tuple(ks))
 except ValueError as error:  # a prompt longer than the context, a chat template without a chat tokenizer
     fail(error)

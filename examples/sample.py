@@ -1,6 +1,6 @@
 """Sample a few completions from a checkpoint and show what the verifier makes of each.
 
-    python examples/sample.py --prompt "23*6+47" --answer 185          # models/minigrpo-tiny-arith
+    python examples/sample.py --prompt "47+23*6" --answer 185          # models/minigrpo-tiny-arith
     python examples/sample.py --model Qwen/Qwen3-0.6B --template chat --prompt "What is 12 + 30?" --answer 42
 
 Each completion is printed with its extracted final answer and, given --answer, its accuracy and
@@ -23,7 +23,7 @@ parser.add_argument("--template", default="tiny", choices=list(TEMPLATES), help=
 parser.add_argument("--num_samples", type=int, default=4)
 parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
 parser.add_argument("--top_p", type=float, default=1.0)
-parser.add_argument("--max_new_tokens", type=int, default=256)
+parser.add_argument("--max_new_tokens", type=int, help="default: 256, or what the model's context leaves")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--device", default="cpu")
 parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU")
@@ -52,8 +52,10 @@ prompt_ids = tokenizer.encode(prompt)
 print(f"prompt ({len(prompt_ids)} tokens):\n{prompt}")
 
 # 3. sample
+room = model.config.max_position_embeddings - len(prompt_ids)
+max_new_tokens = args.max_new_tokens or max(1, min(256, room))
 try:
-    samples = minigrpo.generate(model, [prompt_ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    samples = minigrpo.generate(model, [prompt_ids], max_new_tokens=max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, num_samples=args.num_samples, eos_token_ids=tokenizer.eos_token_ids,
                                 seed=args.seed)
 except ValueError as error:

@@ -113,6 +113,7 @@ try:
         output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule, seed=args.seed,
         save_every=args.save_every, resume=args.resume, gradient_checkpointing=args.gradient_checkpointing,
+        log_completions_every=args.eval_every,
     )
     trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
 except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
