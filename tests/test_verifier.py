@@ -47,6 +47,7 @@ SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
         ("<think>maybe \\boxed{2}</think>The answer is \\boxed{3}.", "3"),
         ("<think>maybe \\boxed{2}</think>So it is 3.", "3"),
         ("<think>it must be \\boxed{2}</think>", "2"),  # nothing after the thinking: search the thinking
+        ("<think>so the answer is 3</think>", "3"),
     ],
 )
 def test_extract_answer(response, answer):
@@ -225,6 +226,18 @@ def test_a_killed_worker_is_replaced_and_the_next_check_is_fast():
         start = time.monotonic()
         assert pool.run([("match", r"2\sqrt2", r"\sqrt8")], failed=False) == [True]
         assert time.monotonic() - start < 0.5
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_died_while_idle_is_replaced():
+    pool = WorkerPool(1)
+    try:
+        assert pool.run([("match", "1", "1")], failed=False) == [True]
+        pool.workers[0].process.kill()
+        pool.workers[0].process.wait()
+        assert pool.run([("match", "2", "2"), ("match", "2", "3")], failed=False) == [True, False]
+        assert pool.run([("match", r"\frac12", "0.5")], failed=False) == [True]
     finally:
         pool.close()
 

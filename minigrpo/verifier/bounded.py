@@ -20,6 +20,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -40,11 +41,12 @@ class _Worker:
     def __init__(self):
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+        self.stderr = tempfile.TemporaryFile()  # read only to explain a worker that failed to start
         self.process = subprocess.Popen(
             [sys.executable, "-m", "minigrpo.verifier.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.stderr,
             env=env,
             start_new_session=True,  # Ctrl-C in the terminal goes to the trainer, not to the workers
         )
@@ -56,7 +58,9 @@ class _Worker:
             return
         if not _readable(self.process.stdout, STARTUP_LIMIT) or read_frame(self.process.stdout) != "ready":
             self.kill()
-            raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start")
+            self.stderr.seek(0)
+            tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
+            raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {tail}")
         self.ready = True
 
     def send(self, job, time_limit: float) -> None:
@@ -70,8 +74,11 @@ class _Worker:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout):
-            stream.close()
+        for stream in (self.process.stdin, self.process.stdout, self.stderr):
+            try:
+                stream.close()
+            except OSError:  # a frame still buffered for a worker that died: nobody will read it
+                pass
 
 
 def _readable(stream, timeout: float) -> bool:
@@ -91,26 +98,37 @@ class WorkerPool:
     def run(self, jobs: list, failed, time_limit: float = WORK_LIMIT) -> list:
         """The result of each job, in order; `failed` for a job that ran out of time or crashed."""
         with self.lock:
-            for worker in self.workers:
-                worker.wait_ready()
             results = [failed] * len(jobs)
             pending = list(range(len(jobs)))[::-1]
-            busy = {}  # worker -> index of the job it holds
-            while pending or busy:
-                for worker in self.workers:
-                    if worker not in busy and pending:
-                        index = pending.pop()
-                        if self._send(worker, jobs[index], time_limit):
-                            busy[worker] = index
-                self._collect(busy, results)
+            busy, sends = {}, [0] * len(jobs)  # worker -> index of the job it holds; send attempts per job
+            try:
+                while pending or busy:
+                    for slot in range(len(self.workers)):
+                        if self.workers[slot] not in busy and pending:
+                            index = pending.pop()
+                            sends[index] += 1
+                            if self._send(slot, jobs[index], time_limit):
+                                busy[self.workers[slot]] = index
+                            elif sends[index] < 2:
+                                pending.append(index)  # once more, on the replacement
+                    self._collect(busy, results)
+            except BaseException:  # interrupted: no answer may arrive late into the next call
+                for worker in list(busy):
+                    self._replace(worker)
+                raise
             return results
 
-    def _send(self, worker, job, time_limit) -> bool:
+    def _send(self, slot: int, job, time_limit) -> bool:
+        """Hand `job` to the worker in `slot`; False (and the worker replaced) if it has died."""
+        worker = self.workers[slot]
         try:
             worker.wait_ready()  # a spare that replaced a killed worker may still be importing
             worker.send(job, time_limit)
             return True
-        except (BrokenPipeError, OSError):
+        except VerifierError:
+            self.workers[slot], self.spare = self.spare, _Worker()  # never leave a dead worker in place
+            raise
+        except OSError:  # BrokenPipeError: it died while idle
             self._replace(worker)
             return False
 

@@ -49,12 +49,13 @@ def extract_answer(text: str) -> str | None:
     """The final answer of `text`, stripped, or None when there is none (or it is empty)."""
     if not isinstance(text, str):
         return None
-    found = None
     end_of_thinking = text.rfind("</think>")
-    if end_of_thinking >= 0:
-        found = _find(text[end_of_thinking + len("</think>"):])
-    if found is None:
+    if end_of_thinking < 0:
         found = _find(text)
+    else:  # what follows the thinking first; the thinking itself only when nothing follows
+        found = _find(text[end_of_thinking + len("</think>"):])
+        if found is None:
+            found = _find(text[:end_of_thinking])
     if found is None or found.answer is BROKEN:
         return None
     return found.answer
