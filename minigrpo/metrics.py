@@ -56,7 +56,9 @@ class MetricsLogger:
 def console_line(step: int, stats: dict[str, float]) -> str:
     parts = [f"step {step}"]
     parts += [f"{label} {fmt.format(stats[key])}" for key, label, fmt in CONSOLE if key in stats]
-    if stats.get("skipped"):
+    if stats.get("update/no_groups"):
+        parts.append("SKIPPED (no group with a reward signal)")
+    elif stats.get("skipped"):
         parts.append("SKIPPED (non-finite loss or gradient)")
     return " | ".join(parts)
 
@@ -64,7 +66,13 @@ def console_line(step: int, stats: dict[str, float]) -> str:
 def _drop_lines_after(path: str, step: int) -> None:
     if not os.path.exists(path):
         return
+    kept = []
     with open(path, encoding="utf-8") as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError):  # a line cut short by a crash
+                continue
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(kept)

@@ -35,9 +35,10 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, k
     try:
         write_files(model, tokenizer, tmp)
         torch.save(state, os.path.join(tmp, STATE_FILE))
-        if os.path.exists(final):  # the same step saved again (a resumed run that stopped early)
-            shutil.rmtree(final)
+        if os.path.exists(final):  # the same step saved again: move the old copy aside first
+            os.rename(final, tmp + "-old")
         os.rename(tmp, final)
+        shutil.rmtree(tmp + "-old", ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

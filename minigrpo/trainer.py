@@ -1,7 +1,7 @@
 """The GRPO loop: the only module that combines the stages, numbered as in the README's diagram.
 
 In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
-TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, checkpoints. One step:
+TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, training_state. One step:
 
   1. sample      P prompts x G completions (sampler.generate)             -> rollout buffer
   2. verify      decode, score every reward, weight and sum (verifier)    -> reward per completion
@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from . import state as checkpoints
+from . import state as training_state
 from .advantages import group_advantages, zero_variance_groups
 from .checkpoint import load_pretrained
 from .config import GRPOConfig, TrainConfig, as_dict
@@ -69,6 +69,7 @@ class Trainer:
         with the step, e.g. a held-out evaluation every few steps. The first step is shown to
         `observer` if one is given."""
         logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar)
+        first_step = self.step
         try:
             last = min(self.config.max_steps, self.config.stop_at_step or self.config.max_steps)
             while self.step < last:
@@ -82,8 +83,8 @@ class Trainer:
                     logger.log_completions(self.step, examples)
                 if self.config.save_every and self.step % self.config.save_every == 0:
                     self.save()
-            if not self.config.save_every or self.step % self.config.save_every:
-                self.save()
+            if self.step > first_step and (not self.config.save_every or self.step % self.config.save_every):
+                self.save()  # the last step, unless it was just saved (or this process took none)
         finally:
             logger.close()
 
@@ -202,7 +203,7 @@ class Trainer:
     def _update(self, rollouts: list[Rollout]) -> dict[str, float]:
         """num_iterations AdamW steps on these rollouts; stats averaged over tokens and passes."""
         if not rollouts:
-            return {"skipped": 1.0, "update/reason_no_groups": 1.0}
+            return {"skipped": 1.0, "update/no_groups": 1.0}
         self.model.train()
         if self.grpo.num_iterations > 1:
             self._store_logprobs(rollouts, self.model, "old_logprobs")
@@ -219,16 +220,17 @@ class Trainer:
         for chunk in micro_batches(len(rollouts), self.config.micro_batch_size, generator):
             loss, stats = self._micro_step([rollouts[i] for i in chunk], totals)
             finite &= math.isfinite(stats["loss"])
-            for key, value in stats.items():
-                weighted[key] = weighted.get(key, 0.0) + value * (stats["tokens"] if key != "loss" else 1.0)
             tokens += stats["tokens"]
+            weighted["loss"] = weighted.get("loss", 0.0) + stats["loss"]  # shares of the step's loss: they add up
+            for key in stats.keys() - {"loss", "tokens"}:  # token means: weighted by the micro-batch's tokens
+                weighted[key] = weighted.get(key, 0.0) + stats[key] * stats["tokens"]
         grad_norm = self._clip_gradients()
         skipped = not (finite and math.isfinite(grad_norm))
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
         else:
             self.optimizer.step()
-        out = {k: v / max(tokens, 1.0) for k, v in weighted.items() if k not in ("loss", "tokens")}
+        out = {k: v / max(tokens, 1.0) for k, v in weighted.items() if k != "loss"}
         seconds = time.perf_counter() - started
         out.update(loss=weighted["loss"], grad_norm=grad_norm, skipped=float(skipped),
                    **{"training/tokens_per_s": tokens / max(seconds, 1e-9)})
@@ -276,7 +278,7 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self) -> str:
-        return checkpoints.save_checkpoint(
+        return training_state.save_checkpoint(
             self.config.output_dir, self.step, self.model, self.tokenizer, self.state_dict(), self.config.save_total_limit
         )
 
@@ -285,7 +287,7 @@ class Trainer:
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
             "data": self.stream.state(),
-            "rng": checkpoints.rng_states(),
+            "rng": training_state.rng_states(),
             "model_path": self.model_path,
             "configs": as_dict(self.grpo, self.config),
         }
@@ -294,7 +296,7 @@ class Trainer:
         self.step = state["step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.stream.load_state(state["data"])
-        checkpoints.set_rng_states(state["rng"])
+        training_state.set_rng_states(state["rng"])
 
     # -- helpers --------------------------------------------------------------------------------
     def _encode(self, prompt) -> list[int]:
@@ -350,7 +352,13 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     examples/train_math.py uses it to evaluate before training."""
     grpo, config = grpo or GRPOConfig(), config or TrainConfig()
     config.check_against(grpo)
-    resume_from = checkpoints.latest_checkpoint(config.output_dir) if config.resume else None
+    latest = training_state.latest_checkpoint(config.output_dir)
+    if latest and not config.resume:
+        raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run (latest: {latest}); "
+                         "resume it (resume=True, --resume) or choose another output directory")
+    if config.resume and not latest:
+        print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
+    resume_from = latest if config.resume else None
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:
         raise ValueError(f"{model_path} has no tokenizer.json: the trainer needs one to decode completions")
@@ -359,7 +367,9 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
         reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
     trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference)
     if resume_from is not None:
-        trainer.load_state_dict(checkpoints.load_state(resume_from))
+        saved = training_state.load_state(resume_from)
+        _note_changed_settings(saved["configs"], as_dict(grpo, config))
+        trainer.load_state_dict(saved)
         print(f"resuming from {resume_from} (step {trainer.step})")
     return trainer
 
@@ -371,6 +381,16 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def _note_changed_settings(saved: dict, current: dict) -> None:
+    """Resuming with other settings is allowed (a longer run, say) but never silent."""
+    ignored = {"resume", "stop_at_step", "progress_bar", "log_completions_every", "save_every", "output_dir"}
+    for section, values in current.items():
+        for key, value in values.items():
+            old = saved.get(section, {}).get(key, value)
+            if key not in ignored and old != value and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value)):
+                print(f"note: resuming with {section}.{key} = {value!r}; the checkpoint was trained with {old!r}")
 
 
 def _frozen_copy(model):

@@ -235,3 +235,23 @@ def test_the_stage_functions_are_public():
     assert minigrpo.grpo_loss is minigrpo.loss.grpo_loss
     assert minigrpo.group_advantages is minigrpo.advantages.group_advantages
     assert minigrpo.train is minigrpo.trainer.train
+
+
+def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_path):
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    minigrpo.state.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
+    config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
+    with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
+        minigrpo.trainer.build_trainer(checkpoint, Task(ROWS, [RewardSpec("test_count_x")]),
+                                       GRPOConfig(num_generations=4, max_completion_length=12), config)
+
+
+def test_metrics_survive_a_line_cut_short_and_say_why_a_step_was_skipped(tmp_path):
+    from minigrpo.metrics import MetricsLogger, console_line
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')
+    logger = MetricsLogger(str(tmp_path), max_steps=5, start_step=2, progress_bar=False)
+    logger.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'
+    assert "no group with a reward signal" in console_line(3, {"skipped": 1.0, "update/no_groups": 1.0})
+    assert "non-finite" in console_line(3, {"skipped": 1.0})
