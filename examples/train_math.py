@@ -68,18 +68,28 @@ add("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float3
 
 
 def load_config_file(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        if path.endswith((".yaml", ".yml")):
-            try:
-                import yaml
-            except ImportError:
-                sys.exit(f"train_math.py: reading {path} needs PyYAML (pip install pyyaml), or use a JSON file")
-            values = yaml.safe_load(f) or {}
-        else:
-            values = json.load(f)
-    unknown = sorted(set(values) - {a.dest for a in parser._actions})
+    """The options in a JSON or YAML file, checked: known keys, and true/false for the switches."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if path.endswith((".yaml", ".yml")):
+                try:
+                    import yaml
+                except ImportError:
+                    sys.exit(f"train_math.py: reading {path} needs PyYAML (pip install pyyaml), or use a JSON file")
+                values = yaml.safe_load(f) or {}
+            else:
+                values = json.load(f)
+    except Exception as error:  # a missing file, bad JSON or YAML
+        sys.exit(f"train_math.py: cannot read the config file {path}: {error}")
+    if not isinstance(values, dict):
+        sys.exit(f"train_math.py: {path} must hold a mapping of option names to values")
+    actions = {a.dest: a for a in parser._actions}
+    unknown = sorted(set(values) - set(actions))
     if unknown:
         sys.exit(f"train_math.py: {path} has unknown options: {', '.join(unknown)}")
+    for key, value in values.items():
+        if isinstance(actions[key], argparse._StoreTrueAction) and not isinstance(value, bool):
+            sys.exit(f"train_math.py: {path}: {key} must be true or false, got {value!r}")
     return values
 
 
@@ -135,11 +145,13 @@ def every_few_steps(trainer) -> dict:
 os.makedirs(args.output_dir, exist_ok=True)
 start_file = os.path.join(args.output_dir, "initial_eval.json")
 started = time.time()
+held_out = {"eval_data": eval_source, "eval_count": len(eval_problems)}  # what the accuracy was measured on
+initial = {}
 if args.resume and os.path.exists(start_file):
     with open(start_file) as f:
         initial = json.load(f)
-else:
-    initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0}
+if initial.get("held_out") != held_out:  # a fresh run, or other held-out problems than the run started with
+    initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
     with open(start_file, "w") as f:
         json.dump(initial, f)
 print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
