@@ -152,6 +152,9 @@ if args.resume and os.path.exists(start_file):
         initial = json.load(f)
 if initial.get("held_out") != held_out:  # a fresh run, or other held-out problems than the run started with
     initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
+    if trainer.step == 0:  # step 0 of the held-out curve
+        with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
     with open(start_file, "w") as f:
         json.dump(initial, f)
 print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")

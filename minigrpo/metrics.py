@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
-    ("reward/accuracy/mean", "acc", "{:.3f}"),
+    ("reward/accuracy/mean", "acc", "{:.3f}"),  # left out when it is the only reward (then it is `reward`)
     ("eval/accuracy", "held-out", "{:.3f}"),
     ("groups/zero_variance_frac", "flat", "{:.2f}"),
     ("completion/length_mean", "len", "{:.0f}"),
@@ -55,7 +55,10 @@ class MetricsLogger:
 
 def console_line(step: int, stats: dict[str, float]) -> str:
     parts = [f"step {step}"]
-    parts += [f"{label} {fmt.format(stats[key])}" for key, label, fmt in CONSOLE if key in stats]
+    components = [k for k in stats if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"]
+    only_accuracy = components == ["reward/accuracy/mean"]
+    shown = [(k, label, fmt) for k, label, fmt in CONSOLE if k in stats and not (only_accuracy and label == "acc")]
+    parts += [f"{label} {fmt.format(stats[key])}" for key, label, fmt in shown]
     if stats.get("update/no_groups"):
         parts.append("SKIPPED (no group with a reward signal)")
     elif stats.get("skipped"):

@@ -43,7 +43,7 @@ def test_micro_run_with_trace_then_resume(checkpoint, tmp_path):
     printed = train_math("--model", checkpoint, "--template", "tiny", "--output_dir", out, "--resume", *SMALL[:1], "3", *SMALL[2:])
     assert "resuming from" in printed
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert [s["step"] for s in steps] == [1, 2, 3] and all("eval/accuracy" in s for s in steps)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3] and all("eval/accuracy" in s for s in steps)  # 0: before GRPO
     assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 3
     assert minigrpo.load_pretrained(latest_checkpoint(out))[0] is not None
 
@@ -57,7 +57,7 @@ def test_qwen_path_on_a_math_jsonl_file(checkpoint, tmp_path):
     train_math("--model", checkpoint, "--data", str(data), "--template", "chat", "--output_dir", out,
                "--rewards", "accuracy:1.0,format:0.1", *SMALL)
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert len(steps) == 2 and "reward/format/mean" in steps[0]
+    assert [s["step"] for s in steps] == [0, 1, 2] and "reward/format/mean" in steps[1]
     assert json.load(open(os.path.join(out, "summary.json")))["eval_problems"] == 4
 
 
