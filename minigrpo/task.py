@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .verifier import RewardSpec
+if TYPE_CHECKING:  # a task names its rewards; scoring them is the verifier's stage, to the right
+    from .verifier import RewardSpec
 
 
 @dataclass

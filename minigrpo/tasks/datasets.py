@@ -4,6 +4,8 @@ In: a local path, or a file of a Hub dataset written hf://datasets/<owner>/<name
 Out: `Problem`s whose answer is the gold answer as the verifier compares it. A bad row is a
 ValueError naming the file, its line and what is wrong. It knows files and rows, not prompts,
 tokens or the model. `load_problems` picks between these files and the synthetic generators.
+A MATH solution's boxed answer is read with the verifier's own extractor, the one import from a
+stage to the right: a gold answer is then found by exactly the rule that finds a model's.
 """
 
 from __future__ import annotations

@@ -5,19 +5,16 @@ in a compact format a tiny model can learn ("23*6=138;47+138=185;####185"). Trai
 problems never overlap: a problem's split is decided by a hash of its text, not by the order it
 was drawn in. Kinds: arithmetic (multi-step integer expressions), fractions (answers such as
 \\frac{5}{6} that exercise the verifier's equivalence), linear (ax + b = c), countdown (reach a
-target with four numbers; scored by the `countdown` reward, since many answers are right).
+target with four numbers; scored by the verifier's `countdown` reward, since many answers are right).
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import operator
 import random
 from fractions import Fraction
 
-from ..verifier import register_reward
-from ..verifier.extract import extract_answer
 from . import Problem
 
 TEST_SHARE = 10  # one problem in this many (by hash of its text) belongs to the test split
@@ -101,50 +98,17 @@ def countdown(rng: random.Random, difficulty: int) -> Problem:
     target = 0
     while target <= 0:  # a positive target, as in the Countdown game
         numbers = [rng.randint(1, 9 + 4 * difficulty) for _ in range(3 + difficulty // 2)]
-        expression = str(numbers[0])
+        expression, target = str(numbers[0]), numbers[0]
         for x in numbers[1:]:
-            expression = f"({expression}{rng.choice('+-*')}{x})"
-        target = int(_evaluate(expression))
+            op = rng.choice("+-*")
+            expression, target = f"({expression}{op}{x})", _INTEGER_OPS[op](target, x)
     shown = ",".join(map(str, numbers))
     return Problem(f"{shown}->{target}", str(target), f"{expression[1:-1] if len(numbers) > 1 else expression}={target};####{expression}",
                    extra={"numbers": numbers})
 
 
+_INTEGER_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 KINDS = {"arithmetic": arithmetic, "fractions": fractions, "linear": linear, "countdown": countdown}
-
-
-@register_reward("countdown")
-def countdown_reward(completions: list[str], numbers: list[list[int]], answer: list[str], **_) -> list[float]:
-    """1.0 when the final expression uses exactly the given numbers and evaluates to the target."""
-    return [_countdown_correct(c, n, int(a)) for c, n, a in zip(completions, numbers, answer)]
-
-
-def _countdown_correct(completion: str, numbers: list[int], target: int) -> float:
-    expression = extract_answer(completion)
-    if expression is None or len(expression) > 200:
-        return 0.0
-    try:
-        tree = ast.parse(expression, mode="eval")
-        used = sorted(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant))
-        return 1.0 if used == sorted(numbers) and _evaluate_tree(tree.body) == target else 0.0
-    except (SyntaxError, ValueError, ZeroDivisionError, TypeError):
-        return 0.0
-
-
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def _evaluate(expression: str) -> Fraction:
-    return _evaluate_tree(ast.parse(expression, mode="eval").body)
-
-
-def _evaluate_tree(node) -> Fraction:
-    """+ - * / on integer literals only, exactly: anything else is a ValueError."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return Fraction(node.value)
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate_tree(node.left), _evaluate_tree(node.right))
-    raise ValueError("only integers and + - * / are allowed")
 
 
 def _latex(value: Fraction) -> str:

@@ -4,13 +4,15 @@
   time by worker processes), `math_reward` / `math_rewards` (a response against a gold answer);
 - `format_reward`: <think>...</think>, then exactly one \\boxed{};
 - `code_reward` / `code_rewards`: run generated Python against tests in a sandbox;
+- `countdown_reward`: an expression that reaches a target with the given numbers;
 - `compute_rewards`: the named rewards a task asks for, weighted and summed.
 The modules, in the order an answer flows: extract -> normalize -> parse -> equivalence, wrapped
-by bounded (worker processes); format, code and rewards beside them.
+by bounded (worker processes); format, code, countdown and rewards beside them.
 """
 
 from .bounded import TIME_LIMIT, VerifierError, is_equivalent, math_reward, math_rewards
 from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_tests
+from .countdown import countdown_reward
 from .extract import extract_answer
 from .format import FormatConfig, format_reward
 from .rewards import REWARD_FUNCTIONS, RewardSpec, Rewards, compute_rewards, register_reward
@@ -26,6 +28,7 @@ __all__ = [
     "code_reward",
     "code_rewards",
     "compute_rewards",
+    "countdown_reward",
     "extract_answer",
     "extract_code",
     "format_reward",

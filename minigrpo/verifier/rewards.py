@@ -16,6 +16,7 @@ from typing import Callable
 
 from .bounded import math_rewards
 from .code import code_rewards
+from .countdown import countdown_reward
 from .format import FormatConfig, format_reward
 
 RewardFunction = Callable[..., list]
@@ -51,6 +52,12 @@ def _format(completions: list[str], format_config: FormatConfig | None = None, *
 def _code(completions: list[str], tests: list[list], **_) -> list[float]:
     """Fraction of the row's `tests` that the completion's last Python block passes, sandboxed."""
     return code_rewards(completions, tests)
+
+
+@register_reward("countdown")
+def _countdown(completions: list[str], numbers: list[list[int]], answer: list[str], **_) -> list[float]:
+    """1.0 where the final expression uses exactly the row's `numbers` and equals its target `answer`."""
+    return [countdown_reward(c, n, int(a)) for c, n, a in zip(completions, numbers, answer)]
 
 
 @dataclass
