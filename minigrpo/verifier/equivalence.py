@@ -123,11 +123,16 @@ def _items(value) -> list:
 
 
 def _unordered_match(p_items, g_items, decimals) -> bool:
+    return _pair_off(p_items, g_items, lambda p, g: _match(p, g, decimals))
+
+
+def _pair_off(p_items, g_items, same) -> bool:
+    """Whether the two lists pair off one to one under `same`, in any order (same size, no reuse)."""
     if len(p_items) != len(g_items):
         return False
     unused = list(p_items)
     for g in g_items:
-        hit = next((i for i, p in enumerate(unused) if _match(p, g, decimals)), None)
+        hit = next((i for i, p in enumerate(unused) if same(p, g)), None)
         if hit is None:
             return False
         unused.pop(hit)
@@ -190,15 +195,9 @@ def _inequality_bounds(value):
 
 
 def _intervals_match(p_parts, g_parts, decimals) -> bool:
-    if p_parts is None or g_parts is None or len(p_parts) != len(g_parts):
+    if p_parts is None or g_parts is None:
         return False
-    unused = list(p_parts)
-    for g in g_parts:
-        hit = next((i for i, p in enumerate(unused) if _interval_match(p, g, decimals)), None)
-        if hit is None:
-            return False
-        unused.pop(hit)
-    return True
+    return _pair_off(p_parts, g_parts, lambda p, g: _interval_match(p, g, decimals))
 
 
 def _interval_match(p: Interval, g: Interval, decimals) -> bool:
