@@ -65,10 +65,8 @@ except ValueError as error:
 format_config = FormatConfig(require_thinking=prompt_template.chat and prompt_template.thinking)
 correct = 0
 for i, (ids, reason) in enumerate(zip(samples.tokens, samples.finish_reasons), start=1):
-    if ids and ids[-1] in tokenizer.eos_token_ids:
-        ids = ids[:-1]
-    text = tokenizer.decode(ids)
-    print(f"\n--- sample {i}/{len(samples.tokens)} ({len(ids)} tokens, {reason}) ---\n{text}")
+    text = tokenizer.decode_completion(ids)
+    print(f"\n--- sample {i}/{len(samples.tokens)} ({len(ids) - (reason == 'stop')} tokens before EOS, {reason}) ---\n{text}")
     line = f"answer: {extract_answer(text)}"
     if args.answer is not None:
         accuracy = math_reward(text, args.answer)

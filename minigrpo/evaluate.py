@@ -38,7 +38,7 @@ def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewa
         prompts = [tokenizer.encode(template.render(p.question, tokenizer)) for p in chunk]
         out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                        num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed + start)
-        texts = [_decode(tokenizer, ids) for ids in out.tokens]
+        texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
         columns = {"answer": [p.answer for p in chunk for _ in range(samples)]}
         for key in chunk[0].extra:
             columns[key] = [p.extra[key] for p in chunk for _ in range(samples)]
@@ -71,12 +71,6 @@ def _majority_correct(result: dict) -> float:
         return 0.0
     top = counts.most_common(1)[0][0]
     return float(any(ok for key, ok in keyed if key == top))
-
-
-def _decode(tokenizer, ids: list[int]) -> str:
-    if ids and ids[-1] in tokenizer.eos_token_ids:
-        ids = ids[:-1]
-    return tokenizer.decode(ids)
 
 
 def _mean(values: list[float]) -> float:

@@ -45,6 +45,13 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_completion(self, ids) -> str:
+        """A sampled completion as text: a final EOS left out, other special tokens (<think>) kept."""
+        ids = list(ids)
+        if ids and ids[-1] in self.eos_token_ids:
+            ids = ids[:-1]
+        return self.decode(ids)
+
     def decode_batch(self, batch, skip_special_tokens: bool = False) -> list[str]:
         return self.backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
 
