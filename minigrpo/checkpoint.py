@@ -178,7 +178,7 @@ def save_pretrained(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
     try:
         write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
-        _replace_dir(tmp, directory)
+        replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -217,7 +217,7 @@ def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int) -> None:
     _write_json(os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
-def _replace_dir(new: str, target: str) -> None:
+def replace_dir(new: str, target: str) -> None:
     """Move `new` to `target`; an existing target is renamed away first and removed only after."""
     old = None
     if os.path.exists(target):

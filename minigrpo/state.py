@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 import torch
 
-from .checkpoint import write_files
+from .checkpoint import replace_dir, write_files
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
@@ -35,10 +35,7 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, k
     try:
         write_files(model, tokenizer, tmp)
         torch.save(state, os.path.join(tmp, STATE_FILE))
-        if os.path.exists(final):  # the same step saved again: move the old copy aside first
-            os.rename(final, tmp + "-old")
-        os.rename(tmp, final)
-        shutil.rmtree(tmp + "-old", ignore_errors=True)
+        replace_dir(tmp, final)  # the same step saved again: the old copy goes only once the new one is in place
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -91,5 +88,5 @@ def _prune(parent: str, keep: int) -> None:
     for _, directory in _checkpoints(parent)[:-keep]:
         shutil.rmtree(directory, ignore_errors=True)
     for name in os.listdir(parent):
-        if name.startswith(".tmp-step-"):
+        if name.startswith((".tmp-step-", ".step-")):  # a save or a replacement that crashed midway
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
