@@ -87,7 +87,7 @@ def test_a_registered_reward_and_its_options():
 
 
 def test_registry_errors_name_the_problem():
-    with pytest.raises(ValueError, match="unknown reward 'acuracy'; known: accuracy, code, "):
+    with pytest.raises(ValueError, match="unknown reward 'acuracy'; known: accuracy, code, countdown, format"):
         RewardSpec("acuracy")
     with pytest.raises(ValueError, match="not a finite number"):
         RewardSpec("format", float("nan"))
