@@ -38,9 +38,9 @@ def hf_name(name: str) -> str:
     return name if name.startswith("lm_head.") else "model." + name
 
 
-def to_hf_state_dict(model: Qwen3) -> dict[str, torch.Tensor]:
-    """Our parameters under Hugging Face names."""
-    return {hf_name(name): tensor for name, tensor in model.state_dict().items()}
+def to_hf_state_dict(model: Qwen3, weights: dict | None = None) -> dict[str, torch.Tensor]:
+    """Our parameters (or `weights`, a state dict of the model) under Hugging Face names."""
+    return {hf_name(name): tensor for name, tensor in (model.state_dict() if weights is None else weights).items()}
 
 
 # --- loading --------------------------------------------------------------------------------------
@@ -184,9 +184,11 @@ def save_pretrained(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *
         raise
 
 
-def write_files(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
-    """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically."""
-    _write_weights(model, directory, max_shard_bytes)
+def write_files(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30,
+                weights: dict | None = None) -> None:
+    """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
+    weights: the model's state dict, if not its own (a sharded model's, gathered)."""
+    _write_weights(model, directory, max_shard_bytes, weights)
     _write_json(os.path.join(directory, "config.json"), {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")})
     if tokenizer is not None:
         tokenizer.save(directory)
@@ -196,8 +198,8 @@ def write_files(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, ma
         _write_json(os.path.join(directory, "generation_config.json"), generation)
 
 
-def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int) -> None:
-    tensors = {name: t.detach().cpu().contiguous() for name, t in to_hf_state_dict(model).items()}
+def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: dict | None) -> None:
+    tensors = {name: t.detach().cpu().contiguous() for name, t in to_hf_state_dict(model, weights).items()}
     shards, current, size = [], {}, 0
     for name, t in tensors.items():
         if current and size + t.nbytes > max_shard_bytes:

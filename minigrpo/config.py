@@ -73,11 +73,13 @@ class TrainConfig:
     learning_rate: float = 1e-6  # AdamW peak learning rate
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    adam_epsilon: float = 1e-8  # AdamW epsilon, added to the root of the second moment
     warmup_steps: int = 0  # linear warm-up from 0 to learning_rate over this many steps
     lr_schedule: str = "constant"  # after warm-up: constant | cosine (to 0 at max_steps)
     max_grad_norm: float = 1.0  # clip the gradient's global norm; 0 = no clipping
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more time
     bf16: bool = True  # on GPU, run forward passes under bfloat16 autocast (CPU always fp32)
+    fsdp: bool = False  # under torchrun: shard the policy (and reference) over the ranks with FSDP2, not DDP copies
     seed: int = 0  # sampling, data order and micro-batch shuffles all derive from this
     save_every: int = 0  # write a checkpoint every this many steps (0: only at the end)
     save_total_limit: int = 2  # checkpoints kept (the oldest are deleted)
@@ -91,6 +93,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.adam_epsilon > 0:
+            raise ValueError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.lr_schedule not in SCHEDULES:
@@ -98,12 +102,18 @@ class TrainConfig:
         if self.warmup_steps < 0 or self.stop_at_step < 0 or self.save_every < 0 or self.save_total_limit < 1 or self.max_grad_norm < 0:
             raise ValueError("warmup_steps, stop_at_step, save_every and max_grad_norm must be >= 0, save_total_limit >= 1")
 
-    def check_against(self, grpo: GRPOConfig) -> None:
-        """Invariants across the two configs."""
-        if self.batch_size % grpo.num_generations:
+    def check_against(self, grpo: GRPOConfig, world_size: int = 1) -> None:
+        """Invariants across the two configs, and the processes of the run (each takes whole groups)."""
+        G = grpo.num_generations
+        if self.batch_size % G:
             raise ValueError(
-                f"batch_size={self.batch_size} completions do not split into groups of num_generations={grpo.num_generations}; "
-                f"use a multiple of {grpo.num_generations}"
+                f"batch_size={self.batch_size} completions do not split into groups of num_generations={G}; "
+                f"use a multiple of {G}"
+            )
+        if (self.batch_size // G) % world_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} completions are {self.batch_size // G} prompts per step, which do not "
+                f"split evenly across {world_size} processes; use a batch_size that is a multiple of {G * world_size}"
             )
 
 

@@ -47,6 +47,11 @@ def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewa
             mine = slice(i * samples, (i + 1) * samples)
             results.append({"question": p.question, "answer": p.answer, "completions": texts[mine],
                             "correct": [s > 0.5 for s in scores[mine]]})
+    return summarize(results, samples, ks)
+
+
+def summarize(results: list[dict], samples: int, ks: tuple[int, ...] = ()) -> Evaluation:
+    """The Evaluation of per-problem results (each with `samples` correct flags), e.g. joined from several ranks."""
     return Evaluation(
         pass_at_1=_mean([sum(r["correct"]) / samples for r in results]),
         pass_at_k={k: _mean([pass_at_k(samples, sum(r["correct"]), k) for r in results]) for k in ks if k <= samples},

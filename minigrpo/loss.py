@@ -54,6 +54,19 @@ def token_logprobs(model, input_ids, attention_mask, completion_start: int, temp
     return logprobs, entropies
 
 
+class TokenLogprobs(torch.nn.Module):
+    """`token_logprobs` of a model as a module's forward: DistributedDataParallel and FSDP2 hook a
+    module's forward, and the trainer wraps this one (see distributed.py)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, completion_start: int, temperature: float):
+        logprobs, entropies = token_logprobs(self.model, input_ids, attention_mask, completion_start, temperature)
+        return logprobs.clone(), entropies  # a copy, not a view of the gathered log-softmax: FSDP2 hooks outputs
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

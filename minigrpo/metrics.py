@@ -53,6 +53,19 @@ class MetricsLogger:
         self.file.close()
 
 
+class NullLogger:
+    """What ranks other than 0 log: nothing (rank 0 logs stats already reduced over every rank)."""
+
+    def log(self, step: int, stats: dict[str, float]) -> None:
+        pass
+
+    def log_completions(self, step: int, examples: list[dict]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def console_line(step: int, stats: dict[str, float]) -> str:
     parts = [f"step {step}"]
     components = [k for k in stats if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"]

@@ -26,14 +26,15 @@ STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
-def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, keep: int) -> str:
-    """Write checkpoint `step` atomically, keep the newest `keep`; returns its directory."""
+def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, keep: int, *, weights: dict | None = None) -> str:
+    """Write checkpoint `step` atomically, keep the newest `keep`; returns its directory. `weights`:
+    the model's whole state dict, when the model itself holds only a shard of it (FSDP2)."""
     parent = os.path.join(output_dir, CHECKPOINTS)
     os.makedirs(parent, exist_ok=True)
     final = os.path.join(parent, f"step-{step:06d}")
     tmp = tempfile.mkdtemp(prefix=".tmp-step-", dir=parent)
     try:
-        write_files(model, tokenizer, tmp)
+        write_files(model, tokenizer, tmp, weights=weights)
         torch.save(state, os.path.join(tmp, STATE_FILE))
         replace_dir(tmp, final)  # the same step saved again: the old copy goes only once the new one is in place
     except BaseException:

@@ -1,0 +1,249 @@
+"""Across processes: which rank this is, how the policy is wrapped, and the few collectives the loop needs.
+
+Under `torchrun` (RANK, WORLD_SIZE, LOCAL_RANK in the environment) `setup` joins the process
+group, NCCL when the device is a GPU and gloo on CPU, and gives each process its device; without
+torchrun it returns a one-process `Dist` whose collectives return their input, so the trainer has
+a single code path. Gradients are never averaged here: DistributedDataParallel (or FSDP2, with
+`shard`) does that during backward. It knows tensors, modules and picklable objects, not what
+they mean for GRPO.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as tdist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the run; one process unless torchrun started several."""
+
+    rank: int = 0  # this process among all processes, on every node
+    world_size: int = 1  # processes in the run
+    local_rank: int = 0  # this process among its node's processes: picks its GPU
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's tensors live
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes metrics, plots and checkpoints, and prints."""
+        return self.rank == 0
+
+    def print(self, *args) -> None:
+        if self.is_main:
+            print(*args, flush=True)
+
+    def block(self, n: int) -> slice:
+        """This rank's contiguous block of n items: the blocks of ranks 0, 1, ... in turn cover them
+        in order, and differ in size by at most one."""
+        return slice(self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size)
+
+    def gather(self, obj) -> list:
+        """[rank 0's obj, rank 1's obj, ...] on every rank (pickled; for small Python objects)."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks, in float64."""
+        return self._reduce(values, tdist.ReduceOp.SUM)
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, tdist.ReduceOp.MAX)
+
+    def broadcast(self, obj):
+        """Rank 0's obj on every rank."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def check_same(self, settings: dict) -> None:
+        """Raise on every rank if any rank was started with other settings than rank 0."""
+        first, *others = [_flat(s) for s in self.gather(settings)]
+        differences = [
+            f"rank {rank} has {key} = {value!r}, rank 0 has {first.get(key)!r}"
+            for rank, theirs in enumerate(others, start=1)
+            for key, value in theirs.items()
+            if first.get(key) != value
+        ]
+        if differences:
+            raise ValueError("the ranks disagree on the run's configuration: " + "; ".join(differences[:5]))
+
+    def _reduce(self, values: list[float], op) -> list[float]:
+        if self.world_size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)  # (len(values),)
+        tdist.all_reduce(t, op=op)
+        return t.tolist()
+
+
+def setup(device: str = "cpu") -> Dist:
+    """Join torchrun's process group (once per process) and return this rank's Dist."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and not tdist.is_initialized():
+        return Dist(device=torch.device(device))
+    kind = torch.device(device).type
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"distributed training runs on cpu (gloo) or cuda (NCCL), not on {device!r}")
+    if kind == "cuda":
+        placed = _gpu_for(device, local_rank)
+    else:
+        placed = torch.device("cpu")
+    if not tdist.is_initialized():
+        tdist.init_process_group("nccl" if kind == "cuda" else "gloo", device_id=placed if kind == "cuda" else None)
+        atexit.register(_leave)
+    return Dist(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local_rank, device=placed)
+
+
+def current(device: torch.device) -> Dist:
+    """The Dist of a process group someone already joined (one process if none)."""
+    if not tdist.is_initialized():
+        return Dist(device=torch.device(device))
+    return Dist(tdist.get_rank(), tdist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), torch.device(device))
+
+
+def digest(rows: list[dict]) -> str:
+    """A short fingerprint of a task's rows, so ranks can check they read the same data."""
+    text = json.dumps(rows, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- the policy across ranks -----------------------------------------------------------------------
+def wrap(module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainable: bool = True) -> torch.nn.Module:
+    """`module` ready for this run: as is on one process; else sharded with FSDP2 (each of `blocks`,
+    then the rest) or, when trainable, replicated with DistributedDataParallel. A frozen module that
+    is not sharded stays a plain local copy: it has no gradients to average."""
+    if dist.world_size == 1 or not (shard or trainable):
+        return module
+    if shard:
+        mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(module, mesh=mesh)
+        return module
+    device_ids = [dist.device.index] if dist.device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids)  # Qwen3 has no buffers: no forward syncs any
+
+
+def accumulating(module: torch.nn.Module, last: bool):
+    """Gradient accumulation: no gradient all-reduce (DDP) or reduce-scatter (FSDP2) in the backward
+    of any micro-batch but the step's last."""
+    if last:
+        return contextlib.nullcontext()
+    if isinstance(module, DistributedDataParallel):
+        return module.no_sync()
+    if isinstance(module, FSDPModule):
+        return _fsdp_no_sync(module)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def gathered(module: torch.nn.Module):
+    """Every FSDP2-sharded parameter of `module` whole on every rank until the block ends, and no
+    resharding after each block's forward: the sampler runs the model without collectives, so ranks
+    may take different numbers of decode steps. A no-op for a module that is not sharded. Every
+    rank must enter it (the unshard is an all-gather)."""
+    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for m in sharded:
+        m.unshard()
+        if m is not module:
+            m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in sharded:
+            m.reshard()
+            if m is not module:
+                m.set_reshard_after_forward(True, recurse=False)
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    return isinstance(module, FSDPModule)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective); any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+# -- whole state for checkpoints: collectives under FSDP2, where every rank holds a shard ----------------
+_WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered to rank 0's CPU
+
+
+def full_weights(wrapper: torch.nn.Module) -> dict | None:
+    """The whole state dict of the model inside `wrapper` (TokenLogprobs, sharded), on rank 0; other
+    ranks get an empty one. None when it is not sharded: the model's own state_dict is whole."""
+    if not isinstance(wrapper, FSDPModule):
+        return None
+    whole = get_model_state_dict(wrapper, options=_WHOLE)  # FSDP2 gathers from the root it was applied to
+    return {name.removeprefix("model."): t for name, t in whole.items()}
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state keyed by parameter names, whole: a checkpoint written by one process,
+    by DDP or by FSDP2 resumes under any of them."""
+    return get_optimizer_state_dict(model, optimizer, options=_WHOLE)
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    if isinstance(state["param_groups"][0]["params"][0], int):  # written by minigrpo 0.1: ids, not names
+        optimizer.load_state_dict(state)
+        return
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module: FSDPModule):
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def _gpu_for(device: str, local_rank: int) -> torch.device:
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device} asks for the NCCL backend on GPUs, but torch sees no GPU here "
+                         "(a CPU build of torch, or no driver); use --device cpu, which runs on gloo")
+    if torch.device(device).index is not None:
+        raise ValueError(f"under torchrun each process takes the GPU of its LOCAL_RANK; pass --device cuda, not {device}")
+    if local_rank >= torch.cuda.device_count():
+        raise ValueError(f"torchrun started more processes on this node than it has GPUs ({torch.cuda.device_count()}): "
+                         f"use --nproc_per_node {torch.cuda.device_count()} or fewer")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _flat(settings: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _leave() -> None:
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
