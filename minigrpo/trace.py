@@ -4,7 +4,8 @@ Pass a `Trace` to `Trainer.train_step(observer=...)` (or `--trace` to examples/t
 After stage 3 it prints the first group: the prompt, its G completions, their extracted answers,
 each reward component, the group's mean and std and each advantage. After stage 4 it prints,
 token by token, the log-probs before and after the update and their ratio, then the loss stats.
-It only reads: the step it watches is the step that would have run anyway.
+It only reads: the step it watches is the step that would have run anyway. Under torchrun every
+rank computes what it shows (the log-probs need every rank when the policy is sharded), rank 0 prints.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ class Trace:
     def rollouts(self, trainer, rollouts, texts) -> None:
         G = trainer.grpo.num_generations
         self.group = rollouts[:G]
+        self.before = self._logprobs(trainer)
         rewards = torch.tensor([r.reward for r in self.group])
-        w = self.write
+        w = self._writer(trainer)
         w("=" * 30 + f" step {trainer.step}: one group's journey " + "=" * 30)
         w(f"[task -> prompt]   {trainer.tokenizer.decode(self.group[0].prompt_ids)!r}")
         w(f"[1 sample]         {G} completions at temperature {trainer.grpo.temperature}:")
@@ -37,11 +39,10 @@ class Trace:
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
         w(f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} (scale={trainer.grpo.scale_rewards}); "
           f"advantage = (reward - mean) / (std + eps)" + ("  -> all equal: no signal" if rewards.std() == 0 else ""))
-        self.before = self._logprobs(trainer)
 
     def updated(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
-        w = self.write
+        w = self._writer(trainer)
         w(f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: "
           "per token, log p before -> after the AdamW step, and ratio p_after / p_before")
         for i, r in enumerate(self.group):
@@ -57,9 +58,12 @@ class Trace:
         w("                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)")
         w("=" * 92)
 
+    def _writer(self, trainer):
+        return self.write if trainer.dist.is_main else (lambda *_: None)
+
     def _logprobs(self, trainer) -> torch.Tensor:
         batch = collate(self.group, trainer.pad_id, trainer.model.device)
-        with torch.no_grad():
+        with torch.no_grad(), trainer.gathered():
             logprobs, _ = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask,
                                          batch.completion_start, trainer.grpo.temperature)
         return logprobs.cpu()  # (G, Tc)

@@ -19,6 +19,15 @@ micro-batch shuffles derive from TrainConfig.seed and the step number, so a resu
 a straight one bit for bit on CPU; each of the num_iterations passes is one AdamW step over the
 whole batch (the paper leaves the split open); the learning rate is scheduled per GRPO step
 (warm-up, then constant or cosine over max_steps), set on the optimizer before each step.
+
+Under torchrun (see distributed.py) every rank draws the same prompts and samples and scores its
+own contiguous block of whole groups (stages 1-2). The rollouts are then gathered, so stage 3
+(advantages, including scale_rewards="batch"; dynamic sampling's decisions) and every logged
+metric see the whole batch, on every rank. In stage 4 each rank trains a block of the groups;
+DistributedDataParallel, or FSDP2 with config.fsdp, averages the gradients, and the loss is
+scaled by the world size because its shares are taken against the whole step's totals (dapo's
+token count, grpo's sequence count): one process and several compute the same update. Only
+the completions differ with the number of ranks, since each rank seeds its own sampling.
 """
 
 from __future__ import annotations
@@ -31,34 +40,45 @@ import time
 
 import torch
 
+from . import distributed
 from . import state as training_state
 from .advantages import group_advantages, zero_variance_groups
 from .checkpoint import load_pretrained
 from .config import GRPOConfig, TrainConfig, as_dict
-from .loss import grpo_loss, token_logprobs
-from .metrics import MetricsLogger
+from .evaluate import Evaluation, evaluate, summarize
+from .loss import TokenLogprobs, grpo_loss
+from .metrics import MetricsLogger, NullLogger
 from .rollout import Rollout, collate, micro_batches, store_logprobs
-from .sampler import generate
+from .sampler import Samples, generate
 from .task import PromptStream, Task
 from .verifier import compute_rewards
 
 
 class Trainer:
     def __init__(self, model, tokenizer, task: Task, grpo: GRPOConfig, config: TrainConfig, *,
-                 model_path: str = "", reference=None):
-        config.check_against(grpo)
+                 model_path: str = "", reference=None, dist: distributed.Dist | None = None):
+        self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
+        config.check_against(grpo, self.dist.world_size)
+        self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path,
+                              "task": distributed.digest(task.rows), "rewards": repr(task.rewards)})
         self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
         self.prompt_ids = [self._encode(row["prompt"]) for row in task.rows]
         self._check_context()
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        if grpo.beta > 0:  # a frozen reference only when the KL needs one
+        self.reference = self.reference_logprobs = None  # a frozen reference only when the KL needs one
+        if grpo.beta > 0:
             self.reference = _frozen_copy(reference if reference is not None else model)
-        else:
-            self.reference = None
+            self.reference_logprobs = distributed.wrap(TokenLogprobs(self.reference), self.dist, shard=config.fsdp,
+                                                       blocks=self.reference.layers, trainable=False)
+        # The policy's log-probs as a module: DDP averages its gradients, or FSDP2 shards it (config.fsdp).
+        self.policy_logprobs = distributed.wrap(TokenLogprobs(model), self.dist, shard=config.fsdp, blocks=model.layers)
+        if distributed.is_sharded(self.policy_logprobs):
+            self._first_forward()
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.learning_rate, betas=config.adam_betas, weight_decay=config.weight_decay
+            model.parameters(), lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_epsilon,
+            weight_decay=config.weight_decay
         )
         self.stream = PromptStream(len(task.rows), config.seed)
         self.step = 0
@@ -69,7 +89,10 @@ class Trainer:
         """Steps up to max_steps (or stop_at_step). on_step(trainer) may return extra stats to log
         with the step, e.g. a held-out evaluation every few steps. The first step is shown to
         `observer` if one is given."""
-        logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar)
+        if self.dist.is_main:  # rank 0 alone writes; the stats it logs are already reduced over ranks
+            logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar)
+        else:
+            logger = NullLogger()
         first_step = self.step
         try:
             last = min(self.config.max_steps, self.config.stop_at_step or self.config.max_steps)
@@ -121,17 +144,22 @@ class Trainer:
         everything, rollouts, texts, rows, flat, sampled = [], [], [], [], 0, 0
         sample_seconds = sample_tokens = 0.0
         for round_ in range(self.grpo.max_sampling_rounds if self.grpo.dynamic_sampling else 1):
+            # The same prompts on every rank; each samples and scores its own contiguous block of them.
             indices = self.stream.next(wanted - len(rows) if self.grpo.dynamic_sampling else wanted)
+            mine = self.dist.block(len(indices))
             # Stage 1: sample G completions per prompt.
             t = time.perf_counter()
-            samples = self._sample(indices, round_)
+            samples = self._sample(indices[mine], round_)
             sample_seconds += time.perf_counter() - t
             sample_tokens += samples.num_tokens
-            new = self._rollouts(indices, samples, group_offset=len(rows))
+            new = self._rollouts(indices[mine], samples, group_offset=len(rows) + mine.start)
             # Stage 2: verify.
             t = time.perf_counter()
-            new_texts = self._score(new, [self.task.rows[i] for i in indices])
+            new_texts = self._score(new, [self.task.rows[i] for i in indices[mine]])
             timings["time/verify"] = timings.get("time/verify", 0.0) + time.perf_counter() - t
+            # Every rank learns the whole round, in prompt order: what follows sees the batch a single
+            # process would have, and takes the same decisions on every rank.
+            new, new_texts = _concatenate(self.dist.gather((new, new_texts)))
             # Stage 3: advantages (zero for groups whose rewards are all equal).
             flags = self._advantages(new)
             sampled += len(indices)
@@ -146,25 +174,32 @@ class Trainer:
                 break
         if self.grpo.scale_rewards == "batch" and rollouts:
             self._advantages(rollouts)  # one std over the batch that is actually trained on
-        timings["time/sample"] = sample_seconds
+        timings["time/sample"] = self.dist.max([sample_seconds])[0]  # the step waits for the slowest rank
+        sample_tokens = self.dist.sum([sample_tokens])[0]
         sampling = {
             "groups/zero_variance_frac": flat / max(sampled, 1),
             "groups/trained": len(rows),
             "groups/sampled": sampled,
-            "sampling/samples_per_s": sampled * G / max(sample_seconds, 1e-9),
-            "sampling/tokens_per_s": sample_tokens / max(sample_seconds, 1e-9),
+            "sampling/samples_per_s": sampled * G / max(timings["time/sample"], 1e-9),
+            "sampling/tokens_per_s": sample_tokens / max(timings["time/sample"], 1e-9),
         }
         return everything, rollouts, texts, sampling
 
-    def _sample(self, indices: list[int], round_: int):
-        seed = random.Random(f"{self.config.seed}-{self.step}-{round_}").getrandbits(62)
+    def _sample(self, indices: list[int], round_: int) -> Samples:
+        """Stage 1 on this rank's prompts. Its seed depends on the rank: completions depend on how the
+        prompts are cut across ranks (everything after sampling does not)."""
+        rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
+        seed = random.Random(f"{self.config.seed}-{self.step}-{round_}{rank}").getrandbits(62)
         self.model.eval()
-        return generate(
-            self.model, [self.prompt_ids[i] for i in indices],
-            max_new_tokens=self.grpo.max_completion_length, temperature=self.grpo.temperature,
-            top_p=self.grpo.top_p, top_k=self.grpo.top_k, num_samples=self.grpo.num_generations,
-            eos_token_ids=self.eos_ids, seed=seed,
-        )
+        with self.gathered():  # FSDP2: every rank all-gathers the weights, then samples on its own
+            if not indices:  # dynamic sampling may leave a rank nothing to sample this round
+                return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
+            return generate(
+                self.model, [self.prompt_ids[i] for i in indices],
+                max_new_tokens=self.grpo.max_completion_length, temperature=self.grpo.temperature,
+                top_p=self.grpo.top_p, top_k=self.grpo.top_k, num_samples=self.grpo.num_generations,
+                eos_token_ids=self.eos_ids, seed=seed,
+            )
 
     def _rollouts(self, indices: list[int], samples, group_offset: int) -> list[Rollout]:
         G = self.grpo.num_generations
@@ -180,6 +215,8 @@ class Trainer:
     def _score(self, rollouts: list[Rollout], rows: list[dict]) -> list[str]:
         """Stage 2: every reward of the task for every completion, plus DAPO's overlong penalty."""
         texts = [self.tokenizer.decode_completion(r.completion_ids) for r in rollouts]
+        if not rollouts:
+            return texts
         result = compute_rewards(texts, self.task.columns(rows, self.grpo.num_generations), self.task.rewards)
         components = dict(result.components)
         totals = list(result.total)
@@ -202,46 +239,55 @@ class Trainer:
 
     # -- stage 4 --------------------------------------------------------------------------------
     def _update(self, rollouts: list[Rollout]) -> dict[str, float]:
-        """num_iterations AdamW steps on these rollouts; stats averaged over tokens and passes."""
+        """num_iterations AdamW steps on the whole batch's rollouts, each rank training its share of
+        the groups; stats averaged over tokens and passes, and over ranks."""
         if not rollouts:
             return {"skipped": 1.0, "update/no_groups": 1.0}
+        # The step's totals, for exact shares of the loss on every rank and in every micro-batch.
+        totals = {"sequences": len(rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts if r.in_loss)}
+        G = self.grpo.num_generations
+        groups = self.dist.block(len(rollouts) // G)
+        rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
         self.model.train()
         if self.grpo.num_iterations > 1:
-            self._store_logprobs(rollouts, self.model, "old_logprobs")
-        if self.reference is not None:
-            self._store_logprobs(rollouts, self.reference, "ref_logprobs")
-        totals = {"sequences": len(rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts if r.in_loss)}
+            self._store_logprobs(rollouts, self.policy_logprobs, "old_logprobs")
+        if self.reference_logprobs is not None:
+            self._store_logprobs(rollouts, self.reference_logprobs, "ref_logprobs")
         passes = [self._one_pass(rollouts, totals, k) for k in range(self.grpo.num_iterations)]
         return _mean_of_passes(passes)
 
     def _one_pass(self, rollouts: list[Rollout], totals: dict, k: int) -> dict[str, float]:
         generator = torch.Generator().manual_seed(random.Random(f"{self.config.seed}-{self.step}-pass{k}").getrandbits(62))
-        started, weighted, tokens, finite = time.perf_counter(), {}, 0.0, True
+        started, weighted = time.perf_counter(), {"loss": 0.0, "tokens": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        for chunk in micro_batches(len(rollouts), self.config.micro_batch_size, generator):
-            loss, stats = self._micro_step([rollouts[i] for i in chunk], totals)
-            finite &= math.isfinite(stats["loss"])
-            tokens += stats["tokens"]
-            weighted["loss"] = weighted.get("loss", 0.0) + stats["loss"]  # shares of the step's loss: they add up
+        chunks = self._micro_batches(len(rollouts), generator)
+        for n, chunk in enumerate(chunks):
+            part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
+            with distributed.accumulating(self.policy_logprobs, last=n == len(chunks) - 1):  # no_sync but the last
+                stats = self._micro_step(part, totals)
+            weighted["loss"] += stats["loss"]  # shares of the step's loss: they add up
+            weighted["tokens"] += stats["tokens"]
             for key in stats.keys() - {"loss", "tokens"}:  # token means: weighted by the micro-batch's tokens
                 weighted[key] = weighted.get(key, 0.0) + stats[key] * stats["tokens"]
+        weighted = dict(zip(sorted(weighted), self.dist.sum([weighted[k] for k in sorted(weighted)])))  # all ranks
         grad_norm = self._clip_gradients()
-        skipped = not (finite and math.isfinite(grad_norm))
+        skipped = not (math.isfinite(weighted["loss"]) and math.isfinite(grad_norm))
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
         else:
             self.optimizer.step()
+        tokens = weighted.pop("tokens")
         out = {k: v / max(tokens, 1.0) for k, v in weighted.items() if k != "loss"}
         seconds = time.perf_counter() - started
         out.update(loss=weighted["loss"], grad_norm=grad_norm, skipped=float(skipped),
                    **{"training/tokens_per_s": tokens / max(seconds, 1e-9)})
         return out
 
-    def _micro_step(self, rollouts: list[Rollout], totals: dict):
+    def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
         batch = collate(rollouts, self.pad_id, self.model.device)
         with self._autocast():
-            logprobs, entropies = token_logprobs(
-                self.model, batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature
+            logprobs, entropies = self.policy_logprobs(
+                batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature
             )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
         loss, stats = grpo_loss(
@@ -251,27 +297,51 @@ class Trainer:
             max_completion_length=self.grpo.max_completion_length, num_sequences=totals["sequences"],
             num_tokens=totals["tokens"], entropies=entropies,
         )
-        if math.isfinite(stats["loss"]):
-            loss.backward()
-        return loss, stats
+        # Every rank runs every backward, even of a non-finite loss, so that the gradient collectives
+        # match; a non-finite loss or gradient on any rank then skips the step on all of them.
+        # DDP and FSDP2 average gradients over ranks, while the loss shares above already add up over
+        # every rank's micro-batches: scaling by the world size turns that average back into the sum.
+        (loss * self.dist.world_size).backward()
+        return stats
 
-    def _store_logprobs(self, rollouts: list[Rollout], model, attribute: str) -> None:
+    def _store_logprobs(self, rollouts: list[Rollout], module, attribute: str) -> None:
         with torch.no_grad():
-            for chunk in micro_batches(len(rollouts), self.config.micro_batch_size):
-                part = [rollouts[i] for i in chunk]
+            for chunk in self._micro_batches(len(rollouts)):
+                part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
                 batch = collate(part, self.pad_id, self.model.device)
                 with self._autocast():
-                    logprobs, _ = token_logprobs(
-                        model, batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature
-                    )
+                    logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature)
                 store_logprobs(part, logprobs, attribute)
+
+    def _micro_batches(self, count: int, generator: torch.Generator | None = None) -> list[list[int]]:
+        """micro_batches of this rank's `count` rollouts, then empty ones up to the most any rank has:
+        every rank must join every forward (FSDP2 all-gathers weights) and backward (gradients)."""
+        chunks = micro_batches(count, self.config.micro_batch_size, generator)
+        most = int(self.dist.max([len(chunks)])[0])
+        return chunks + [[] for _ in range(most - len(chunks))]
+
+    def _padding_rollout(self) -> Rollout:
+        """A rollout that weighs nothing (no token in the loss, advantage 0), for an empty micro-batch."""
+        zeros = torch.zeros(1)  # (1,) old and reference log-probs, never read: the token is masked
+        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], group=-1,
+                       finish_reason="length", in_loss=False, old_logprobs=zeros, ref_logprobs=zeros)
+
+    def _first_forward(self) -> None:
+        """FSDP2 sets itself up in the root module's first forward, and the sampler calls the blocks
+        directly: run one forward (one token, every rank) before it does. The root keeps its weights
+        whole after a forward, until the backward; with none to follow, reshard it by hand."""
+        batch = collate([self._padding_rollout()], self.pad_id, self.model.device)
+        with torch.no_grad():
+            self.policy_logprobs(batch.input_ids, batch.attention_mask, batch.completion_start, 1.0)
+        self.policy_logprobs.reshard()
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return 0.0
         limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, limit))
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)  # gradients are whole (DDP) or sharded (FSDP2)
+        return float(distributed.full_tensor(norm))
 
     def _autocast(self):
         if self.model.device.type != "cuda":
@@ -280,25 +350,51 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self) -> str:
-        return training_state.save_checkpoint(
-            self.config.output_dir, self.step, self.model, self.tokenizer, self.state_dict(), self.config.save_total_limit
-        )
+        """Write a checkpoint (rank 0) of the state every rank holds (whole weights and optimizer state
+        gathered first under FSDP2); returns its directory on every rank."""
+        weights, state = distributed.full_weights(self.policy_logprobs), self.state_dict()
+        path = None
+        if self.dist.is_main:
+            path = training_state.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer, state,
+                                                  self.config.save_total_limit, weights=weights)
+        return self.dist.broadcast(path)  # no rank goes on before the checkpoint is complete
 
     def state_dict(self) -> dict:
+        """Everything but the weights; every rank must call it (it gathers)."""
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": distributed.full_optimizer_state(self.policy_logprobs, self.optimizer),
             "data": self.stream.state(),
-            "rng": training_state.rng_states(),
+            "rng": self.dist.gather(training_state.rng_states()),  # one per rank
             "model_path": self.model_path,
             "configs": as_dict(self.grpo, self.config),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = state["step"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        distributed.load_optimizer_state(self.policy_logprobs, self.optimizer, state["optimizer"])
         self.stream.load_state(state["data"])
-        training_state.set_rng_states(state["rng"])
+        rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # one per rank; older: one
+        if len(rng) == self.dist.world_size:
+            training_state.set_rng_states(rng[self.dist.rank])
+        else:  # nothing in the loop draws from them (its seeds derive from seed and step), so go on
+            self.dist.print(f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
+                            f"{self.dist.world_size}: global RNGs start afresh")
+
+    # -- across ranks ---------------------------------------------------------------------------
+    def gathered(self):
+        """A context in which self.model holds whole weights on every rank (FSDP2 all-gathers them;
+        otherwise nothing happens): for sampling and evaluation. Every rank must enter it."""
+        return distributed.gathered(self.policy_logprobs)
+
+    def evaluate(self, problems, template, rewards=None, **settings) -> Evaluation:
+        """evaluate.evaluate on held-out problems, each rank taking a block of them; every rank gets
+        the result over all of them."""
+        mine = problems[self.dist.block(len(problems))]
+        self.model.eval()
+        with self.gathered():
+            results = evaluate(self.model, self.tokenizer, mine, template, rewards, **settings).results
+        return summarize(sum(self.dist.gather(results), []), settings.get("samples", 1), settings.get("ks", ()))
 
     # -- helpers --------------------------------------------------------------------------------
     def _encode(self, prompt) -> list[int]:
@@ -348,26 +444,29 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     """The Trainer `train` runs, restored from the latest checkpoint when config.resume is set.
     examples/train_math.py uses it to evaluate before training."""
     grpo, config = grpo or GRPOConfig(), config or TrainConfig()
-    config.check_against(grpo)
+    dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
+    config.check_against(grpo, dist.world_size)
     latest = training_state.latest_checkpoint(config.output_dir)
     if latest and not config.resume:
         raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run (latest: {latest}); "
                          "resume it (resume=True, --resume) or choose another output directory")
     if config.resume and not latest:
-        print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
+        dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
     resume_from = latest if config.resume else None
+    device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:
         raise ValueError(f"{model_path} has no tokenizer.json: the trainer needs one to decode completions")
     reference = None
     if resume_from is not None and grpo.beta > 0:  # the KL is to the model the run started from
         reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
-    trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference)
+    trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist)
     if resume_from is not None:
         saved = training_state.load_state(resume_from)
-        _note_changed_settings(saved["configs"], as_dict(grpo, config))
+        if dist.is_main:
+            _note_changed_settings(saved["configs"], as_dict(grpo, config))
         trainer.load_state_dict(saved)
-        print(f"resuming from {resume_from} (step {trainer.step})")
+        dist.print(f"resuming from {resume_from} (step {trainer.step})")
     return trainer
 
 
@@ -386,6 +485,11 @@ def _frozen_copy(model):
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
     return reference
+
+
+def _concatenate(parts: list[tuple[list, list]]) -> tuple[list, list]:
+    """Each rank's (rollouts, texts), joined in rank order."""
+    return [r for rollouts, _ in parts for r in rollouts], [t for _, texts in parts for t in texts]
 
 
 def _renumber(rollouts: list[Rollout], group: int) -> list[Rollout]:
