@@ -9,6 +9,10 @@ measures greedy accuracy on held-out problems, runs GRPO, measures again and wri
 output_dir/summary.json. Flags use TRL's names where they overlap; --config takes the same keys
 from a JSON (or YAML) file, flags on the command line win. --trace prints the first step's
 journey through every stage. The stages themselves live in the library (minigrpo/trainer.py).
+
+Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); rank 0 writes:
+
+    torchrun --nproc_per_node 8 examples/train_math.py --device cuda ...
 """
 
 import argparse
@@ -20,7 +24,6 @@ import time
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig
 from minigrpo.checkpoint import resolve_checkpoint
-from minigrpo.evaluate import evaluate
 from minigrpo.plots import plot_curves
 from minigrpo.tasks import load_problems, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
@@ -58,6 +61,7 @@ add("--top_p", type=float, default=1.0)
 add("--dynamic_sampling", action="store_true")
 add("--mask_truncated_completions", action="store_true")
 add("--gradient_checkpointing", action="store_true")
+add("--fsdp", action="store_true", help="under torchrun: shard the model over the processes (FSDP2) instead of copying it (DDP)")
 add("--eval_every", type=int, default=50, help="held-out accuracy every this many steps (0: only before and after)")
 add("--save_every", type=int, default=50)
 add("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
@@ -123,16 +127,16 @@ try:
         output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule, seed=args.seed,
         save_every=args.save_every, resume=args.resume, gradient_checkpointing=args.gradient_checkpointing,
-        log_completions_every=args.eval_every,
+        log_completions_every=args.eval_every, fsdp=args.fsdp,
     )
     trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
 except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
     sys.exit(f"train_math.py: {error}")
 
 
-def held_out_accuracy() -> float:
-    return evaluate(trainer.model, trainer.tokenizer, eval_problems, prompt, rewards[:1],
-                    max_new_tokens=args.max_completion_length, seed=args.seed).pass_at_1
+def held_out_accuracy() -> float:  # under torchrun each rank evaluates a block of the problems
+    return trainer.evaluate(eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length,
+                            seed=args.seed).pass_at_1
 
 
 def every_few_steps(trainer) -> dict:
@@ -141,29 +145,34 @@ def every_few_steps(trainer) -> dict:
     return {}
 
 
-# Before: held-out greedy accuracy of the starting policy (kept across --resume).
-os.makedirs(args.output_dir, exist_ok=True)
+# Before: held-out greedy accuracy of the starting policy (kept across --resume). Rank 0 alone writes.
+main = trainer.dist.is_main
 start_file = os.path.join(args.output_dir, "initial_eval.json")
 started = time.time()
 held_out = {"eval_data": eval_source, "eval_count": len(eval_problems)}  # what the accuracy was measured on
 initial = {}
-if args.resume and os.path.exists(start_file):
+if main and args.resume and os.path.exists(start_file):
     with open(start_file) as f:
         initial = json.load(f)
+initial = trainer.dist.broadcast(initial)  # every rank takes the same branch below (it evaluates together)
 if initial.get("held_out") != held_out:  # a fresh run, or other held-out problems than the run started with
     initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
-    if trainer.step == 0:  # step 0 of the held-out curve
-        with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
-    with open(start_file, "w") as f:
-        json.dump(initial, f)
-print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
+    if main:
+        os.makedirs(args.output_dir, exist_ok=True)
+        if trainer.step == 0:  # step 0 of the held-out curve
+            with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
+                f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
+        with open(start_file, "w") as f:
+            json.dump(initial, f)
+trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
 
 # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
 trainer.train(on_step=every_few_steps, observer=Trace() if args.trace else None)
 
 # After: the same evaluation, and a summary to compare runs by.
 final_accuracy = held_out_accuracy()
+if not main:
+    sys.exit(0)
 wall = initial["wall_seconds_before"] + time.time() - started
 summary = {
     "initial_accuracy": initial["initial_accuracy"],
@@ -175,6 +184,7 @@ summary = {
     "model": args.model,
     "data": args.data,
     "seed": args.seed,
+    "processes": trainer.dist.world_size,
     "args": vars(args),
 }
 with open(os.path.join(args.output_dir, "summary.json"), "w") as f:

@@ -1,0 +1,190 @@
+"""Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
+process and two train to the same weights (DDP and FSDP2; grpo, dapo with global statistics,
+dynamic sampling with uneven ranks), resume under two ranks is exact, examples/train_math.py runs
+unchanged with --fsdp, and wrong set-ups fail with one clear line."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import minigrpo
+from helpers import tiny_model, tiny_tokenizer
+from minigrpo import distributed
+from minigrpo.config import GRPOConfig, TrainConfig
+from minigrpo.state import latest_checkpoint, load_state
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+# Adam's early steps are about lr * sign(g) for every |g| >> adam_epsilon: rounding noise (other
+# padding, other summation order) in gradients that should be 0, such as the KL's at step 1, would
+# become lr-sized moves. A larger epsilon keeps the comparison about the gradients.
+TRAIN = dict(max_steps=2, learning_rate=1e-3, adam_epsilon=1e-6, progress_bar=False, log_completions_every=0)
+# Three objectives, each with gradient accumulation over several micro-batches on every rank.
+OBJECTIVES = {
+    "grpo": (dict(num_generations=4, max_completion_length=10),
+             dict(batch_size=16, micro_batch_size=3)),
+    "dapo": (dict(num_generations=4, max_completion_length=10, loss_type="dapo", scale_rewards="batch",
+                  epsilon_high=0.28, beta=0.04, num_iterations=2),
+             dict(batch_size=16, micro_batch_size=4)),
+    # Every third prompt's group is flat (distributed_job.py): over 3 steps, a step trains 5 groups
+    # (2 on one rank, 3 on the other) and a step's second round samples 1 prompt (none on one rank).
+    "dynamic": (dict(num_generations=4, max_completion_length=10, loss_type="dr_grpo", dynamic_sampling=True,
+                     max_sampling_rounds=2),
+                dict(batch_size=24, micro_batch_size=3, max_steps=3)),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("policy"))
+    tokenizer = tiny_tokenizer(directory)
+    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=128), tokenizer, directory)
+    return directory
+
+
+def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": TESTS}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subprocess.CompletedProcess:
+    spec = json.dumps({"checkpoint": checkpoint, "runs": runs, **options})
+    return torchrun(processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree"))
+
+
+def run(out, objective: str, **train) -> dict:
+    grpo, batch = OBJECTIVES[objective]
+    return {"grpo": grpo, "train": {**TRAIN, **batch, "output_dir": str(out), **train}}
+
+
+def final_weights(out) -> dict[str, torch.Tensor]:
+    return minigrpo.load_pretrained(latest_checkpoint(str(out)))[0].state_dict()
+
+
+def metrics(out) -> list[dict]:
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def layouts(checkpoint, tmp_path_factory):
+    """The same fixed completions trained by one process, by two under DDP and by two under FSDP2."""
+    base = tmp_path_factory.mktemp("layouts")
+    job(1, checkpoint, [run(base / f"one-{name}", name) for name in OBJECTIVES], fixed=True)
+    job(2, checkpoint, [run(base / f"ddp-{name}", name) for name in OBJECTIVES]
+        + [run(base / f"fsdp-{name}", name, fsdp=True) for name in OBJECTIVES], fixed=True)
+    return base
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+@pytest.mark.parametrize("objective", ["grpo", "dapo", "dynamic"])
+def test_two_ranks_train_to_the_weights_of_one_process(layouts, checkpoint, layout, objective):
+    one, two = final_weights(layouts / f"one-{objective}"), final_weights(layouts / f"{layout}-{objective}")
+    start = minigrpo.load_pretrained(checkpoint)[0].state_dict()
+    for name, value in one.items():
+        moved = (value - start[name]).abs().max()
+        assert moved > 1e-4, f"{name} did not train"
+        torch.testing.assert_close(two[name], value, rtol=1e-5, atol=1e-5)
+        assert (two[name] - value).abs().max() < 0.01 * moved, name  # the same update, to 1% of it
+    # Every logged metric is over all ranks: the same as one process's.
+    for a, b in zip(metrics(layouts / f"one-{objective}"), metrics(layouts / f"{layout}-{objective}"), strict=True):
+        assert a.keys() == b.keys()
+        for key in ("reward/mean", "reward/std", "groups/zero_variance_frac", "groups/trained", "completion/length_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key
+        for key in ("loss", "grad_norm", "clip/region_frac", "entropy", "ratio/mean") + (("kl",) if "kl" in a else ()):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+
+
+def test_dynamic_sampling_left_the_ranks_uneven(layouts):
+    lines = metrics(layouts / "ddp-dynamic")
+    assert any(line["groups/trained"] % 2 for line in lines)  # an odd number of groups over two ranks
+    assert any(line["groups/sampled"] % 2 for line in lines)  # a round of one prompt: one rank sampled none
+
+
+def test_resume_under_two_ranks_is_exact(checkpoint, tmp_path):
+    runs = [("ddp", {}), ("fsdp", {"fsdp": True})]
+    job(2, checkpoint, [run(tmp_path / f"straight-{k}", "dapo", max_steps=4, **o) for k, o in runs]
+        + [run(tmp_path / f"stopped-{k}", "dapo", max_steps=4, stop_at_step=2, **o) for k, o in runs])
+    job(2, checkpoint, [run(tmp_path / f"stopped-{k}", "dapo", max_steps=4, resume=True, **o) for k, o in runs])
+    for kind, _ in runs:
+        straight, resumed = final_weights(tmp_path / f"straight-{kind}"), final_weights(tmp_path / f"stopped-{kind}")
+        for name, value in straight.items():
+            assert torch.equal(value, resumed[name]), (kind, name)
+        assert metrics(tmp_path / f"straight-{kind}") == _without_times(metrics(tmp_path / f"stopped-{kind}"), like=metrics(tmp_path / f"straight-{kind}"))
+        state = load_state(latest_checkpoint(str(tmp_path / f"stopped-{kind}")))
+        assert state["step"] == 4 and len(state["rng"]) == 2  # each rank's own RNG states
+
+
+def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path):
+    out = tmp_path / "run"
+    result = torchrun(2, "examples/train_math.py", "--model", checkpoint, "--template", "tiny", "--output_dir", str(out),
+                      "--fsdp", "--steps", "2", "--num_generations", "2", "--batch_size", "8", "--micro_batch_size", "2",
+                      "--max_completion_length", "6", "--eval_count", "6", "--train_count", "20", "--eval_every", "1")
+    assert result.stdout.count("held-out greedy accuracy before GRPO") == 1  # rank 0 alone prints
+    summary = json.load(open(out / "summary.json"))
+    assert summary["steps"] == 2 and summary["processes"] == 2
+    assert [line["step"] for line in metrics(out)] == [0, 1, 2]  # one line per step: rank 0 alone writes
+    saved = latest_checkpoint(str(out))
+    model, tokenizer = minigrpo.load_pretrained(saved)  # whole weights in Hugging Face layout
+    start = minigrpo.load_pretrained(checkpoint)[0].state_dict()
+    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in start.items()}
+    assert tokenizer is not None
+    # The optimizer's state, gathered whole: two AdamW steps on every parameter, under its own name.
+    optimizer = load_state(saved)["optimizer"]["state"]
+    assert set(optimizer) == {f"model.{name}" for name in start}
+    assert all(float(s["step"]) == 2 and s["exp_avg"].shape == start[n.removeprefix("model.")].shape
+               for n, s in optimizer.items())
+
+
+def test_ranks_that_disagree_on_the_configuration_stop_with_one_line(checkpoint, tmp_path):
+    result = job(2, checkpoint, [run(tmp_path / "run", "grpo")], disagree=True)
+    assert result.returncode != 0
+    assert "the ranks disagree on the run's configuration: rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001" in result.stderr
+    assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
+
+
+def test_a_world_size_that_does_not_divide_the_prompts_is_refused(checkpoint, tmp_path):
+    result = torchrun(2, "examples/train_math.py", "--model", checkpoint, "--template", "tiny", "--output_dir",
+                      str(tmp_path / "run"), "--num_generations", "2", "--batch_size", "6", check=False)
+    assert result.returncode != 0
+    assert "3 prompts per step, which do not split evenly across 2 processes" in result.stderr
+    assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
+    with pytest.raises(ValueError, match="multiple of 8"):
+        TrainConfig(batch_size=36).check_against(GRPOConfig(num_generations=4), world_size=2)
+
+
+def test_a_gpu_backend_without_gpus_is_refused(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ValueError, match="NCCL backend on GPUs, but torch sees no GPU"):
+        distributed.setup("cuda")
+
+
+def test_blocks_cover_the_items_in_order():
+    for n in range(7):
+        blocks = [list(range(n))[distributed.Dist(rank=r, world_size=3).block(n)] for r in range(3)]
+        assert sum(blocks, []) == list(range(n)) and max(map(len, blocks)) - min(map(len, blocks)) <= 1
+
+
+def _without_times(lines: list[dict], like: list[dict]) -> list[dict]:
+    """The lines with the timing and throughput values of `like` (they differ from run to run)."""
+    volatile = ("time/", "sampling/", "training/")
+    return [{k: (b[k] if k.startswith(volatile) else v) for k, v in a.items()} for a, b in zip(lines, like, strict=True)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
