@@ -79,7 +79,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # clip the gradient's global norm; 0 = no clipping
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more time
     bf16: bool = True  # on GPU, run forward passes under bfloat16 autocast (CPU always fp32)
-    fsdp: bool = False  # under torchrun: shard the policy (and reference) over the ranks with FSDP2, not DDP copies
+    fsdp: bool = False  # under torchrun: shard policy (and reference) over the ranks with FSDP2, not DDP copies (1 process: no effect)
     seed: int = 0  # sampling, data order and micro-batch shuffles all derive from this
     save_every: int = 0  # write a checkpoint every this many steps (0: only at the end)
     save_total_limit: int = 2  # checkpoints kept (the oldest are deleted)

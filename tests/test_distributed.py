@@ -50,11 +50,13 @@ def checkpoint(tmp_path_factory):
 def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": TESTS}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": TESTS}
 
 
 def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subprocess.CompletedProcess:
@@ -103,6 +105,23 @@ def test_two_ranks_train_to_the_weights_of_one_process(layouts, checkpoint, layo
             assert a[key] == pytest.approx(b[key], rel=1e-6), key
         for key in ("loss", "grad_norm", "clip/region_frac", "entropy", "ratio/mean") + (("kl",) if "kl" in a else ()):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+
+
+def test_two_nodes_train_to_the_weights_of_one_process(layouts, checkpoint, tmp_path):
+    """torchrun --nnodes 2, two agents on this machine with one process each, as on two machines."""
+    spec = json.dumps({"checkpoint": checkpoint, "runs": [run(tmp_path / "run", "grpo")], "fixed": True})
+    port = str(_free_port())
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+                                "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
+                                os.path.join(TESTS, "distributed_job.py"), spec],
+                               cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for node in (0, 1)]
+    for agent in agents:
+        output, _ = agent.communicate(timeout=300)
+        assert agent.returncode == 0, output[-3000:]
+    one, two = final_weights(layouts / "one-grpo"), final_weights(tmp_path / "run")
+    for name, value in one.items():
+        torch.testing.assert_close(two[name], value, rtol=1e-5, atol=1e-5)
 
 
 def test_dynamic_sampling_left_the_ranks_uneven(layouts):
