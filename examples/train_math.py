@@ -110,8 +110,6 @@ try:
     train_problems = load_problems(args.data, "train", count=args.train_count if synthetic else None,
                                    seed=args.seed, difficulty=args.difficulty)
     eval_source = args.eval_data or args.data
-    if not synthetic and not args.eval_data:
-        print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
     eval_problems = load_problems(eval_source, "test", count=args.eval_count, seed=0,  # the same for every run
                                   difficulty=args.difficulty)
     spec = args.rewards or ("countdown:1.0" if args.data == "countdown" else "accuracy:1.0")
@@ -147,6 +145,8 @@ def every_few_steps(trainer) -> dict:
 
 # Before: held-out greedy accuracy of the starting policy (kept across --resume). Rank 0 alone writes.
 main = trainer.dist.is_main
+if not synthetic and not args.eval_data:
+    trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
 start_file = os.path.join(args.output_dir, "initial_eval.json")
 started = time.time()
 held_out = {"eval_data": eval_source, "eval_count": len(eval_problems)}  # what the accuracy was measured on

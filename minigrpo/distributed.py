@@ -146,15 +146,12 @@ def wrap(module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainab
 
 
 def accumulating(module: torch.nn.Module, last: bool):
-    """Gradient accumulation: no gradient all-reduce (DDP) or reduce-scatter (FSDP2) in the backward
-    of any micro-batch but the step's last."""
-    if last:
+    """Gradient accumulation under DDP: no all-reduce in the backward of any micro-batch but the
+    step's last. FSDP2 instead reduce-scatters every micro-batch's gradients: postponing it would
+    keep whole gradients on every rank until the last one, the memory sharding is there to save."""
+    if last or not isinstance(module, DistributedDataParallel):
         return contextlib.nullcontext()
-    if isinstance(module, DistributedDataParallel):
-        return module.no_sync()
-    if isinstance(module, FSDPModule):
-        return _fsdp_no_sync(module)
-    return contextlib.nullcontext()
+    return module.no_sync()
 
 
 @contextlib.contextmanager
@@ -199,26 +196,29 @@ def full_weights(wrapper: torch.nn.Module) -> dict | None:
     return {name.removeprefix("model."): t for name, t in whole.items()}
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
     """The optimizer's state keyed by parameter names, whole: a checkpoint written by one process,
-    by DDP or by FSDP2 resumes under any of them."""
+    by DDP or by FSDP2 resumes under any of them. None before the first AdamW step (asked for an
+    empty optimizer's state, torch takes a step with lr 0 to create it, which would shift AdamW's
+    bias correction by one step)."""
+    if not optimizer.state:
+        return None
     return get_optimizer_state_dict(model, optimizer, options=_WHOLE)
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    if isinstance(state["param_groups"][0]["params"][0], int):  # written by minigrpo 0.1: ids, not names
-        optimizer.load_state_dict(state)
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
+    if state is None:  # saved before the first step: a fresh AdamW is the same
         return
+    if isinstance(state["param_groups"][0]["params"][0], int):  # minigrpo 0.1 wrote ids, in parameter order
+        state = _by_name(model, state)
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-@contextlib.contextmanager
-def _fsdp_no_sync(module: FSDPModule):
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
+def _by_name(model: torch.nn.Module, state: dict) -> dict:
+    """A one-group optimizer state dict keyed by parameter ids made keyed by names (DDP's prefix dropped)."""
+    names = [name.removeprefix("module.") for name, _ in model.named_parameters()]
+    groups = [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]
+    return {"state": {names[i]: value for i, value in state["state"].items()}, "param_groups": groups}
 
 
 def _gpu_for(device: str, local_rank: int) -> torch.device:

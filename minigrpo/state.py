@@ -58,9 +58,11 @@ def load_state(checkpoint: str) -> dict:
 
 
 def rng_states() -> dict:
+    """This process's RNG states; for CUDA, its current GPU's (a process uses one, and asking for
+    all of them would open a CUDA context on every GPU of the node)."""
     states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
@@ -68,8 +70,12 @@ def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):  # minigrpo 0.1 saved every GPU's
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _checkpoints(parent: str) -> list[tuple[int, str]]:

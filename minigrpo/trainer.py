@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import random
 import time
 
@@ -59,8 +60,9 @@ class Trainer:
                  model_path: str = "", reference=None, dist: distributed.Dist | None = None):
         self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
         config.check_against(grpo, self.dist.world_size)
-        self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path,
-                              "task": distributed.digest(task.rows), "rewards": repr(task.rewards)})
+        self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path, "dtype": str(model.dtype),
+                              "device": model.device.type, "task": distributed.digest(task.rows),
+                              "rewards": repr(task.rewards)})
         self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
         self.prompt_ids = [self._encode(row["prompt"]) for row in task.rows]
@@ -373,6 +375,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.step = state["step"]
         distributed.load_optimizer_state(self.policy_logprobs, self.optimizer, state["optimizer"])
+        for group in self.optimizer.param_groups:  # this run's settings, not the checkpoint's (lr is set per step)
+            group.update(betas=self.config.adam_betas, eps=self.config.adam_epsilon, weight_decay=self.config.weight_decay)
         self.stream.load_state(state["data"])
         rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # one per rank; older: one
         if len(rng) == self.dist.world_size:
@@ -389,7 +393,8 @@ class Trainer:
 
     def evaluate(self, problems, template, rewards=None, **settings) -> Evaluation:
         """evaluate.evaluate on held-out problems, each rank taking a block of them; every rank gets
-        the result over all of them."""
+        the result over all of them. Greedy results do not depend on the number of ranks; sampled
+        ones (temperature > 0) do, as each rank seeds its own block."""
         mine = problems[self.dist.block(len(problems))]
         self.model.eval()
         with self.gathered():
@@ -446,7 +451,10 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     grpo, config = grpo or GRPOConfig(), config or TrainConfig()
     dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
     config.check_against(grpo, dist.world_size)
-    latest = training_state.latest_checkpoint(config.output_dir)
+    latest = dist.broadcast(training_state.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
+    if latest and config.resume and not os.path.isdir(latest):
+        raise ValueError(f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
+                         "output_dir must be on a file system that every node sees")
     if latest and not config.resume:
         raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run (latest: {latest}); "
                          "resume it (resume=True, --resume) or choose another output directory")

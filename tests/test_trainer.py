@@ -175,6 +175,33 @@ state.save_checkpoint({out!r}, 2, model, tokenizer, {{"step": 2}}, keep=2)
 """
 
 
+def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
+    """Only flat groups: the update is skipped, AdamW has no state, and saving must not create one
+    (torch's state-dict helpers would, by a step with lr 0, shifting AdamW's bias correction)."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, dynamic_sampling=True, max_sampling_rounds=1)
+    trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
+    stats, _ = trainer.train_step()
+    assert stats["update/no_groups"] == 1.0
+    state = trainer.state_dict()
+    assert state["optimizer"] is None and not trainer.optimizer.state
+    fresh = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
+    fresh.load_state_dict(state)
+    assert fresh.step == 1 and not fresh.optimizer.state
+
+
+def test_an_optimizer_state_keyed_by_ids_loads_by_name(checkpoint, tmp_path):
+    """Checkpoints of minigrpo 0.1 keyed AdamW's state by parameter ids; it loads onto the same parameters."""
+    trainer = make_trainer(checkpoint, tmp_path, weight_decay=0.1, adam_epsilon=1e-7)
+    trainer.train_step()
+    by_id = trainer.optimizer.state_dict()
+    assert isinstance(by_id["param_groups"][0]["params"][0], int)
+    fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings: the run's own are kept on resume
+    fresh.load_state_dict({**trainer.state_dict(), "optimizer": by_id})
+    for (a, b) in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert fresh.optimizer.param_groups[0]["weight_decay"] == 0.0 and fresh.optimizer.param_groups[0]["eps"] == 1e-8
+
+
 def test_killing_a_save_leaves_the_previous_checkpoint(checkpoint, tmp_path):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     minigrpo.state.save_checkpoint(str(tmp_path), 1, model, tokenizer, {"step": 1}, keep=2)
