@@ -60,7 +60,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": TESTS}
 
 
 def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subprocess.CompletedProcess:
+    """distributed_job.py under torchrun, or as a plain process (no torchrun) for processes=1."""
     spec = json.dumps({"checkpoint": checkpoint, "runs": runs, **options})
+    if processes == 1:
+        return subprocess.run([sys.executable, os.path.join(TESTS, "distributed_job.py"), spec], cwd=ROOT, env=ENV,
+                              check=True, capture_output=True, timeout=300)
     return torchrun(processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree"))
 
 
@@ -80,7 +84,7 @@ def metrics(out) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def layouts(checkpoint, tmp_path_factory):
-    """The same fixed completions trained by one process, by two under DDP and by two under FSDP2."""
+    """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2."""
     base = tmp_path_factory.mktemp("layouts")
     job(1, checkpoint, [run(base / f"one-{name}", name) for name in OBJECTIVES], fixed=True)
     job(2, checkpoint, [run(base / f"ddp-{name}", name) for name in OBJECTIVES]
