@@ -139,7 +139,8 @@ def wrap(module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainab
         mesh = init_device_mesh(dist.device.type, (dist.world_size,))
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=True)
-        fully_shard(module, mesh=mesh)
+        # The root keeps its weights whole from forward to backward; a frozen one has no backward.
+        fully_shard(module, mesh=mesh, reshard_after_forward=None if trainable else True)
         return module
     device_ids = [dist.device.index] if dist.device.type == "cuda" else None
     return DistributedDataParallel(module, device_ids=device_ids)  # Qwen3 has no buffers: no forward syncs any
