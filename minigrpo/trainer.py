@@ -60,9 +60,10 @@ class Trainer:
                  model_path: str = "", reference=None, dist: distributed.Dist | None = None):
         self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
         config.check_against(grpo, self.dist.world_size)
-        self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path, "dtype": str(model.dtype),
-                              "device": model.device.type, "task": distributed.digest(task.rows),
-                              "rewards": repr(task.rewards)})
+        if self.dist.world_size > 1:  # (the digest reads every row: not for one process)
+            self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path, "dtype": str(model.dtype),
+                                  "device": model.device.type, "task": distributed.digest(task.rows),
+                                  "rewards": repr(task.rewards)})
         self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
         self.prompt_ids = [self._encode(row["prompt"]) for row in task.rows]
