@@ -5,6 +5,7 @@ in the verifier's worker processes) never pays for importing torch.
 """
 
 import importlib
+import importlib.util
 
 _EXPORTS = {
     "CheckpointError": "checkpoint",
@@ -38,6 +39,8 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name not in _EXPORTS:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: minigrpo.checkpoint, ...
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'minigrpo' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value  # later look-ups skip this function
