@@ -133,86 +133,107 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin of shape (B, 1, T, head_dim) for integer positions (B, T); angles in fp32."""
+    """cos, sin of shape (*positions.shape, head_dim) for integer positions; angles in fp32.
+
+    sin comes with the sign of the rotation folded in (-sin on the first half, +sin on the second),
+    so that rotating is two products and a roll (`apply_rotary`).
+    """
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     inv_freq = 1.0 / theta**exponents  # (head_dim/2,)
-    angles = positions[..., None].float() * inv_freq  # (B, T, head_dim/2)
-    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, head_dim)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = positions[..., None].float() * inv_freq  # (..., head_dim/2)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)  # (..., head_dim) each
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x_i, x_{i+D/2}) of x (B, H, T, D) by the position angles."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+D/2}) of x (B, H, T, D) by the position angles.
+
+    The textbook form is x * cos + cat(-x2, x1) * sin; rolling x by D/2 gives cat(x2, x1), and the
+    minus sign lives in `signed_sin`: the same numbers with one op instead of three.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class KVCache:
-    """Preallocated keys and values of every layer, sized once: (layers, B, kv_heads, max_len, head_dim).
+    """Preallocated keys and values, one (B, kv_heads, max_len, head_dim) tensor each per layer, and per-row lengths.
 
-    `valid` (B, max_len) marks the slots holding a real token, so left padding and rows of
-    different lengths share one set of slot indices. Shapes never change after creation.
+    Row b holds `lengths[b]` tokens in slots 0 .. lengths[b]-1, with no padding between them, so a
+    token's slot is also its rotary position. Rows may differ in length (prompts of other sizes, a
+    row refilled with a new prompt mid-call); the next token of row b goes to slot lengths[b].
+    The rotary tables of every slot are made once, with the cache. Shapes never change. (One tensor
+    per layer, not one for all: torch.compile then writes a token in place, where a write into a
+    slice of a larger tensor made it copy that whole tensor every step.)
     """
 
     def __init__(self, config: Qwen3Config, batch_size: int, max_len: int, *, dtype, device):
-        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        shape = (batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.slots = torch.arange(max_len, device=device)  # (max_len,)
+        self.cos, self.sin = rotary_cos_sin(self.slots, config.head_dim, config.rope_theta, dtype)  # (max_len, D) each
+
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0]
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.valid.nbytes
+        return sum(t.nbytes for t in self.k + self.v) + self.lengths.nbytes
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int):
-        """Store k, v (B, kv_heads, T, D) at `slots` (T,); return slots [0, length) as (B, kv_heads, length, D)."""
-        self.k[layer].index_copy_(2, slots, k)
-        self.v[layer].index_copy_(2, slots, v)
-        return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
+    def write_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store a prompt block k, v (B, kv_heads, T, D) in slots 0 .. T-1; the block attends to itself."""
+        T = k.shape[2]
+        self.k[layer][:, :, :T] = k
+        self.v[layer][:, :, :T] = v
+        return k, v
 
-    def every_nth_row(self, n: int) -> "KVCache":
-        """A view of rows 0, n, 2n, ...: writes to it land in this cache (used to prefill each prompt once)."""
-        return self._view(self.k[:, ::n], self.v[:, ::n], self.valid[::n])
+    def write_token(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: int):
+        """Store one token per row, k, v (B, kv_heads, 1, D), at slot lengths[b]; return slots [0, span)
+        of every row, (B, kv_heads, span, D), for attention."""
+        rows = torch.arange(k.shape[0], device=k.device)
+        self.k[layer][rows, :, self.lengths] = k[:, :, 0]  # index_put_: in place under torch.compile too
+        self.v[layer][rows, :, self.lengths] = v[:, :, 0]
+        return self.k[layer][:, :, :span], self.v[layer][:, :, :span]
 
-    def keep_rows(self, rows: torch.Tensor) -> "KVCache":
-        """Move `rows` (ascending indices) to the front, in place, and return a view of just those rows."""
+    def copy_rows(self, rows: torch.Tensor, source: "KVCache", source_rows: torch.Tensor, length: int) -> None:
+        """Rows `rows` of this cache become rows `source_rows` of `source` (slots [0, length) and lengths)."""
+        for mine, theirs in zip(self.k + self.v, source.k + source.v):
+            mine[rows, :, :length] = theirs[source_rows, :, :length]
+        self.lengths[rows] = source.lengths[source_rows]
+
+    def keep_rows(self, rows: torch.Tensor, length: int, *, fresh: bool = False) -> "KVCache":
+        """A cache of just `rows` (ascending indices), slots [0, length) copied: this one's first rows,
+        moved to the front in place, or with `fresh` new tensors (a compiled graph writes in place
+        only into whole tensors, not into views)."""
+        view = object.__new__(KVCache)
+        view.slots, view.cos, view.sin = self.slots, self.cos, self.sin
         n = len(rows)
-        for t in (self.k, self.v):
-            for layer in range(t.shape[0]):  # a layer at a time: the temporary is one layer's rows, not a cache
-                t[layer, :n] = t[layer, rows]
-        self.valid[:n] = self.valid[rows]
-        return self._view(self.k[:, :n], self.v[:, :n], self.valid[:n])
-
-    @classmethod
-    def _view(cls, k, v, valid) -> "KVCache":
-        view = object.__new__(cls)
-        view.k, view.v, view.valid = k, v, valid
+        if fresh:
+            view.k, view.v = [t[rows].clone() for t in self.k], [t[rows].clone() for t in self.v]
+        else:
+            for t in self.k + self.v:
+                t[:n, :, :length] = t[rows, :, :length]
+            view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
+        view.lengths = self.lengths[rows].clone()
         return view
 
-    def fill_groups(self, n: int) -> None:
-        """Copy row g*n into rows g*n+1 .. g*n+n-1 of every group g, in place."""
-        L, B, H, S, D = self.k.shape
-        for t in (self.k, self.v):
-            groups = t.view(L, B // n, n, H, S, D)
-            groups[:, :, 1:] = groups[:, :, :1]
-        groups = self.valid.view(B // n, n, S)
-        groups[:, 1:] = groups[:, :1]
 
+def visibility_mask(valid: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool for a padded batch without a cache: a query sees earlier real tokens.
 
-def visibility_mask(valid: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, S) bool: a query at slot s sees key slots j <= s that hold real tokens.
-
-    A query always sees its own slot, so that padding queries get a finite (unused) output
-    instead of a softmax over nothing.
+    A query always sees itself, so that padding queries get a finite (unused) output instead of a
+    softmax over nothing.
     """
-    key_slots = torch.arange(valid.shape[1], device=valid.device)  # (S,)
-    causal = key_slots[None, :] <= query_slots[:, None]  # (T, S)
-    own = key_slots[None, :] == query_slots[:, None]  # (T, S)
-    return ((causal & valid[:, None, :]) | own)[:, None]  # (B, 1, T, S)
+    T = valid.shape[1]
+    slots = torch.arange(T, device=valid.device)
+    causal = slots[None, :] <= slots[:, None]  # (T, T)
+    own = slots[None, :] == slots[:, None]  # (T, T)
+    return ((causal & valid[:, None, :]) | own)[:, None]  # (B, 1, T, T)
 
 
 class Attention(nn.Module):
@@ -230,14 +251,22 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, slots):
+    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, decoding: bool = False):
+        """x (B, T, hidden). No cache: the batch attends to itself (training). A cache: a prompt block,
+        stored, then causal over itself (prefill); or, decoding, one token per row, stored at its row's
+        length, attending to the cache's first mask.shape[-1] slots."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.write(self.layer, slots, k, v, mask.shape[-1])  # (B, Hkv, S, D), S as the mask
+        if cache is not None and not decoding:
+            k, v = cache.write_prompt(self.layer, k, v)
+        elif cache is not None:
+            k, v = cache.write_token(self.layer, k, v, mask.shape[-1])  # (B, Hkv, span, D)
+            # one query per row: the heads sharing a kv head become its queries (10-20% faster than enable_gqa)
+            y = F.scaled_dot_product_attention(q.view(B, self.n_kv, -1, self.head_dim), k, v, attn_mask=mask)
+            return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, H/Hkv, D) holds the heads in order
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads
         )  # (B, H, T, D)
@@ -267,8 +296,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask, cache, slots):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, slots)
+    def forward(self, x, cos, sin, mask, cache=None, decoding=False):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, decoding)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -286,40 +315,60 @@ class Qwen3(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.apply(_init_weights)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, start_pos=0) -> torch.Tensor:
-        return self.logits(self.hidden_states(input_ids, attention_mask, position_ids, cache, start_pos))
+    def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        return self.logits(self.hidden_states(input_ids, attention_mask, position_ids))
 
-    def hidden_states(self, input_ids, attention_mask=None, position_ids=None, cache=None, start_pos=0):
-        """Final-normed hidden states (B, T, hidden).
+    def hidden_states(self, input_ids, attention_mask=None, position_ids=None):
+        """Final-normed hidden states (B, T, hidden) of a whole batch, without a cache (training).
 
         input_ids (B, T). attention_mask (B, T): 1 for real tokens, 0 for padding (left or right).
         position_ids (B, T): defaults to each token's index among its row's real tokens.
-        cache: a KVCache; the T tokens are written to slots start_pos .. start_pos+T-1 and attend
-        to every valid slot up to their own. With an int start_pos only the slots written so far
-        are read; with a 0-dim tensor (for torch.compile: no recompiles) all max_len slots are,
-        the unwritten ones masked out.
         """
-        B, T = input_ids.shape
-        slots = torch.arange(T, device=input_ids.device) + start_pos  # (T,)
-        new_valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        if cache is not None:
-            cache.valid[:, slots] = new_valid
-            length = cache.max_len if torch.is_tensor(start_pos) else start_pos + T
-            valid = cache.valid[:, :length]  # (B, S)
-        else:
-            valid = new_valid  # (B, T)
+        mask = None if attention_mask is None else visibility_mask(attention_mask.bool())  # None: plain causal
         if position_ids is None:
-            position_ids = (valid.cumsum(-1)[:, slots] - 1).clamp(min=0)  # (B, T)
-        simple_causal = cache is None and attention_mask is None
-        mask = None if simple_causal else visibility_mask(valid, slots)
-        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, self.dtype)
+            if attention_mask is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
+            else:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        cos, sin = rotary_cos_sin(position_ids[:, None], self.config.head_dim, self.config.rope_theta, self.dtype)
         x = self.embed_tokens(input_ids)  # (B, T, hidden)
         for block in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, cache, slots, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
-                x = block(x, cos, sin, mask, cache, slots)
+                x = block(x, cos, sin, mask)
         return self.norm(x)
+
+    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Prompts into an empty cache; the final hidden state at each prompt's last token, (B, hidden).
+
+        input_ids (B, T): prompts padded on the right, `lengths` (B,) real tokens each. Causal
+        attention alone is exact here: a real token never sees the padding that follows it, and the
+        padded slots are overwritten by the first decoded tokens before anything reads them.
+        """
+        B, T = input_ids.shape
+        cos, sin = cache.cos[:T], cache.sin[:T]  # (T, D): slot = position
+        x = self.embed_tokens(input_ids)  # (B, T, hidden)
+        for block in self.layers:
+            x = block(x, cos, sin, None, cache)
+        cache.lengths.copy_(lengths)
+        return self.norm(x[torch.arange(B, device=x.device), lengths - 1])  # (B, hidden)
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
+        """One token per row (B,) appended at slot cache.lengths[b]; final hidden states (B, hidden).
+
+        Attention reads slots [0, span) of every row (span > every row's length; the unwritten slots
+        are masked), so a caller may round span up to reuse one compiled graph for many steps.
+        """
+        B = tokens.shape[0]
+        positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
+        cos, sin = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D)
+        mask = (cache.slots[:span] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
+        x = self.embed_tokens(tokens[:, None])  # (B, 1, hidden)
+        for block in self.layers:
+            x = block(x, cos, sin, mask, cache, decoding=True)
+        cache.lengths.add_(1)
+        return self.norm(x[:, 0])  # (B, hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states (..., hidden) -> fp32 logits (..., vocab)."""

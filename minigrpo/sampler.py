@@ -4,26 +4,47 @@ In: prompts as lists of token ids, and the sampling settings. Out: `Samples` (co
 the log-prob of each under the temperature-scaled full distribution, finish reasons, timings).
 It knows token ids and the model, not text, rewards or training.
 
-Where the speed comes from: one static KV cache sized once per call; each prompt prefilled once
-and its cache copied into its G rows; the LM head applied to the last position only; a decode
-step with no host synchronisation but a periodic "all finished?" check; on CPU, top-p by
-rejection instead of a sort of the whole vocabulary (exact; see `nucleus_by_rejection`).
-Finished rows are dropped from the batch (the KV cache compacted in place) once they are half of
-it; with torch.compile they are masked instead, so that shapes never change. The slow reference,
-full recompute per token, lives in the tests.
+How a call runs. The P x G requested rows decode together in one batch of at most
+`max_batch_rows` rows, over one KV cache allocated once. Each distinct prompt is prefilled once
+and its cache copied into its rows. A decode step feeds one token per row; every row has its own
+length, so rows need not start together. At a check (every step on CPU, where it is a read of host
+memory; every 8 on a GPU) a finished row is refilled with a waiting request, prefilled into the
+freed row; once nothing waits, finished rows are dropped from the batch when they are half of it.
+
+Where the speed comes from: the LM head on the last position only; attention over the cache slots
+written so far (eager) or over a length bucket of 64, 128, 256, ... slots (compiled); rotary
+tables made once per call; on CPU, top-p by rejection instead of a sort of the whole vocabulary
+(exact; see `nucleus_by_rejection`); random numbers from a counter-based hash of (row seed, step),
+so that a row's draws do not depend on which batch row it decodes in or what else runs beside it.
+
+Compiled decode (`compile=True`): one graph per (batch rows, span) pair, both from small fixed
+sets: spans are the length buckets up to the cache size (at most log2(max_len / 64) + 1 of them)
+and batch rows are the call's first batch size and the powers of two below it (compaction pads to
+the next one with finished rows, masked). Graphs live for the process, so a trainer that samples
+the same shapes every step compiles once per run. The slow reference, one prompt at a time with
+the whole sequence recomputed per token, lives in the tests.
 """
 
 from __future__ import annotations
 
 import numbers
+import random
 import time
 from dataclasses import dataclass
 
 import torch
 
-from .qwen3 import Qwen3
+from .qwen3 import KVCache, Qwen3
 
-COMPILE_SLOT_MULTIPLE = 64  # compiled decode steps see cache lengths rounded up to this
+SPAN_BUCKET = 64  # compiled steps read 64, 128, 256, ... cache slots
+# compile=None: measured on these 2-core CPUs (benchmarks/README.md), a compiled step is 1.4-2.4x
+# faster than eager with <= 8 rows and no faster from 32 rows up, and each graph takes ~20 s to
+# compile; so small batches switch to compiled steps once this process has spent as long decoding
+# them eagerly as a few graphs take to compile.
+COMPILE_MAX_ROWS = 8
+COMPILE_AFTER_SECONDS = 60.0
+_eager_small_batch_seconds = 0.0  # eager decode time so far, in this process, of calls with <= COMPILE_MAX_ROWS rows
+TRIES = 8  # draws per token that top-p by rejection may use before it sorts
 
 
 @dataclass
@@ -37,9 +58,10 @@ class SamplingConfig:
     num_samples: int = 1  # completions per prompt (GRPO's group size G)
     eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
     seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
-    compile: bool = False  # wrap the decode step in torch.compile
-    check_every: int = 8  # decode steps between "all finished?" checks, the loop's only host sync
-    compact: bool = True  # at a check, drop finished rows from the batch once they are half of it (eager only)
+    max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every requested row
+    compile: bool | None = None  # True / False: compiled / eager decode steps; None: chosen by `use_compiled`
+    check_every: int | None = None  # decode steps between checks (the only host syncs); None: 1 on CPU, 8 on GPU
+    compact: bool = True  # drop finished rows from the batch once they are half of it
 
     def __post_init__(self):
         self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
@@ -53,7 +75,9 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {self.num_samples!r}")
-        if self.check_every < 1:
+        if self.max_batch_rows is not None and (not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1):
+            raise ValueError(f"max_batch_rows must be a positive integer (or None for no limit), got {self.max_batch_rows!r}")
+        if self.check_every is not None and self.check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {self.check_every}")
 
 
@@ -65,10 +89,12 @@ class Samples:
     logprobs: list[list[float]]  # per completion token: log softmax(logits / temperature); temperature 1 when greedy
     finish_reasons: list[str]  # "stop" (an EOS id was emitted) or "length" (max_new_tokens reached)
     prompt_indices: list[int]  # the prompt each sample continues
-    prefill_seconds: float = 0.0  # prompt pass, including copying each prompt's cache into its G rows
+    prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
     decode_seconds: float = 0.0  # every decode step, sampling included
-    decode_steps: int = 0  # model calls after the prefill
-    kv_cache_bytes: int = 0  # the one KV cache this call allocated
+    decode_steps: int = 0  # model calls after the first prefill
+    batch_rows: int = 0  # rows of the KV cache: min(requested rows, max_batch_rows)
+    compiled: bool = False  # whether the decode steps ran as torch.compile graphs
+    kv_cache_bytes: int = 0  # the decode cache plus the largest prefill cache this call allocated
 
     @property
     def num_tokens(self) -> int:
@@ -88,11 +114,9 @@ def generate(model: Qwen3, prompts: list[list[int]], **settings) -> Samples:
     """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields."""
     config = SamplingConfig(**settings)
     check_prompts(prompts, config, model.config.vocab_size, model.config.max_position_embeddings)
-    device = model.device
-    generator = torch.Generator(device=device)
-    generator.manual_seed(config.seed if config.seed is not None else int(torch.randint(2**62, ()).item()))
+    seed = config.seed if config.seed is not None else int(torch.randint(2**62, ()).item())
     with torch.no_grad():
-        return _generate(model, prompts, config, generator)
+        return Engine(model, prompts, config, seed).run()
 
 
 def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int) -> None:
@@ -112,134 +136,293 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
             )
 
 
-def _generate(model: Qwen3, prompts, config: SamplingConfig, generator: torch.Generator) -> Samples:
-    G, N = config.num_samples, config.max_new_tokens
-    ids, mask = left_pad(prompts, model.device)  # (P, Lp)
-    slots = ids.shape[1] + N
-    if config.compile:  # round up so that calls with other prompt lengths reuse the compiled step
-        slots = -(-slots // COMPILE_SLOT_MULTIPLE) * COMPILE_SLOT_MULTIPLE
-    cache = model.new_cache(len(prompts) * G, slots)
+# --- the decode loop -----------------------------------------------------------------------------
+class Engine:
+    """One generate() call. Requests are the P x G rows asked for (request r continues prompt r // G);
+    the batch is the <= max_batch_rows of them decoding now, each batch row carrying its request id,
+    its token count, whether it is done, its random stream and its next-token logits."""
 
-    start = time.perf_counter()
-    logits = prefill(model, ids, mask, cache, G)  # (B, V)
-    prefill_seconds = time.perf_counter() - start
+    def __init__(self, model: Qwen3, prompts, config: SamplingConfig, seed: int):
+        self.model, self.prompts, self.config = model, [list(p) for p in prompts], config
+        self.G, self.N = config.num_samples, config.max_new_tokens
+        self.requests = len(prompts) * self.G
+        self.device = model.device
+        self.eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=self.device)
+        self.keys = row_keys(seed, self.requests, self.device)  # (R,): one random stream per request
+        self.tokens = torch.zeros(self.requests, self.N + 1, dtype=torch.long, device=self.device)  # (R, N+1)
+        self.logprobs = torch.zeros(self.requests, self.N + 1, device=self.device)  # (R, N+1); column N: done rows' scratch
+        self.check_every = config.check_every or (1 if self.device.type == "cpu" else 8)
+        self.prefill_seconds, self.decode_steps, self.prefill_cache_bytes = 0.0, 0, 0
 
-    step = decode_step
-    if config.compile:
-        step = torch.compile(decode_step, dynamic=False)
-    start = time.perf_counter()
-    tokens, logprobs, lengths, steps = decode(model, step, logits, cache, ids.shape[1], config, generator)
-    decode_seconds = time.perf_counter() - start
-    return to_samples(tokens, logprobs, lengths, config, len(prompts), prefill_seconds, decode_seconds, steps, cache.nbytes)
+    def run(self) -> Samples:
+        rows = min(self.requests, self.config.max_batch_rows or self.requests)
+        self.compiled = use_compiled(self.config.compile, rows)
+        self.step_fn = compiled_decode_step() if self.compiled else decode_step
+        slots = max(map(len, self.prompts)) + self.N  # a row never holds more than its prompt plus N-1 tokens
+        if self.compiled:  # the cache is a whole span bucket, so every span the loop asks for is a bucket
+            slots = span_bucket(slots, 10**9)
+        self.cache = self.model.new_cache(rows, slots)
+        self.batch_rows, self.cache_bytes = rows, self.cache.nbytes
+        self.batch_sizes = batch_buckets(rows)
+        self.waiting = list(range(self.requests - 1, rows - 1, -1))  # requests not yet in the batch, next last
+        self.rows = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
+        self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its next token's index
+        self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
+        self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
+        self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
+        self.started, self.offset = [0] * rows, [0] * rows  # host: its length when it started, and the step then
+        self.logits = self.start_rows(list(range(rows)), list(range(rows)))  # (b, V)
+        first_prefill = self.prefill_seconds
+        start = time.perf_counter()
+        self.decode_loop()
+        decode_seconds = time.perf_counter() - start - (self.prefill_seconds - first_prefill)  # refills are prefill
+        if not self.compiled and rows <= COMPILE_MAX_ROWS:
+            global _eager_small_batch_seconds
+            _eager_small_batch_seconds += decode_seconds
+        return self.to_samples(decode_seconds)
+
+    def start_rows(self, slots: list[int], requests: list[int]) -> torch.Tensor:
+        """Prefill `requests` into batch rows `slots`, each distinct prompt once and copied to its rows;
+        (b', V) logits of their first tokens."""
+        t = time.perf_counter()
+        prompt_of = [r // self.G for r in requests]
+        distinct = sorted(set(prompt_of))
+        source = torch.tensor([distinct.index(p) for p in prompt_of], device=self.device)  # (b',)
+        ids, lengths = right_pad([self.prompts[p] for p in distinct], self.device)  # (P', T), (P',)
+        scratch = self.model.new_cache(len(distinct), ids.shape[1])
+        self.prefill_cache_bytes = max(self.prefill_cache_bytes, scratch.nbytes)
+        logits = self.model.logits(self.model.prefill(ids, lengths, scratch))[source]  # (b', V)
+        where, request_ids = torch.tensor(slots, device=self.device), torch.tensor(requests, device=self.device)
+        self.cache.copy_rows(where, scratch, source, ids.shape[1])
+        self.rows[where], self.steps[where], self.done[where] = request_ids, 0, False
+        self.noise[where] = uniform(self.keys[request_ids, None], draw_counters(self.N, 0, self.device))
+        for slot, p in zip(slots, prompt_of):
+            self.started[slot], self.offset[slot] = len(self.prompts[p]), self.decode_steps
+        self.prefill_seconds += time.perf_counter() - t
+        return logits
+
+    def decode_loop(self) -> None:
+        while True:
+            self.choose(self.logits)
+            if (self.decode_steps + 1) % self.check_every == 0 and not self.check():
+                return
+            span = self.span()
+            if self.compiled:
+                span = span_bucket(span, self.cache.max_len)
+            self.logits = self.step_fn(self.model, self.token, self.cache, span)  # (b, V)
+            self.cache.lengths -= self.done.long()  # done rows stay where they are
+            self.decode_steps += 1
+
+    def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
+        """Sample the next token of the batch rows `which` (all by default) and record it."""
+        rows, steps = self.rows[which], self.steps[which]
+        token, logprob = sample(logits, self.config, self.noise[which], steps, self.keys[rows])  # (b,) each
+        self.tokens[rows, steps], self.logprobs[rows, steps] = token, logprob
+        done = self.done[which] | torch.isin(token, self.eos) | (steps == self.N - 1)
+        self.done[which], self.token[which] = done, token
+        self.steps[which] = torch.where(done, self.N, steps + 1)  # done rows write to the scratch column
+
+    def check(self) -> bool:
+        """Refill finished rows with waiting requests, or drop them; False once every request is done."""
+        finished = self.done.nonzero().squeeze(1).tolist()
+        if finished and self.waiting:
+            refill = finished[: len(self.waiting)]
+            requests = [self.waiting.pop() for _ in refill]
+            logits = self.start_rows(refill, requests)
+            self.choose(logits, torch.tensor(refill, device=self.device))  # their first tokens, from the prefill
+            return True
+        running = len(self.started) - len(finished)
+        if running == 0:
+            return False
+        if self.config.compact and running <= len(self.started) // 2:
+            self.keep(running)
+        return True
+
+    def keep(self, running: int) -> None:
+        """Move the running rows to the front and shrink the batch (to a batch bucket when compiled)."""
+        size = running if not self.compiled else min(b for b in self.batch_sizes if b >= running)
+        order = torch.argsort(self.done.to(torch.int8), stable=True)[:size]  # running rows first, in order
+        host = order.tolist()
+        self.cache = self.cache.keep_rows(order, self.span(), fresh=self.compiled)
+        self.rows, self.steps, self.done = self.rows[order], self.steps[order], self.done[order]
+        self.token, self.noise = self.token[order], self.noise[order]
+        self.started, self.offset = [self.started[i] for i in host], [self.offset[i] for i in host]
+
+    def span(self) -> int:
+        """Cache slots the next step reads: one more than the longest row will then hold (host-side bound)."""
+        return max(s + self.decode_steps - o for s, o in zip(self.started, self.offset)) + 1
+
+    def to_samples(self, decode_seconds: float) -> Samples:
+        tokens, logprobs = self.tokens[:, : self.N], self.logprobs[:, : self.N]
+        lengths = completion_lengths(tokens, self.eos, self.N).tolist()
+        tokens, logprobs = tokens.tolist(), logprobs.tolist()
+        out_tokens = [row[:n] for row, n in zip(tokens, lengths)]
+        eos = set(self.config.eos_token_ids)
+        return Samples(
+            tokens=out_tokens,
+            logprobs=[row[:n] for row, n in zip(logprobs, lengths)],
+            finish_reasons=["stop" if row and row[-1] in eos else "length" for row in out_tokens],
+            prompt_indices=[r // self.G for r in range(self.requests)],
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=decode_seconds,
+            decode_steps=self.decode_steps,
+            batch_rows=self.batch_rows,
+            compiled=self.compiled,
+            kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
+        )
 
 
-def left_pad(prompts, device):
-    """(P, Lp) token ids and attention mask, padded on the left so every prompt ends at the last column."""
+def decode_step(model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
+    """One token per row (B,) through the model, reading `span` cache slots; (B, V) logits."""
+    return model.logits(model.decode(tokens, cache, span))
+
+
+_compiled_step = None
+
+
+def use_compiled(setting: bool | None, rows: int) -> bool:
+    """compile=True/False as asked; None: compiled for a batch of <= COMPILE_MAX_ROWS rows once this
+    process has decoded such batches eagerly for COMPILE_AFTER_SECONDS (what compiling would cost)."""
+    if setting is not None:
+        return setting
+    return rows <= COMPILE_MAX_ROWS and _eager_small_batch_seconds >= COMPILE_AFTER_SECONDS
+
+
+def compiled_decode_step():
+    """The process's one torch.compile'd decode step: its graphs (one per shape) are reused by every call."""
+    global _compiled_step
+    if _compiled_step is None:
+        # one graph per (batch rows, span) pair: a few dozen at most, above dynamo's default limit of 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _compiled_step = torch.compile(decode_step, dynamic=False)
+    return _compiled_step
+
+
+def span_bucket(span: int, max_len: int) -> int:
+    """The smallest of 64, 128, 256, ... slots holding `span`, at most the cache's max_len."""
+    bucket = SPAN_BUCKET
+    while bucket < span:
+        bucket *= 2
+    return min(bucket, max_len)
+
+
+def batch_buckets(rows: int) -> list[int]:
+    """Batch sizes compiled graphs may see: the first batch and the powers of two below it."""
+    return sorted({rows} | {2**k for k in range(rows.bit_length()) if 2**k < rows})
+
+
+def right_pad(prompts, device):
+    """(P, T) token ids, each prompt from column 0 and padded with 0 on the right, and (P,) lengths."""
     width = max(map(len, prompts))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)
+        ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    return ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
 
 
-def prefill(model: Qwen3, ids, mask, cache, group_size: int) -> torch.Tensor:
-    """Run each prompt once into the first row of its group, copy that row to the other G-1; (B, V) logits."""
-    hidden = model.hidden_states(ids, mask, cache=cache.every_nth_row(group_size))  # (P, Lp, hidden)
-    cache.fill_groups(group_size)
-    logits = model.logits(hidden[:, -1])  # (P, V): the LM head on the last position only
-    return logits.repeat_interleave(group_size, dim=0)  # (B, V)
+def completion_lengths(tokens: torch.Tensor, eos: torch.Tensor, limit: int) -> torch.Tensor:
+    """(R,) tokens up to and including each row's first EOS, or `limit` without one."""
+    hits = torch.isin(tokens, eos)  # (R, N)
+    first = hits.to(torch.int8).argmax(-1)  # (R,): first True, or 0 if none
+    return torch.where(hits.any(-1), first + 1, limit)
 
 
-def decode_step(model: Qwen3, tokens: torch.Tensor, cache, position) -> torch.Tensor:
-    """One token per row (B, 1) through the model at cache slot `position`; (B, V) logits."""
-    hidden = model.hidden_states(tokens, cache=cache, start_pos=position)  # (B, 1, hidden)
-    return model.logits(hidden[:, -1])
+# --- random numbers: a counter-based stream per row ----------------------------------------------
+MASK32 = 0xFFFFFFFF
 
 
-def decode(model, step, logits, cache, prompt_len: int, config: SamplingConfig, generator):
-    """Sample up to max_new_tokens per row; returns (B, N) tokens and log-probs, (B,) lengths, steps run."""
-    B, N = logits.shape[0], config.max_new_tokens
-    device = logits.device
-    tokens = torch.zeros(B, N, dtype=torch.long, device=device)  # (B, N)
-    logprobs = torch.zeros(B, N, dtype=torch.float32, device=device)  # (B, N)
-    lengths = torch.full((B,), N, dtype=torch.long, device=device)  # (B,): N until an EOS shortens it
-    done = torch.zeros(B, dtype=torch.bool, device=device)  # (B,)
-    rows = torch.arange(B, device=device)  # (b,): which sample each row of the running batch is
-    eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)
-    compact = config.compact and not config.compile
-    # compiled steps take the position as a tensor so that one graph serves every step
-    as_position = (lambda t: torch.tensor(t, device=device)) if config.compile else (lambda t: t)
-    steps = 0
-    for t in range(N):
-        token, logprob = sample(logits, config, generator)  # (b,) each
-        tokens[rows, t], logprobs[rows, t] = token, logprob
-        finished_now = torch.isin(token, eos) & ~done[rows]  # (b,)
-        lengths[rows] = torch.where(finished_now, t + 1, lengths[rows])
-        done[rows] |= finished_now
-        if t == N - 1:
-            break
-        if (t + 1) % config.check_every == 0:  # the loop's only host syncs
-            running = ~done[rows]  # (b,)
-            if not bool(running.any()):
-                break
-            if compact and int(running.sum()) <= len(rows) // 2:
-                keep = running.nonzero().squeeze(1)  # (b',)
-                rows, token, cache = rows[keep], token[keep], cache.keep_rows(keep)
-        logits = step(model, token[:, None], cache, as_position(prompt_len + t))  # (b, V)
-        steps += 1
-    return tokens, logprobs, lengths, steps
+def row_keys(seed: int, rows: int, device) -> torch.Tensor:
+    """(rows,) 32-bit keys, one per requested row, from the call's seed."""
+    rng = random.Random(seed)
+    return torch.tensor([rng.getrandbits(32) for _ in range(rows)], dtype=torch.long, device=device)
 
 
-def sample(logits: torch.Tensor, config: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its log-prob under softmax(logits / temperature); (B,) each."""
+def draw_counters(max_new_tokens: int, attempt: int, device) -> torch.Tensor:
+    """(1, N+1) counters of draw `attempt` for token steps 0 .. N (step N: done rows' draws, unused)."""
+    return torch.arange(max_new_tokens + 1, device=device)[None] * TRIES + attempt
+
+
+def uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Floats in (0, 1], one per (key, counter) pair (broadcast): hash32(key ^ hash32(counter)).
+
+    A counter-based generator: the number a row draws at a step is a function of its key and the
+    step alone, never of the batch it sits in. 24 bits, as torch.rand's float32.
+    """
+    h = hash32(keys ^ hash32(counters))
+    return ((h >> 8) + 1).float() * 2.0**-24
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """Chris Wellons' "lowbias32" integer hash, on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for 32-bit x, without leaving int64's range: c split into 16-bit halves."""
+    high = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (high + x * (c & 0xFFFF)) & MASK32
+
+
+# --- choosing a token ----------------------------------------------------------------------------
+def sample(logits, config: SamplingConfig, noise, steps, keys) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row and its log-prob under softmax(logits / temperature); (B,) each.
+
+    noise (B, N+1): each row's first uniform draw per step; keys (B,) make further draws (top-p).
+    """
     if config.temperature == 0:
         token = logits.argmax(-1)  # (B,)
         return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
     scaled = logits / config.temperature if config.temperature != 1 else logits  # (B, V)
-    token = sample_filtered(scaled, config.top_k, config.top_p, generator)  # (B,)
+    u = noise.gather(1, steps[:, None])  # (B, 1)
+    more = lambda attempt: uniform(keys[:, None], steps[:, None] * TRIES + attempt)  # noqa: E731  (B, 1)
+    token = sample_filtered(scaled, config.top_k, config.top_p, u, more)  # (B,)
     return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
 
 
-def sample_filtered(scaled, top_k: int, top_p: float, generator) -> torch.Tensor:
-    """Draw from the top-k / nucleus-filtered distribution; top-p applies after top-k, as in transformers."""
+def sample_filtered(scaled, top_k: int, top_p: float, u, more) -> torch.Tensor:
+    """Draw from the top-k / nucleus-filtered distribution; top-p applies after top-k, as in transformers.
+
+    u (B, 1): a uniform draw per row; more(attempt) gives further ones (for top-p by rejection).
+    """
     if top_k and top_k < scaled.shape[-1]:
         values, indices = scaled.topk(top_k, dim=-1)  # (B, k) each, most likely first
         probs = values.softmax(-1)  # (B, k), renormalised over the k tokens
         if top_p < 1:
             mass_before = probs.cumsum(-1) - probs  # (B, k)
             probs = probs.masked_fill(mass_before >= top_p, 0.0)  # the most likely token always stays
-        return indices.gather(-1, draw(probs.cumsum(-1), generator)).squeeze(-1)
+        return indices.gather(-1, invert_cdf(probs.cumsum(-1), u)).squeeze(-1)
     probs = scaled.softmax(-1)  # (B, V)
     if top_p >= 1:
-        return draw(probs.cumsum(-1), generator).squeeze(-1)
+        return invert_cdf(probs.cumsum(-1), u).squeeze(-1)
     if probs.device.type == "cpu":
-        token = nucleus_by_rejection(probs, top_p, generator)
+        token = nucleus_by_rejection(probs, top_p, u, more)
         if token is not None:
             return token
-    return nucleus_by_sorting(probs, top_p, generator)
+    return nucleus_by_sorting(probs, top_p, u)
 
 
-def draw(cdf: torch.Tensor, generator) -> torch.Tensor:
-    """(B, 1) indices drawn by inverting each row's unnormalised cumulative weights (B, K).
+def invert_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B, 1) indices drawn by inverting each row's unnormalised cumulative weights (B, K) at u (B, 1).
 
     One uniform number per row: far cheaper on CPU than torch.multinomial or exponential noise,
     which both draw a random number per vocabulary entry. Zero-weight entries are never drawn.
     """
-    u = 1.0 - torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)  # (B, 1), in (0, 1]
     return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=cdf.shape[-1] - 1)
 
 
-def nucleus_by_sorting(probs, top_p: float, generator) -> torch.Tensor:
+def nucleus_by_sorting(probs, top_p: float, u) -> torch.Tensor:
     """Top-p the textbook way: sort (B, V), keep the shortest prefix holding top_p of the mass, draw."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
     kept = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-    return order.gather(-1, draw(kept.cumsum(-1), generator)).squeeze(-1)
+    return order.gather(-1, invert_cdf(kept.cumsum(-1), u)).squeeze(-1)
 
 
-def nucleus_by_rejection(probs, top_p: float, generator, tries: int = 8) -> torch.Tensor | None:
+def nucleus_by_rejection(probs, top_p: float, u, more, tries: int = TRIES) -> torch.Tensor | None:
     """Top-p without sorting: draw from the full distribution until the draw lies in the nucleus.
 
     A token is in the nucleus when the tokens more likely than it hold less than top_p of the mass
@@ -252,8 +435,8 @@ def nucleus_by_rejection(probs, top_p: float, generator, tries: int = 8) -> torc
     cdf = probs.cumsum(-1)  # (B, V)
     token = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (B,)
     pending = torch.ones_like(token, dtype=torch.bool)  # (B,)
-    for _ in range(tries):
-        candidate = draw(cdf, generator)  # (B, 1)
+    for attempt in range(tries):
+        candidate = invert_cdf(cdf, u if attempt == 0 else more(attempt))  # (B, 1)
         mass_above = torch.where(probs > probs.gather(-1, candidate), probs, 0.0).sum(-1)  # (B,)
         accepted = pending & (mass_above < top_p)
         token = torch.where(accepted, candidate.squeeze(-1), token)
@@ -261,19 +444,3 @@ def nucleus_by_rejection(probs, top_p: float, generator, tries: int = 8) -> torc
         if not bool(pending.any()):
             return token
     return None
-
-
-def to_samples(tokens, logprobs, lengths, config, num_prompts, prefill_s, decode_s, steps, cache_bytes) -> Samples:
-    tokens, logprobs, lengths = tokens.tolist(), logprobs.tolist(), lengths.tolist()
-    eos = set(config.eos_token_ids)
-    out_tokens = [row[:n] for row, n in zip(tokens, lengths)]
-    return Samples(
-        tokens=out_tokens,
-        logprobs=[row[:n] for row, n in zip(logprobs, lengths)],
-        finish_reasons=["stop" if row and row[-1] in eos else "length" for row in out_tokens],
-        prompt_indices=[i for i in range(num_prompts) for _ in range(config.num_samples)],
-        prefill_seconds=prefill_s,
-        decode_seconds=decode_s,
-        decode_steps=steps,
-        kv_cache_bytes=cache_bytes,
-    )

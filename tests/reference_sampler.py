@@ -1,11 +1,30 @@
 """The slow, obviously correct sampler: one prompt at a time, the whole sequence recomputed per token, no cache.
 
-Kept out of the library; tests hold minigrpo.generate equal to it, and bench_sampler.py times it.
+Kept out of the library, and sharing none of its sampling code: the distribution is built the
+textbook way (temperature, then top-k by a full sort, then top-p on the sorted, renormalised
+probabilities) and drawn with torch.multinomial. Tests hold minigrpo.generate equal to it token
+for token under greedy decoding and in distribution otherwise; bench_sampler.py times it.
 """
 
 import torch
 
-from minigrpo.sampler import SamplingConfig, sample
+from minigrpo.sampler import SamplingConfig
+
+
+def next_token_distribution(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """(V,) probabilities of the next token after temperature, top-k and top-p, from (V,) logits."""
+    probs = (logits / temperature).softmax(-1)
+    sorted_probs, order = probs.sort(descending=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if top_k:
+        keep[top_k:] = False
+    kept = sorted_probs * keep
+    kept = kept / kept.sum()
+    if top_p < 1:
+        mass_before = kept.cumsum(-1) - kept  # probability of the tokens more likely than each one
+        kept = kept * (mass_before < top_p)
+        kept = kept / kept.sum()
+    return torch.zeros_like(probs).scatter(0, order, kept)
 
 
 def naive_generate(model, prompts, **settings):
@@ -18,11 +37,17 @@ def naive_generate(model, prompts, **settings):
             for _ in range(config.num_samples):
                 sequence, logprobs = list(prompt), []
                 for _ in range(config.max_new_tokens):
-                    logits = model(torch.tensor([sequence]))[:, -1]  # (1, V): everything recomputed
-                    token, logprob = sample(logits, config, generator)
-                    sequence.append(int(token))
+                    logits = model(torch.tensor([sequence]))[0, -1]  # (V,): everything recomputed
+                    if config.temperature == 0:
+                        token = int(logits.argmax())
+                        logprob = logits.log_softmax(-1)[token]
+                    else:
+                        probs = next_token_distribution(logits, config.temperature, config.top_k, config.top_p)
+                        token = int(torch.multinomial(probs, 1, generator=generator))
+                        logprob = (logits / config.temperature).log_softmax(-1)[token]
+                    sequence.append(token)
                     logprobs.append(float(logprob))
-                    if int(token) in config.eos_token_ids:
+                    if token in config.eos_token_ids:
                         break
                 all_tokens.append(sequence[len(prompt) :])
                 all_logprobs.append(logprobs)

@@ -20,7 +20,11 @@ def hf_twin(model: minigrpo.Qwen3) -> Qwen3ForCausalLM:
 
 
 def left_pad(prompts):
-    return minigrpo.sampler.left_pad(prompts, "cpu")  # (B, T) ids and mask, each prompt ending at the last column
+    """(B, T) ids and mask, each prompt ending at the last column (the layout of a training batch)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
 
 
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45]]
@@ -62,31 +66,38 @@ def test_padded_rows_equal_prompts_run_alone(padding):
 
 
 def test_cached_decoding_equals_full_forward():
-    """Prefill a left-padded batch, then feed one token at a time: same logits as one full pass."""
+    """Prefill right-padded prompts of different lengths, then one token per row per step: the same
+    logits as one full pass over each row alone, for every span that covers the rows."""
     model = tiny_model(tie_word_embeddings=True)
-    ids, mask = left_pad(PROMPTS)
     steps = torch.randint(0, TINY["vocab_size"], (3, 6))  # tokens appended one per step
-    full_ids = torch.cat([ids, steps], dim=1)
-    full_mask = torch.cat([mask, torch.ones_like(steps)], dim=1)
+    ids = torch.tensor([p + [0] * (7 - len(p)) for p in PROMPTS])  # (3, 7), right-padded
+    lengths = torch.tensor([len(p) for p in PROMPTS])
     with torch.no_grad():
-        full = model(full_ids, attention_mask=full_mask)
-        cache = model.new_cache(batch_size=3, max_len=full_ids.shape[1] + 4)  # spare slots stay unused
-        prefill = model(ids, attention_mask=mask, cache=cache)
-        decoded = [model(steps[:, t : t + 1], cache=cache, start_pos=ids.shape[1] + t) for t in range(steps.shape[1])]
-    incremental = torch.cat([prefill, *decoded], dim=1)
-    real = full_mask.bool()
-    assert (incremental[real] - full[real]).abs().max() <= ATOL
+        cache = model.new_cache(batch_size=3, max_len=7 + 6 + 4)  # spare slots stay unused
+        logits = [model.logits(model.prefill(ids, lengths, cache))]
+        for t in range(steps.shape[1]):
+            span = 7 + t + 1 if t % 2 else cache.max_len  # the exact bound, or the whole cache
+            logits.append(model.logits(model.decode(steps[:, t], cache, span)))
+        assert cache.lengths.tolist() == [len(p) + 6 for p in PROMPTS]
+        for row, prompt in enumerate(PROMPTS):
+            full = model(torch.tensor([prompt + steps[row].tolist()]))[0, len(prompt) - 1 :]  # (7, V)
+            incremental = torch.stack([step[row] for step in logits])
+            assert (incremental - full).abs().max() <= ATOL
 
 
-def test_cache_start_pos_may_be_a_tensor():
+def test_rows_at_different_lengths_share_a_decode_step():
+    """A row refilled mid-way (copied in from a fresh prefill) decodes beside a longer row."""
     model = tiny_model()
-    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    long, short = [3, 1, 4, 1, 5, 9, 2], [6, 5]
     with torch.no_grad():
-        full = model(ids)
-        cache = model.new_cache(1, 8)
-        model(ids[:, :4], cache=cache)
-        last = model(ids[:, 4:], cache=cache, start_pos=torch.tensor(4))
-    assert (last[0, -1] - full[0, -1]).abs().max() <= ATOL
+        cache = model.new_cache(2, 12)
+        model.prefill(torch.tensor([long, long]), torch.tensor([7, 7]), cache)
+        fresh = model.new_cache(1, 2)
+        model.prefill(torch.tensor([short]), torch.tensor([2]), fresh)
+        cache.copy_rows(torch.tensor([1]), fresh, torch.tensor([0]), 2)
+        out = model.logits(model.decode(torch.tensor([8, 7]), cache, span=8))
+        assert (out[0] - model(torch.tensor([long + [8]]))[0, -1]).abs().max() <= ATOL
+        assert (out[1] - model(torch.tensor([short + [7]]))[0, -1]).abs().max() <= ATOL
 
 
 def test_cache_reports_its_size():
@@ -94,7 +105,7 @@ def test_cache_reports_its_size():
     cache = model.new_cache(batch_size=3, max_len=10)
     c = model.config
     per_tensor = c.num_hidden_layers * 3 * c.num_key_value_heads * 10 * c.head_dim * 4  # fp32 bytes
-    assert cache.nbytes == 2 * per_tensor + 3 * 10
+    assert cache.nbytes == 2 * per_tensor + 3 * 8  # keys, values and one int64 length per row
 
 
 def test_bf16_runs_and_stays_close():

@@ -19,8 +19,8 @@ ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4
 
 
 def _count_x(completions, **_):
-    """A reward a random model earns unevenly: the share of characters that are 'x'."""
-    return [c.count("x") / max(len(c), 1) for c in completions]
+    """A reward a random model earns unevenly: the share of characters that are 'x' or a vowel."""
+    return [sum(c.count(ch) for ch in "xaeiou") / max(len(c), 1) for c in completions]
 
 
 def _constant(completions, **_):
