@@ -32,7 +32,7 @@ parser.add_argument("--k", default="1,4,8", help="comma-separated k for pass@k (
 parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
 parser.add_argument("--top_p", type=float, default=1.0)
 parser.add_argument("--max_new_tokens", type=int, help="default: 512, or what the model's context leaves")
-parser.add_argument("--batch_size", type=int, default=64, help="problems per sampler call")
+parser.add_argument("--max_batch_rows", type=int, default=256, help="completions decoding at once (bounds the KV cache)")
 parser.add_argument("--output", default="runs/eval_math/results.jsonl", help="per-problem results, as JSONL")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--device", default="cpu")
@@ -76,7 +76,7 @@ max_new_tokens = args.max_new_tokens or max(1, min(512, model.config.max_positio
 start = time.perf_counter()
 try:
     result = evaluate(model, tokenizer, problems, template(args.template), rewards, samples=samples, temperature=temperature,
-                      top_p=args.top_p, max_new_tokens=max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                      top_p=args.top_p, max_new_tokens=max_new_tokens, max_batch_rows=args.max_batch_rows, seed=args.seed,
                       ks=tuple(ks))
 except ValueError as error:  # a prompt longer than the context, a chat template without a chat tokenizer
     fail(error)

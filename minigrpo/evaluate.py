@@ -29,24 +29,28 @@ class Evaluation:
 
 def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewards: list[RewardSpec] | None = None, *,
              samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 256,
-             batch_size: int = 64, seed: int = 0, ks: tuple[int, ...] = ()) -> Evaluation:
-    """Sample `samples` completions per problem (greedy if temperature is 0) and score them."""
+             max_batch_rows: int = 256, seed: int = 0, ks: tuple[int, ...] = ()) -> Evaluation:
+    """Sample `samples` completions per problem (greedy if temperature is 0) and score them.
+
+    One sampler call for every problem: at most `max_batch_rows` rows decode at once (the KV cache
+    holds that many), and a finished row is refilled with the next waiting one.
+    """
     rewards = rewards or [RewardSpec("accuracy")]
+    if not problems:  # a rank whose block of the held-out set is empty
+        return summarize([], samples, ks)
+    prompts = [tokenizer.encode(template.render(p.question, tokenizer)) for p in problems]
+    out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                   num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed, max_batch_rows=max_batch_rows)
+    texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
+    columns = {"answer": [p.answer for p in problems for _ in range(samples)]}
+    for key in problems[0].extra:
+        columns[key] = [p.extra[key] for p in problems for _ in range(samples)]
+    scores = compute_rewards(texts, columns, rewards).total
     results = []
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start:start + batch_size]
-        prompts = [tokenizer.encode(template.render(p.question, tokenizer)) for p in chunk]
-        out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                       num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed + start)
-        texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
-        columns = {"answer": [p.answer for p in chunk for _ in range(samples)]}
-        for key in chunk[0].extra:
-            columns[key] = [p.extra[key] for p in chunk for _ in range(samples)]
-        scores = compute_rewards(texts, columns, rewards).total
-        for i, p in enumerate(chunk):
-            mine = slice(i * samples, (i + 1) * samples)
-            results.append({"question": p.question, "answer": p.answer, "completions": texts[mine],
-                            "correct": [s > 0.5 for s in scores[mine]]})
+    for i, p in enumerate(problems):
+        mine = slice(i * samples, (i + 1) * samples)
+        results.append({"question": p.question, "answer": p.answer, "completions": texts[mine],
+                        "correct": [s > 0.5 for s in scores[mine]]})
     return summarize(results, samples, ks)
 
 
