@@ -20,5 +20,7 @@ setup(
         # transformers is a test oracle only: nothing under minigrpo/ imports it.
         "test": ["pytest", "hypothesis", "transformers>=4.51"],
         "plot": ["matplotlib"],
+        # what benchmarks/ measures against: transformers' generate and forward, Math-Verify's grader
+        "bench": ["transformers>=4.51", "math-verify[antlr4_13_2]"],
     },
 )

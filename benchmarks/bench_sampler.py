@@ -1,18 +1,25 @@
-"""Sampling throughput: minigrpo.generate beside transformers' generate and the naive no-cache sampler.
+"""Sampling throughput: minigrpo.generate (default, eager and compiled paths) beside transformers' generate.
 
-    python benchmarks/bench_sampler.py                          # tiny and 0.6B shapes, batch 1, 8, 32
-    python benchmarks/bench_sampler.py --shapes tiny --compile  # also time torch.compile'd decode steps
+    python benchmarks/bench_sampler.py                              # tiny and 0.6B shapes, batch 1, 8, 32
+    python benchmarks/bench_sampler.py --shapes tiny --paths default,eager   # no compiling
 
-Random weights, fp32, prompts of 64 tokens, 128 new tokens with EOS disabled, temperature 1.0,
-top_p 0.9; both models hold the same weights in this process. "ms/step" is wall time of the whole
-call (prefill included) divided by the new tokens, for every sampler alike. The roofline floor of a
-decode step is max(weight bytes / copy bandwidth, 2 * params * batch / fp32 matmul rate), both
-measured in this run; copy bandwidth counts bytes read plus bytes written (the STREAM convention).
-A last table compares dropping finished rows (compaction) with masking them, with EOS enabled.
+Random weights, fp32, prompts of 64 tokens, EOS disabled, temperature 1.0, top_p 0.9; every
+sampler holds the same weights in this process. "ms" is wall time of the whole call (prefill
+included) divided by the new tokens, the median over `--rounds` rounds that run the samplers one
+after the other. "default" is what `generate` picks by itself in a fresh process; "compiled" is
+compile=True after its graphs are built, and the compile time is reported apart. The roofline
+floor of a decode step is max(weight bytes / copy bandwidth, 2 * params * batch / fp32 matmul
+rate), both measured in this run; copy bandwidth counts bytes read plus bytes written.
+
+Then, with EOS on (1/64 of the vocabulary ends a completion, so lengths vary): refill under a row
+budget (one call, `max_batch_rows` rows, rows = 4 x the budget) against the same rows in sequential
+chunks of the budget, greedy so that both produce the same tokens; and dropping finished rows
+(compaction) against masking them.
 """
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -20,11 +27,13 @@ import torch
 from common import SHAPES, machine_line, random_model, transformers_twin
 
 import minigrpo
+from minigrpo import sampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from reference_sampler import naive_generate  # noqa: E402  (the slow reference lives with the tests)
 
 SETTINGS = dict(temperature=1.0, top_p=0.9)
+PATHS = {"default": None, "eager": False, "compiled": True}  # the compile= setting of each path
 
 
 def prompts_for(batch, prompt_len, vocab, seed=0):
@@ -38,8 +47,10 @@ def seconds(fn):
     return time.perf_counter() - start, result
 
 
-def ours(model, prompts, new_tokens, **extra):
-    return minigrpo.generate(model, prompts, max_new_tokens=new_tokens, seed=0, **SETTINGS, **extra)
+def ours(model, prompts, new_tokens, path="default", **extra):
+    if path == "default":
+        sampler._eager_small_batch_seconds = 0.0  # what a fresh process would pick
+    return minigrpo.generate(model, prompts, max_new_tokens=new_tokens, seed=0, compile=PATHS[path], **SETTINGS, **extra)
 
 
 def transformers_generate(hf, prompts, new_tokens):
@@ -66,43 +77,73 @@ def bench_shape(shape, args, bandwidth, flops):
     model = random_model(shape)
     hf = transformers_twin(model)
     vocab = SHAPES[shape]["vocab_size"]
+    new = args.new if shape == "tiny" else args.new_large
     params = sum(p.numel() for p in model.parameters())
     weight_bytes = sum(p.nbytes for p in model.parameters())
-    ours(model, prompts_for(2, args.prompt, vocab), 4), transformers_generate(hf, prompts_for(2, args.prompt, vocab), 4)  # warm-up
+    warm = prompts_for(2, args.prompt, vocab)
+    ours(model, warm, 4, "eager"), transformers_generate(hf, warm, 4)
     for batch in args.batches:
         prompts = prompts_for(batch, args.prompt, vocab, seed=batch)
-        t_hf, _ = seconds(lambda: transformers_generate(hf, prompts, args.new))
-        t_ours, samples = seconds(lambda: ours(model, prompts, args.new))
-        assert all(len(t) == args.new for t in samples.tokens)
+        compile_s = None
+        if "compiled" in args.paths:  # the first call builds the graphs; a second, timed the same way, does not
+            first, _ = seconds(lambda: ours(model, prompts, new, "compiled"))
+            compile_s = first - seconds(lambda: ours(model, prompts, new, "compiled"))[0]
+        times = {name: [] for name in ["transformers", *args.paths]}
+        decode_ms, picked = [], set()
+        for _ in range(args.rounds):
+            times["transformers"].append(seconds(lambda: transformers_generate(hf, prompts, new))[0])
+            for path in args.paths:
+                t, samples = seconds(lambda: ours(model, prompts, new, path))
+                assert all(len(x) == new for x in samples.tokens)
+                times[path].append(t)
+                if path == args.paths[0]:
+                    decode_ms.append(samples.ms_per_step)
+                if path == "default":
+                    picked.add("compiled" if samples.compiled else "eager")
+        ms = {name: 1e3 * statistics.median(ts) / new for name, ts in times.items()}
         floor_ms = 1e3 * max(weight_bytes / bandwidth, 2 * params * batch / flops)
-        row = dict(ours=1e3 * t_ours / args.new, hf=1e3 * t_hf / args.new, decode=samples.ms_per_step, floor=floor_ms)
-        if args.compile:
-            compile_s, _ = seconds(lambda: ours(model, prompts, args.new, compile=True))  # first call compiles
-            row["compiled"] = 1e3 * seconds(lambda: ours(model, prompts, args.new, compile=True))[0] / args.new
-            row["compile_s"] = compile_s
-        report(shape, batch, row, args.new)
-    naive_tokens = args.naive_tokens if shape != "tiny" else args.new
-    t_naive, _ = seconds(lambda: naive_generate(model, prompts_for(1, args.prompt, vocab), max_new_tokens=naive_tokens, **SETTINGS))
-    print(f"{shape:5} naive no-cache sampler, batch 1, {naive_tokens} new tokens: {1e3 * t_naive / naive_tokens:.1f} ms/step", flush=True)
+        cells = " ".join(f"{ms[p]:9.1f} {ms['transformers'] / ms[p]:5.2f}x" for p in args.paths)
+        decode = statistics.median(decode_ms)
+        note = f"  default ran {'/'.join(sorted(picked))}" if picked else ""
+        note += f"; compiling took {compile_s:.0f} s" if compile_s is not None else ""
+        print(f"{shape:5} {batch:5} {ms['transformers']:9.1f} {cells} {decode:9.1f} {floor_ms:8.1f} {decode / floor_ms:6.2f}{note}", flush=True)
+    if args.naive_tokens:
+        naive_tokens = min(args.naive_tokens, new)
+        t_naive, _ = seconds(lambda: naive_generate(model, prompts_for(1, args.prompt, vocab), max_new_tokens=naive_tokens, **SETTINGS))
+        print(f"{shape:5} naive no-cache sampler, batch 1, {naive_tokens} new tokens: {1e3 * t_naive / naive_tokens:.1f} ms/step", flush=True)
     return model
 
 
-def report(shape, batch, row, new):
-    tok_s = lambda ms: batch * 1e3 / ms  # noqa: E731
-    line = (f"{shape:5} {batch:5} {row['ours']:9.1f} {row['hf']:9.1f} {row['ours'] and row['hf'] / row['ours']:6.2f}x "
-            f"{tok_s(row['ours']):9.0f} {tok_s(row['hf']):9.0f} {row['decode']:9.1f} {row['floor']:8.1f} {row['decode'] / row['floor']:6.2f}")
-    if "compiled" in row:
-        line += f" {row['compiled']:9.1f} ({row['compile_s']:.0f} s to compile)"
-    print(line, flush=True)
+def bench_refill(model, shape, args):
+    """Rows = 4 x max_batch_rows with varied lengths: one call under the budget against chunk after chunk."""
+    vocab = SHAPES[shape]["vocab_size"]
+    budget, new = args.refill_rows, args.new if shape == "tiny" else args.new_large
+    prompts = prompts_for(4 * budget, args.prompt, vocab, seed=7)
+    settings = dict(max_new_tokens=new, temperature=0, eos_token_ids=list(range(0, vocab, 64)))
+    refill = chunks = None
+    t_refill, t_chunks = [], []
+    for _ in range(args.rounds):
+        t, refill = seconds(lambda: minigrpo.generate(model, prompts, max_batch_rows=budget, compile=False, **settings))
+        t_refill.append(t)
+        t, chunks = seconds(lambda: [minigrpo.generate(model, prompts[i:i + budget], compile=False, **settings)
+                                     for i in range(0, len(prompts), budget)])
+        t_chunks.append(t)
+    chunk_tokens = [x for c in chunks for x in c.tokens]
+    assert refill.tokens == chunk_tokens, "refill and chunks decoded different tokens"
+    lengths = [len(x) for x in refill.tokens]
+    tokens = sum(lengths)
+    a, b = tokens / statistics.median(t_refill), tokens / statistics.median(t_chunks)
+    print(f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   lengths {min(lengths)}-{max(lengths)}, "
+          f"mean {tokens / len(lengths):.0f}; KV cache {refill.kv_cache_bytes / 1e6:.1f} MB; same tokens", flush=True)
 
 
 def bench_compaction(model, shape, batch, args):
-    """EOS on: ~1/64 of the vocabulary ends a completion, so lengths spread over the 128 tokens."""
+    """EOS on: ~1/64 of the vocabulary ends a completion, so lengths spread over the new tokens."""
     vocab = SHAPES[shape]["vocab_size"]
     eos = list(range(0, vocab, 64))
     prompts = prompts_for(batch, args.prompt, vocab, seed=99)
     for compact in (True, False):
-        t, samples = seconds(lambda: ours(model, prompts, args.new, eos_token_ids=eos, compact=compact))
+        t, samples = seconds(lambda: ours(model, prompts, args.new, "eager", eos_token_ids=eos, compact=compact))
         lengths = [len(x) for x in samples.tokens]
         print(f"{shape:5} {batch:5} {'compact' if compact else 'mask':8} {t:8.2f} s {samples.num_tokens / t:9.0f} tok/s  "
               f"lengths mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}", flush=True)
@@ -112,23 +153,35 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
     parser.add_argument("--batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--paths", default="default,eager,compiled", type=lambda s: s.split(","),
+                        help="comma-separated from: " + ", ".join(PATHS))
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
-    parser.add_argument("--new", type=int, default=128, help="new tokens per sample")
-    parser.add_argument("--naive-tokens", type=int, default=16, help="new tokens for the naive sampler beyond the tiny shape")
-    parser.add_argument("--compile", action="store_true", help="also time compile=True (minutes of compiling)")
-    parser.add_argument("--compaction-batch", type=int, default=32, help="batch of the EOS compaction table (0: skip)")
+    parser.add_argument("--new", type=int, default=128, help="new tokens per sample, tiny shape")
+    parser.add_argument("--new-large", type=int, default=32, help="new tokens per sample, other shapes")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per batch (the median is printed)")
+    parser.add_argument("--naive-tokens", type=int, default=16, help="new tokens for the naive sampler (0: skip it)")
+    parser.add_argument("--refill-rows", type=int, default=8, help="max_batch_rows of the refill table (0: skip it)")
+    parser.add_argument("--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)")
     args = parser.parse_args()
+    unknown = [p for p in args.paths if p not in PATHS]
+    if unknown:
+        sys.exit(f"bench_sampler: unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
     print(machine_line())
     bandwidth, flops = copy_bandwidth(), matmul_rate()
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s (measured now)")
-    print(f"prompt {args.prompt}, {args.new} new tokens, temperature 1.0, top_p 0.9, EOS off; ms/step = call time / new tokens")
-    header = f"{'shape':5} {'batch':>5} {'ours ms':>9} {'hf ms':>9} {'ratio':>7} {'ours t/s':>9} {'hf t/s':>9} {'decode ms':>9} {'floor ms':>8} {'/floor':>6}"
-    print(header + (f" {'compiled':>9}" if args.compile else ""))
+    print(f"prompt {args.prompt}, new tokens {args.new} (tiny) / {args.new_large} (others), temperature 1.0, top_p 0.9, "
+          f"EOS off; ms = call time / new tokens, median of {args.rounds}; ratio = transformers ms / ours")
+    cells = " ".join(f"{p + ' ms':>9} {'ratio':>6}" for p in args.paths)
+    print(f"{'shape':5} {'batch':>5} {'hf ms':>9} {cells} {'decode ms':>9} {'floor ms':>8} {'/floor':>6}")
     models = {shape: bench_shape(shape, args, bandwidth, flops) for shape in args.shapes.split(",")}
-    if args.compaction_batch:
-        print(f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)")
+    if args.refill_rows:
+        print(f"\nrefill under a row budget vs sequential chunks of it (EOS on, greedy, eager steps)")
+        print(f"{'shape':5} {'rows':>5} {'budget':>7} {'refill tok/s':>12} {'chunks tok/s':>12} {'ratio':>7}")
         for shape, model in models.items():
-            bench_compaction(model, shape, args.compaction_batch, args)
+            bench_refill(model, shape, args)
+    if args.compaction_batch and "tiny" in models:
+        print(f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)")
+        bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,14 @@ Each case is scored one at a time through the public, time-bounded API (`math_re
 response, `is_equivalent` when `bare` says the prediction is already extracted), and its wall time
 is measured around that call. With `--against math-verify` the `math-verify` package (a
 benchmark-only dependency: pip install "math-verify[antlr4_13_2]") scores the same cases in the
-same run. A second check boxes each MATH-500 gold answer: it must match itself, and `\\boxed{123}`
-must match no gold but 123.
+same run. The default corpus, benchmarks/data/verifier_cases.jsonl, holds the cases of
+tests/test_verifier.py (remade by benchmarks/data/make_verifier_cases.py), so we score 100% there by
+construction; `--corpus` takes any corpus in the same schema. With `--math500`, a second check
+boxes each MATH-500 gold answer: it must match itself, and `\\boxed{123}` must match no gold but 123.
 
-    python benchmarks/bench_verifier.py --against math-verify
+    python benchmarks/bench_verifier.py --limit 20        # smoke run on the shipped corpus
+    python benchmarks/bench_verifier.py --corpus ../shared/data/verifier_corpus.jsonl \\
+        --math500 ../shared/data/math500_test.jsonl --against math-verify
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 import minigrpo.verifier as verifier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.path.join(HERE, "..", "..", "shared", "data")
+CORPUS = os.path.join(HERE, "data", "verifier_cases.jsonl")
 
 
 def ours(case) -> bool:
@@ -112,16 +116,19 @@ def math500_check(path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default=os.path.join(SHARED, "verifier_corpus.jsonl"))
-    parser.add_argument("--math500", default=os.path.join(SHARED, "math500_test.jsonl"))
+    parser.add_argument("--corpus", default=CORPUS, help="labelled JSONL (default: the shipped test cases)")
+    parser.add_argument("--math500", help="MATH-500 JSONL with an 'answer' per line; the self-match check needs it")
+    parser.add_argument("--limit", type=int, help="score only the first N cases (a quick smoke run)")
     parser.add_argument("--against", choices=["math-verify"], help="also run this verifier on the same cases")
     parser.add_argument("--show-misses", action="store_true", help="print every case we got wrong")
     args = parser.parse_args()
-    for path in (args.corpus, args.math500):
-        if not os.path.exists(path):
-            sys.exit(f"bench_verifier: no such file {path} (the corpus lives in ../shared/data)")
+    for flag, path in (("--corpus", args.corpus), ("--math500", args.math500)):
+        if path is not None and not os.path.isfile(path):
+            sys.exit(f"bench_verifier: {flag}: no such file {path}")
+    if args.limit is not None and args.limit < 1:
+        sys.exit(f"bench_verifier: --limit must be at least 1, got {args.limit}")
 
-    cases = [json.loads(line) for line in open(args.corpus, encoding="utf-8")]
+    cases = [json.loads(line) for line in open(args.corpus, encoding="utf-8")][: args.limit]
     load = os.getloadavg()[0]
     print(f"{len(cases)} cases from {args.corpus}; {os.cpu_count()} cpus, load avg {load:.2f}\n")
     names, summaries = ["minigrpo"], []
@@ -141,7 +148,10 @@ def main() -> None:
     print(f"minigrpo raised on {errors} cases\n")
     print_tables(names, summaries)
     print()
-    math500_check(args.math500)
+    if args.math500 is None:
+        print("MATH-500 self-match check skipped; run it with --math500 ../shared/data/math500_test.jsonl")
+    else:
+        math500_check(args.math500)
 
 
 if __name__ == "__main__":
