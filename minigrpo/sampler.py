@@ -377,25 +377,26 @@ def sample(logits, config: SamplingConfig, noise, steps, keys) -> tuple[torch.Te
         token = logits.argmax(-1)  # (B,)
         return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
     scaled = logits / config.temperature if config.temperature != 1 else logits  # (B, V)
+    probs = scaled.softmax(-1)  # (B, V)
     u = noise.gather(1, steps[:, None])  # (B, 1)
-    more = lambda attempt: uniform(keys[:, None], steps[:, None] * TRIES + attempt)  # noqa: E731  (B, 1)
-    token = sample_filtered(scaled, config.top_k, config.top_p, u, more)  # (B,)
-    return token, scaled.gather(-1, token[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+    more = lambda attempt, rows: uniform(keys[rows, None], steps[rows, None] * TRIES + attempt)  # noqa: E731
+    token = sample_filtered(scaled, probs, config.top_k, config.top_p, u, more)  # (B,)
+    return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # a drawn token's probability is never 0
 
 
-def sample_filtered(scaled, top_k: int, top_p: float, u, more) -> torch.Tensor:
+def sample_filtered(scaled, probs, top_k: int, top_p: float, u, more) -> torch.Tensor:
     """Draw from the top-k / nucleus-filtered distribution; top-p applies after top-k, as in transformers.
 
-    u (B, 1): a uniform draw per row; more(attempt) gives further ones (for top-p by rejection).
+    probs (B, V) = softmax(scaled). u (B, 1): a uniform draw per row; more(attempt, rows) gives
+    further ones for those rows (top-p by rejection).
     """
     if top_k and top_k < scaled.shape[-1]:
         values, indices = scaled.topk(top_k, dim=-1)  # (B, k) each, most likely first
-        probs = values.softmax(-1)  # (B, k), renormalised over the k tokens
+        kept = values.softmax(-1)  # (B, k), renormalised over the k tokens
         if top_p < 1:
-            mass_before = probs.cumsum(-1) - probs  # (B, k)
-            probs = probs.masked_fill(mass_before >= top_p, 0.0)  # the most likely token always stays
-        return indices.gather(-1, invert_cdf(probs.cumsum(-1), u)).squeeze(-1)
-    probs = scaled.softmax(-1)  # (B, V)
+            mass_before = kept.cumsum(-1) - kept  # (B, k)
+            kept = kept.masked_fill(mass_before >= top_p, 0.0)  # the most likely token always stays
+        return indices.gather(-1, invert_cdf(kept.cumsum(-1), u)).squeeze(-1)
     if top_p >= 1:
         return invert_cdf(probs.cumsum(-1), u).squeeze(-1)
     if probs.device.type == "cpu":
@@ -428,19 +429,20 @@ def nucleus_by_rejection(probs, top_p: float, u, more, tries: int = TRIES) -> to
     A token is in the nucleus when the tokens more likely than it hold less than top_p of the mass
     (tokens tied at the boundary are all kept). Accepting only such draws samples exactly from the
     renormalised nucleus; a draw is accepted with probability >= top_p. Each try is one pass over
-    (B, V) instead of a sort, and checks all rows on the host: free on CPU, which is why only the
-    CPU path uses it. None if some row missed `tries` times (chance <= (1 - top_p)^tries): the
-    caller then sorts, which keeps every row exact.
+    the rows still pending instead of a sort, and checks them on the host: free on CPU, which is why
+    only the CPU path uses it. None if some row missed `tries` times (chance <= (1 - top_p)^tries):
+    the caller then sorts, which keeps every row exact.
     """
     cdf = probs.cumsum(-1)  # (B, V)
     token = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (B,)
-    pending = torch.ones_like(token, dtype=torch.bool)  # (B,)
+    pending = torch.arange(probs.shape[0], device=probs.device)  # (b,): rows without a token yet
     for attempt in range(tries):
-        candidate = invert_cdf(cdf, u if attempt == 0 else more(attempt))  # (B, 1)
-        mass_above = torch.where(probs > probs.gather(-1, candidate), probs, 0.0).sum(-1)  # (B,)
-        accepted = pending & (mass_above < top_p)
-        token = torch.where(accepted, candidate.squeeze(-1), token)
-        pending &= ~accepted
-        if not bool(pending.any()):
+        p, draw = (probs, u) if attempt == 0 else (probs[pending], more(attempt, pending))  # (b, V), (b, 1)
+        candidate = invert_cdf(cdf if attempt == 0 else cdf[pending], draw)  # (b, 1)
+        mass_above = torch.where(p > p.gather(-1, candidate), p, 0.0).sum(-1)  # (b,)
+        accepted = mass_above < top_p
+        token[pending[accepted]] = candidate.squeeze(-1)[accepted]
+        pending = pending[~accepted]
+        if len(pending) == 0:
             return token
     return None

@@ -142,7 +142,7 @@ def test_rejection_gives_up_and_sorting_takes_over_when_draws_keep_missing():
     rigged = torch.Generator().manual_seed(0)
     u = torch.rand(1, 1, generator=rigged)
     # top_p 0.01 keeps only token 0; with 0 tries allowed the rejection path must give up
-    assert sampler.nucleus_by_rejection(probs, 0.01, u, lambda attempt: u, tries=0) is None
+    assert sampler.nucleus_by_rejection(probs, 0.01, u, lambda attempt, rows: u[rows], tries=0) is None
     assert sampler.nucleus_by_sorting(probs, 0.01, u).tolist() == [0]
 
 
