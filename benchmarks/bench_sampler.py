@@ -11,9 +11,13 @@ compile=True after its graphs are built, and the compile time is reported apart.
 floor of a decode step is max(weight bytes / copy bandwidth, 2 * params * batch / fp32 matmul
 rate), both measured in this run; copy bandwidth counts bytes read plus bytes written.
 
+Compile times are those of a cold start: the run uses a fresh inductor cache directory, unless
+--warm-cache keeps torch's usual one (later runs then reuse its compiled kernels).
+
 Then, with EOS on (1/64 of the vocabulary ends a completion, so lengths vary): refill under a row
-budget (one call, `max_batch_rows` rows, rows = 4 x the budget) against the same rows in sequential
-chunks of the budget, greedy so that both produce the same tokens; and dropping finished rows
+budget (one call, `max_batch_rows` rows, rows = 4 x the budget) against the same prompts in
+sequential chunks of the budget (each decodes until its longest row ends), as tokens per second
+(the completions differ, their lengths follow the same distribution); and dropping finished rows
 (compaction) against masking them.
 """
 
@@ -21,7 +25,11 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
+
+if "--warm-cache" not in sys.argv:  # before torch is imported: inductor reads it when it first compiles
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-sampler-inductor-")
 
 import torch
 from common import SHAPES, machine_line, random_model, transformers_twin
@@ -119,22 +127,22 @@ def bench_refill(model, shape, args):
     vocab = SHAPES[shape]["vocab_size"]
     budget, new = args.refill_rows, args.new if shape == "tiny" else args.new_large
     prompts = prompts_for(4 * budget, args.prompt, vocab, seed=7)
-    settings = dict(max_new_tokens=new, temperature=0, eos_token_ids=list(range(0, vocab, 64)))
-    refill = chunks = None
-    t_refill, t_chunks = [], []
-    for _ in range(args.rounds):
-        t, refill = seconds(lambda: minigrpo.generate(model, prompts, max_batch_rows=budget, compile=False, **settings))
-        t_refill.append(t)
-        t, chunks = seconds(lambda: [minigrpo.generate(model, prompts[i:i + budget], compile=False, **settings)
-                                     for i in range(0, len(prompts), budget)])
-        t_chunks.append(t)
-    chunk_tokens = [x for c in chunks for x in c.tokens]
-    assert refill.tokens == chunk_tokens, "refill and chunks decoded different tokens"
-    lengths = [len(x) for x in refill.tokens]
-    tokens = sum(lengths)
-    a, b = tokens / statistics.median(t_refill), tokens / statistics.median(t_chunks)
-    print(f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   lengths {min(lengths)}-{max(lengths)}, "
-          f"mean {tokens / len(lengths):.0f}; KV cache {refill.kv_cache_bytes / 1e6:.1f} MB; same tokens", flush=True)
+    settings = dict(max_new_tokens=new, eos_token_ids=list(range(0, vocab, 64)), compile=False, **SETTINGS)
+    rates = {"refill": [], "chunks": []}
+    lengths = {"refill": [], "chunks": []}
+    for round_ in range(args.rounds):
+        t, out = seconds(lambda: minigrpo.generate(model, prompts, max_batch_rows=budget, seed=round_, **settings))
+        rates["refill"].append(out.num_tokens / t)
+        lengths["refill"] += map(len, out.tokens)
+        cache_mb = out.kv_cache_bytes / 1e6
+        t, outs = seconds(lambda: [minigrpo.generate(model, prompts[i:i + budget], seed=100 * round_ + i, **settings)
+                                   for i in range(0, len(prompts), budget)])
+        rates["chunks"].append(sum(o.num_tokens for o in outs) / t)
+        lengths["chunks"] += [len(x) for o in outs for x in o.tokens]
+    a, b = statistics.median(rates["refill"]), statistics.median(rates["chunks"])
+    mean = {k: sum(v) / len(v) for k, v in lengths.items()}
+    print(f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   mean length {mean['refill']:.0f} / "
+          f"{mean['chunks']:.0f}, longest {max(lengths['refill'])} / {max(lengths['chunks'])}; KV cache {cache_mb:.1f} MB", flush=True)
 
 
 def bench_compaction(model, shape, batch, args):
@@ -162,6 +170,7 @@ def main():
     parser.add_argument("--naive-tokens", type=int, default=16, help="new tokens for the naive sampler (0: skip it)")
     parser.add_argument("--refill-rows", type=int, default=8, help="max_batch_rows of the refill table (0: skip it)")
     parser.add_argument("--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)")
+    parser.add_argument("--warm-cache", action="store_true", help="keep torch's inductor cache (compile times then reuse it)")
     args = parser.parse_args()
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
@@ -175,7 +184,7 @@ def main():
     print(f"{'shape':5} {'batch':>5} {'hf ms':>9} {cells} {'decode ms':>9} {'floor ms':>8} {'/floor':>6}")
     models = {shape: bench_shape(shape, args, bandwidth, flops) for shape in args.shapes.split(",")}
     if args.refill_rows:
-        print(f"\nrefill under a row budget vs sequential chunks of it (EOS on, greedy, eager steps)")
+        print(f"\nrefill under a row budget vs sequential chunks of it (EOS on, eager steps, median of {args.rounds})")
         print(f"{'shape':5} {'rows':>5} {'budget':>7} {'refill tok/s':>12} {'chunks tok/s':>12} {'ratio':>7}")
         for shape, model in models.items():
             bench_refill(model, shape, args)
