@@ -16,6 +16,17 @@ def model():
     return tiny_model(seed=3)  # greedy completions of this one vary (a tied random model repeats its input)
 
 
+def test_greedy_with_packed_weights_equals_naive():
+    """A model large enough for the oneDNN-packed products (the sampler's default on CPU)."""
+    model = tiny_model(seed=3, hidden_size=256, intermediate_size=768, vocab_size=600, num_hidden_layers=1)
+    prompts = [[5, 9, 2, 77, 31], [13, 4]]
+    ours = minigrpo.generate(model, prompts, max_new_tokens=10, temperature=0, num_samples=2)
+    naive, naive_logprobs = naive_generate(model, prompts, max_new_tokens=10, temperature=0, num_samples=2)
+    assert ours.tokens == naive
+    for a, b in zip(ours.logprobs, naive_logprobs):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+
+
 def test_greedy_batched_equals_one_at_a_time_and_naive(model):
     batched = minigrpo.generate(model, PROMPTS, max_new_tokens=12, temperature=0)
     alone = [minigrpo.generate(model, [p], max_new_tokens=12, temperature=0).tokens[0] for p in PROMPTS]
