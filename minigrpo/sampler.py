@@ -43,11 +43,12 @@ import torch
 from .qwen3 import KVCache, Qwen3
 
 SPAN_BUCKET = 64  # compiled steps read 64, 128, 256, ... cache slots
-# compile=None: measured on these 2-core CPUs (benchmarks/README.md), a compiled step is 1.4-2.4x
-# faster than eager with <= 8 rows and no faster from 32 rows up, and each graph takes ~20 s to
-# compile; so small batches switch to compiled steps once this process has spent as long decoding
-# them eagerly as a few graphs take to compile.
-COMPILE_MAX_ROWS = 8
+# compile=None: measured on these 2-core CPUs (benchmarks/README.md), a compiled step beats the eager
+# one clearly only with one row (tiny shape 0.8 vs 2.8 ms, Qwen3-0.6B shape 62 vs 120 ms); at 8 rows
+# it is 1.3x faster on the tiny shape but 2x slower on the 0.6B one (eager steps use oneDNN-packed
+# weights, compiled ones MKL), and from 32 rows up no faster; each graph takes 15-75 s to compile.
+# So one-row batches switch to compiled steps once this process has spent that long on them eagerly.
+COMPILE_MAX_ROWS = 1
 COMPILE_AFTER_SECONDS = 60.0
 _eager_small_batch_seconds = 0.0  # eager decode time so far, in this process, of calls with <= COMPILE_MAX_ROWS rows
 TRIES = 8  # draws per token that top-p by rejection may use before it sorts
@@ -164,19 +165,7 @@ class Engine:
         rows = min(self.requests, self.config.max_batch_rows or self.requests)
         self.compiled = use_compiled(self.config.compile, rows)
         self.step_fn = compiled_decode_step() if self.compiled else decode_step
-        slots = max(map(len, self.prompts)) + self.N  # a row never holds more than its prompt plus N-1 tokens
-        if self.compiled:  # the cache is a whole span bucket, so every span the loop asks for is a bucket
-            slots = span_bucket(slots, 10**9)
-        self.cache = self.model.new_cache(rows, slots)
-        self.batch_rows, self.cache_bytes = rows, self.cache.nbytes
-        self.batch_sizes = batch_buckets(rows)
-        self.waiting = list(range(self.requests - 1, rows - 1, -1))  # requests not yet in the batch, next last
-        self.rows = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
-        self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its next token's index
-        self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
-        self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
-        self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
-        self.started, self.offset = [0] * rows, [0] * rows  # host: its length when it started, and the step then
+        self.allocate(rows)
         packing = contextlib.nullcontext() if self.compiled else self.model.packed_for_decoding(rows)
         start = time.perf_counter()
         with packing:
@@ -190,6 +179,22 @@ class Engine:
             global _eager_small_batch_seconds
             _eager_small_batch_seconds += decode_seconds
         return self.to_samples(decode_seconds)
+
+    def allocate(self, rows: int) -> None:
+        """The KV cache and the per-row state of a batch of `rows` rows, all empty."""
+        slots = max(map(len, self.prompts)) + self.N  # a row never holds more than its prompt plus N-1 tokens
+        if self.compiled:  # the cache is a whole span bucket, so every span the loop asks for is a bucket
+            slots = span_bucket(slots, 10**9)
+        self.cache = self.model.new_cache(rows, slots)
+        self.batch_rows, self.cache_bytes = rows, self.cache.nbytes
+        self.batch_sizes = batch_buckets(rows)
+        self.waiting = list(range(self.requests - 1, rows - 1, -1))  # requests not yet in the batch, next last
+        self.rows = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
+        self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its next token's index
+        self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
+        self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
+        self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
+        self.started, self.offset = [0] * rows, [0] * rows  # host: its length when it started, and the step then
 
     def start_rows(self, slots: list[int], requests: list[int]) -> torch.Tensor:
         """Prefill `requests` into batch rows `slots`, each distinct prompt once and copied to its rows;
