@@ -113,6 +113,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def logit_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Logits are kept in fp32 whatever the weights (bf16, fp16), or fp64 for an fp64 model."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 PACK_MIN_ELEMENTS = 2**17  # weights this large multiply faster through oneDNN when packed (sampling only)
 
 
@@ -386,10 +391,10 @@ class Qwen3(nn.Module):
         return self.norm(x[:, 0])  # (B, hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head on hidden states (..., hidden) -> fp32 logits (..., vocab)."""
+        """LM head on hidden states (..., hidden) -> logits (..., vocab) in fp32 (fp64 for an fp64 model)."""
         if self.packed_head is not None:
             return packed_linear(hidden, self.packed_head, None, self.config.vocab_size).float()
-        return linear(hidden, self.head_weight).float()
+        return linear(hidden, self.head_weight).to(logit_dtype(self.dtype))
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -329,3 +329,37 @@ def test_bad_arguments_are_refused_with_a_message(change, message):
     inputs.update(change)
     with pytest.raises(ValueError, match=message):
         grpo_loss(**inputs)
+
+
+# --- the chunked LM head against the full-vocabulary reference -----------------------------------
+def full_vocabulary_logprobs(model, input_ids, attention_mask, completion_start, temperature):
+    """The slow, obvious path: (B, Tc, V) logits, their log-softmax, gather (what the chunks replace)."""
+    hidden = model.hidden_states(input_ids, attention_mask)
+    logits = model.logits(hidden[:, completion_start - 1 : -1]) / (temperature or 1.0)  # (B, Tc, V)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logprobs = logp_all.gather(-1, input_ids[:, completion_start:, None]).squeeze(-1)
+    return logprobs, -(logp_all.exp() * logp_all).sum(-1).detach()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-9), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("chunk_rows", [1, 3, 1000])
+@pytest.mark.parametrize("tied", [True, False])
+def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, tolerance, chunk_rows, tied):
+    model = tiny_model(seed=2, tie_word_embeddings=tied).to(dtype)
+    ids, mask = padded_batch()
+    weights = torch.tensor([[0.3, -1.2, 0.7, 2.0], [1.5, -0.4, 0.0, 0.0]], dtype=dtype)  # padded tokens weigh 0
+    results = []
+    for path in ("chunked", "full"):
+        model.zero_grad()
+        if path == "chunked":
+            logprobs, entropies = token_logprobs(model, ids, mask, 5, temperature=0.7, chunk_rows=chunk_rows)
+        else:
+            logprobs, entropies = full_vocabulary_logprobs(model, ids, mask, 5, temperature=0.7)
+        (logprobs * weights).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        results.append((logprobs.detach(), entropies, grads))
+    (lp, ent, grads), (lp_ref, ent_ref, grads_ref) = results
+    assert (lp - lp_ref).abs().max() <= tolerance and (ent - ent_ref).abs().max() <= tolerance
+    for name in grads_ref:
+        scale = max(1.0, grads_ref[name].abs().max().item())
+        assert (grads[name] - grads_ref[name]).abs().max() <= tolerance * scale, name
