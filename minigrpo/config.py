@@ -70,6 +70,7 @@ class TrainConfig:
     stop_at_step: int = 0  # end this process after this step, with a checkpoint (time-boxed jobs); 0 = max_steps
     batch_size: int = 64  # completions per step: prompts per step = batch_size / num_generations
     micro_batch_size: int = 8  # completions per forward/backward; gradients accumulate over a step
+    micro_batch_tokens: int = 0  # if > 0: micro-batches of similar-length completions, each at most this many padded tokens (and micro_batch_size rows)
     learning_rate: float = 1e-6  # AdamW peak learning rate
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
@@ -93,6 +94,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), got {self.micro_batch_tokens!r}")
         if not self.adam_epsilon > 0:
             raise ValueError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
         if not self.learning_rate > 0:

@@ -82,6 +82,43 @@ def micro_batches(count: int, size: int, generator: torch.Generator | None = Non
     return [order[i : i + size] for i in range(0, count, size)]
 
 
+def token_budget_batches(lengths: list[tuple[int, int]], max_rows: int, max_tokens: int,
+                         generator: torch.Generator | None = None) -> list[list[int]]:
+    """Indices of rollouts with (prompt, completion) `lengths`, in micro-batches of similar length.
+
+    A micro-batch pads to its longest prompt plus its longest completion; it takes rollouts, longest
+    first, while rows x that padded length stays within `max_tokens` and rows within `max_rows`. A
+    rollout longer than the budget on its own gets a micro-batch to itself (handled, not refused).
+    The order of the micro-batches (and of rollouts of equal length) is shuffled by `generator`.
+    """
+    order = torch.randperm(len(lengths), generator=generator).tolist() if generator is not None else list(range(len(lengths)))
+    order.sort(key=lambda i: -sum(lengths[i]))  # stable: equal lengths keep the shuffled order
+    batches, current, prompt_width, completion_width = [], [], 0, 0
+    for i in order:
+        p, c = lengths[i]
+        wider = (len(current) + 1) * (max(prompt_width, p) + max(completion_width, c))
+        if current and (wider > max_tokens or len(current) == max_rows):
+            batches.append(current)
+            current, prompt_width, completion_width = [], 0, 0
+        current.append(i)
+        prompt_width, completion_width = max(prompt_width, p), max(completion_width, c)
+    batches.append(current)
+    if generator is not None:
+        batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches
+
+
+def padding_fraction(rollouts: list[Rollout], batches: list[list[int]]) -> float:
+    """Share of the padded (rows x prompt width + completion width) tokens of `batches` that are padding."""
+    real = padded = 0
+    for batch in batches:
+        if batch:
+            rows = [rollouts[i] for i in batch]
+            real += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+            padded += len(rows) * (max(len(r.prompt_ids) for r in rows) + max(len(r.completion_ids) for r in rows))
+    return 1.0 - real / padded if padded else 0.0
+
+
 def store_logprobs(rollouts: list[Rollout], logprobs: torch.Tensor, attribute: str) -> None:
     """Write each row of a (B, Tc) log-prob tensor back to its rollout, trimmed to its completion."""
     for r, row in zip(rollouts, logprobs.detach().float().cpu()):

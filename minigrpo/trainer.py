@@ -49,7 +49,7 @@ from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
 from .loss import TokenLogprobs, grpo_loss
 from .metrics import MetricsLogger, NullLogger
-from .rollout import Rollout, collate, micro_batches, store_logprobs
+from .rollout import Rollout, collate, micro_batches, padding_fraction, store_logprobs, token_budget_batches
 from .sampler import Samples, generate
 from .task import PromptStream, Task
 from .verifier import compute_rewards
@@ -263,7 +263,8 @@ class Trainer:
         generator = torch.Generator().manual_seed(random.Random(f"{self.config.seed}-{self.step}-pass{k}").getrandbits(62))
         started, weighted = time.perf_counter(), {"loss": 0.0, "tokens": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = self._micro_batches(len(rollouts), generator)
+        chunks = self._micro_batches(rollouts, generator)
+        padding = padding_fraction(rollouts, chunks)
         for n, chunk in enumerate(chunks):
             part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
             with distributed.accumulating(self.policy_logprobs, last=n == len(chunks) - 1):  # no_sync but the last
@@ -283,7 +284,7 @@ class Trainer:
         out = {k: v / max(tokens, 1.0) for k, v in weighted.items() if k != "loss"}
         seconds = time.perf_counter() - started
         out.update(loss=weighted["loss"], grad_norm=grad_norm, skipped=float(skipped),
-                   **{"training/tokens_per_s": tokens / max(seconds, 1e-9)})
+                   **{"training/tokens_per_s": tokens / max(seconds, 1e-9), "update/padding_frac": padding})
         return out
 
     def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
@@ -309,17 +310,22 @@ class Trainer:
 
     def _store_logprobs(self, rollouts: list[Rollout], module, attribute: str) -> None:
         with torch.no_grad():
-            for chunk in self._micro_batches(len(rollouts)):
+            for chunk in self._micro_batches(rollouts):
                 part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
                 batch = collate(part, self.pad_id, self.model.device)
                 with self._autocast():
                     logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature)
                 store_logprobs(part, logprobs, attribute)
 
-    def _micro_batches(self, count: int, generator: torch.Generator | None = None) -> list[list[int]]:
-        """micro_batches of this rank's `count` rollouts, then empty ones up to the most any rank has:
-        every rank must join every forward (FSDP2 all-gathers weights) and backward (gradients)."""
-        chunks = micro_batches(count, self.config.micro_batch_size, generator)
+    def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
+        """Micro-batches of this rank's rollouts (by rows, or by a token budget over rollouts of similar
+        length), then empty ones up to the most any rank has: every rank must join every forward (FSDP2
+        all-gathers weights) and backward (gradients)."""
+        if self.config.micro_batch_tokens:
+            lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
+            chunks = token_budget_batches(lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
+        else:
+            chunks = micro_batches(len(rollouts), self.config.micro_batch_size, generator)
         most = int(self.dist.max([len(chunks)])[0])
         return chunks + [[] for _ in range(most - len(chunks))]
 
