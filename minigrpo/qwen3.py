@@ -189,12 +189,9 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.rows = torch.arange(batch_size, device=device)  # (B,): row indices, for writing one token per row
         self.slots = torch.arange(max_len, device=device)  # (max_len,)
         self.cos, self.sin = rotary_cos_sin(self.slots, config.head_dim, config.rope_theta, dtype)  # (max_len, D) each
-
-    @property
-    def batch_size(self) -> int:
-        return self.k[0].shape[0]
 
     @property
     def max_len(self) -> int:
@@ -214,9 +211,8 @@ class KVCache:
     def write_token(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: int):
         """Store one token per row, k, v (B, kv_heads, 1, D), at slot lengths[b]; return slots [0, span)
         of every row, (B, kv_heads, span, D), for attention."""
-        rows = torch.arange(k.shape[0], device=k.device)
-        self.k[layer][rows, :, self.lengths] = k[:, :, 0]  # index_put_: in place under torch.compile too
-        self.v[layer][rows, :, self.lengths] = v[:, :, 0]
+        self.k[layer][self.rows, :, self.lengths] = k[:, :, 0]  # index_put_: in place under torch.compile too
+        self.v[layer][self.rows, :, self.lengths] = v[:, :, 0]
         return self.k[layer][:, :, :span], self.v[layer][:, :, :span]
 
     def copy_rows(self, rows: torch.Tensor, source: "KVCache", source_rows: torch.Tensor, length: int) -> None:
@@ -232,6 +228,7 @@ class KVCache:
         view = object.__new__(KVCache)
         view.slots, view.cos, view.sin = self.slots, self.cos, self.sin
         n = len(rows)
+        view.rows = self.rows[:n]
         if fresh:
             view.k, view.v = [t[rows].clone() for t in self.k], [t[rows].clone() for t in self.v]
         else:

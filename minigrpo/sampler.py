@@ -194,7 +194,10 @@ class Engine:
         self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
         self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
         self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
-        self.started, self.offset = [0] * rows, [0] * rows  # host: its length when it started, and the step then
+        self.row_keys = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its request's random key
+        # host: each row's length minus the decode steps run so far; every step adds one to every row,
+        # so the longest row then holds decode_steps + max(reach) tokens
+        self.reach = [0] * rows
 
     def start_rows(self, slots: list[int], requests: list[int]) -> torch.Tensor:
         """Prefill `requests` into batch rows `slots`, each distinct prompt once and copied to its rows;
@@ -210,9 +213,10 @@ class Engine:
         where, request_ids = torch.tensor(slots, device=self.device), torch.tensor(requests, device=self.device)
         self.cache.copy_rows(where, scratch, source, ids.shape[1])
         self.rows[where], self.steps[where], self.done[where] = request_ids, 0, False
-        self.noise[where] = uniform(self.keys[request_ids, None], draw_counters(self.N, 0, self.device))
+        self.row_keys[where] = self.keys[request_ids]
+        self.noise[where] = uniform(self.row_keys[where, None], draw_counters(self.N, 0, self.device))
         for slot, p in zip(slots, prompt_of):
-            self.started[slot], self.offset[slot] = len(self.prompts[p]), self.decode_steps
+            self.reach[slot] = len(self.prompts[p]) - self.decode_steps
         self.prefill_seconds += time.perf_counter() - t
         return logits
 
@@ -231,7 +235,7 @@ class Engine:
     def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
         """Sample the next token of the batch rows `which` (all by default) and record it."""
         rows, steps = self.rows[which], self.steps[which]
-        token, logprob = sample(logits, self.config, self.noise[which], steps, self.keys[rows])  # (b,) each
+        token, logprob = sample(logits, self.config, self.noise[which], steps, self.row_keys[which])  # (b,) each
         self.tokens[rows, steps], self.logprobs[rows, steps] = token, logprob
         done = self.done[which] | torch.isin(token, self.eos) | (steps == self.N - 1)
         self.done[which], self.token[which] = done, token
@@ -246,10 +250,10 @@ class Engine:
             logits = self.start_rows(refill, requests)
             self.choose(logits, torch.tensor(refill, device=self.device))  # their first tokens, from the prefill
             return True
-        running = len(self.started) - len(finished)
+        running = len(self.reach) - len(finished)
         if running == 0:
             return False
-        if self.config.compact and running <= len(self.started) // 2:
+        if self.config.compact and running <= len(self.reach) // 2:
             self.keep(running)
         return True
 
@@ -261,11 +265,11 @@ class Engine:
         self.cache = self.cache.keep_rows(order, self.span(), fresh=self.compiled)
         self.rows, self.steps, self.done = self.rows[order], self.steps[order], self.done[order]
         self.token, self.noise = self.token[order], self.noise[order]
-        self.started, self.offset = [self.started[i] for i in host], [self.offset[i] for i in host]
+        self.row_keys, self.reach = self.row_keys[order], [self.reach[i] for i in host]
 
     def span(self) -> int:
         """Cache slots the next step reads: one more than the longest row will then hold (host-side bound)."""
-        return max(s + self.decode_steps - o for s, o in zip(self.started, self.offset)) + 1
+        return self.decode_steps + max(self.reach) + 1
 
     def to_samples(self, decode_seconds: float) -> Samples:
         tokens, logprobs = self.tokens[:, : self.N], self.logprobs[:, : self.N]
