@@ -68,26 +68,21 @@ class ChunkedLogprobs(torch.autograd.Function):
     """Log-probs of target tokens through the LM head, `chunk` rows at a time, with recompute.
 
     forward(hidden (N, H), weight (V, H), targets (N,), scale, chunk) -> logprobs (N,), entropies (N,)
-    under softmax(scale * hidden @ weight.T), logits in fp32 (fp64 for fp64 weights). Per chunk it keeps only the log-normaliser;
-    backward recomputes the chunk's logits and forms d logp / d z = scale * (onehot(target) - softmax),
-    then the gradients of the hidden states and of the head's weight. Entropies carry no gradient.
-    Peak memory: two (chunk, V) fp32 tensors (one in backward), and the (V, H) gradient of the head,
-    instead of several (N, V) ones.
+    under softmax(scale * hidden @ weight.T), logits in fp32 (fp64 for fp64 weights). Per chunk it
+    keeps only the log-normaliser; backward recomputes the chunk's logits and forms
+    d logp / d z = scale * (onehot(target) - softmax), then the gradients of the hidden states and
+    of the head's weight. Entropies carry no gradient. Each chunk works in one (chunk, V) buffer,
+    in place, so the peak is that buffer and the (V, H) gradient of the head, instead of several
+    (N, V) tensors.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, scale: float, chunk: int):
         N, dtype = hidden.shape[0], logit_dtype(weight.dtype)
-        logprobs = hidden.new_empty(N, dtype=dtype)  # (N,)
-        entropies = hidden.new_empty(N, dtype=dtype)  # (N,)
-        normalisers = hidden.new_empty(N, dtype=dtype)  # (N,): logsumexp of each row's scaled logits
+        logprobs, entropies, normalisers = (hidden.new_empty(N, dtype=dtype) for _ in range(3))  # (N,) each
         for start in range(0, N, chunk):
             rows = slice(start, start + chunk)
-            logp = F.linear(hidden[rows], weight).to(dtype).mul_(scale)  # (c, V): scaled logits z ...
-            normalisers[rows] = logp.logsumexp(-1)
-            logp.sub_(normalisers[rows, None])  # ... now log-softmax, in place
-            logprobs[rows] = logp.gather(-1, targets[rows, None]).squeeze(-1)
-            entropies[rows] = -torch.bmm(logp.exp()[:, None, :], logp[:, :, None]).view(-1)  # -sum p log p, no (c, V) product
+            logprobs[rows], entropies[rows], normalisers[rows] = _chunk_forward(hidden[rows], weight, targets[rows], scale, dtype)
         ctx.save_for_backward(hidden, weight, targets, normalisers)
         ctx.scale, ctx.chunk = scale, chunk
         ctx.mark_non_differentiable(entropies)
@@ -101,18 +96,45 @@ class ChunkedLogprobs(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if ctx.needs_input_grad[1] else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            grad_z = F.linear(hidden[rows], weight).to(dtype).mul_(ctx.scale)  # (c, V): z, recomputed, then in place:
-            grad_z.sub_(normalisers[rows, None]).exp_().neg_()  # -softmax
-            grad_z.scatter_add_(-1, targets[rows, None], torch.ones_like(grad_z[:, :1]))  # onehot - softmax
-            grad_z.mul_(grad_logprobs[rows, None] * ctx.scale)  # (c, V): d loss / d (hidden @ weight.T)
-            grad_z = grad_z.to(weight.dtype)
+            grad_z = _chunk_grad_logits(hidden[rows], weight, targets[rows], normalisers[rows],
+                                        grad_logprobs[rows], ctx.scale, dtype)  # (c, V)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ weight  # (c, H)
-            if grad_weight is not None:
-                grad_weight += (grad_z.t() @ hidden[rows]).to(dtype)  # (V, H)
+            if grad_weight is not None and grad_weight.dtype == grad_z.dtype:
+                grad_weight.addmm_(grad_z.t(), hidden[rows])  # (V, H), in place: no second (V, H) tensor
+            elif grad_weight is not None:  # bf16 / fp16 weights: each chunk's product in their dtype, the sum in fp32
+                grad_weight += (grad_z.t() @ hidden[rows]).to(dtype)
+            del grad_z  # before the next chunk's buffer is made
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None
+
+
+def _chunk_forward(hidden, weight, targets, scale: float, dtype):
+    """(logprobs, entropies, log-normalisers), (c,) each, of one chunk, in one (c, V) buffer.
+
+    With z the scaled logits, m their row max and e = exp(z - m): logZ = m + log sum e, a target's
+    log-prob is z_target - logZ (gathered before the buffer turns into e), and the entropy is
+    logZ - sum softmax * z = log sum e - sum e log e / sum e.
+    """
+    z = F.linear(hidden, weight).to(dtype).mul_(scale)  # (c, V)
+    target = z.gather(-1, targets[:, None]).squeeze(-1)  # (c,)
+    top = z.amax(-1, keepdim=True)  # (c, 1)
+    e = z.sub_(top).exp_()  # (c, V), in place
+    total = e.sum(-1)  # (c,)
+    normaliser = top.squeeze(-1) + total.log()  # (c,)
+    entropy = total.log() - torch.special.xlogy(e, e, out=e).sum(-1) / total  # e log e in place; 0 where e underflowed
+    return target - normaliser, entropy, normaliser
+
+
+def _chunk_grad_logits(hidden, weight, targets, normalisers, grad_logprobs, scale: float, dtype):
+    """d loss / d (hidden @ weight.T) of one chunk, (c, V) in the weight's dtype: the logits
+    recomputed, then in place scale * grad * (onehot(target) - softmax)."""
+    grad_z = F.linear(hidden, weight).to(dtype).mul_(scale)  # (c, V): z
+    grad_z.sub_(normalisers[:, None]).exp_().neg_()  # -softmax
+    grad_z.scatter_add_(-1, targets[:, None], torch.ones_like(grad_z[:, :1]))  # onehot - softmax
+    grad_z.mul_(grad_logprobs[:, None] * scale)
+    return grad_z.to(weight.dtype)
 
 
 class TokenLogprobs(torch.nn.Module):
