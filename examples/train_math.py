@@ -46,7 +46,9 @@ add("--steps", type=int, default=600, help="GRPO steps")
 add("--num_generations", type=int, default=8)
 add("--batch_size", type=int, default=256, help="completions per step (prompts x num_generations)")
 add("--micro_batch_size", type=int, default=256)
-add("--micro_batch_tokens", type=int, default=0, help="token budget per micro-batch, rollouts grouped by length (0: micro_batch_size rows)")
+add("--micro_batch_tokens", type=int, default=4096, help="token budget per micro-batch, rollouts grouped by length (0: micro_batch_size rows)")
+add("--shared_prompt", action=argparse.BooleanOptionalAction, default=True,
+    help="run each prompt once for its num_generations completions in the update (--no-shared_prompt: once per completion)")
 add("--max_completion_length", type=int, default=32)
 add("--learning_rate", type=float, default=1e-4)
 add("--warmup_steps", type=int, default=10)
@@ -123,7 +125,7 @@ try:
         dynamic_sampling=args.dynamic_sampling, mask_truncated_completions=args.mask_truncated_completions,
     )
     config = TrainConfig(
-        output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, micro_batch_tokens=args.micro_batch_tokens,
+        output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, micro_batch_tokens=args.micro_batch_tokens, shared_prompt=args.shared_prompt,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule, seed=args.seed,
         save_every=args.save_every, resume=args.resume, gradient_checkpointing=args.gradient_checkpointing,
         log_completions_every=args.eval_every, fsdp=args.fsdp,

@@ -71,6 +71,7 @@ class TrainConfig:
     batch_size: int = 64  # completions per step: prompts per step = batch_size / num_generations
     micro_batch_size: int = 8  # completions per forward/backward; gradients accumulate over a step
     micro_batch_tokens: int = 0  # if > 0: micro-batches of similar-length completions, each at most this many padded tokens (and micro_batch_size rows)
+    shared_prompt: bool = True  # update: run each prompt once for its G completions (micro-batches then hold whole groups)
     learning_rate: float = 1e-6  # AdamW peak learning rate
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas

@@ -45,23 +45,37 @@ LOGPROB_CHUNK_ROWS = 512
 
 
 def token_logprobs(model, input_ids, attention_mask, completion_start: int, temperature: float,
-                   chunk_rows: int = LOGPROB_CHUNK_ROWS):
+                   chunk_rows: int = LOGPROB_CHUNK_ROWS, group_size: int = 1):
     """(logprobs, entropies), both (B, Tc): each completion token's log-prob, and the entropy of the
     distribution it was drawn from, under softmax(logits / temperature).
 
     input_ids, attention_mask (B, Lp + Tc): left-padded prompts then right-padded completions,
     the completions starting at column `completion_start` = Lp. Temperature 0 (greedy) means 1.
     The LM head runs `chunk_rows` completion tokens at a time (`ChunkedLogprobs`): the (B, Tc, V)
-    logits are never held, in forward or backward.
+    logits are never held, in forward or backward. With `group_size` G > 1, rows come in groups of
+    G consecutive completions of one prompt, and each prompt runs once (Qwen3.shared_prompt_hidden_states).
     """
-    hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
-    predicting = hidden[:, completion_start - 1 : -1]  # (B, Tc, hidden): the positions before each completion token
+    if group_size > 1:
+        predicting = model.shared_prompt_hidden_states(input_ids, attention_mask, completion_start, group_size)
+    else:
+        hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
+        predicting = hidden[:, completion_start - 1 : -1]  # (B, Tc, hidden): the positions before each completion token
     targets = input_ids[:, completion_start:]  # (B, Tc)
     B, Tc = targets.shape
     logprobs, entropies = ChunkedLogprobs.apply(
         predicting.reshape(B * Tc, -1), model.head_weight, targets.reshape(-1), 1.0 / (temperature or 1.0), chunk_rows
     )
     return logprobs.view(B, Tc), entropies.view(B, Tc)
+
+
+def full_vocabulary_logprobs(model, input_ids, attention_mask, completion_start: int, temperature: float):
+    """The slow, obvious path `token_logprobs` is tested against (and the path before the chunked head):
+    (B, Tc, V) logits, their log-softmax, a gather; the same outputs, holding every logit."""
+    hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
+    logits = model.logits(hidden[:, completion_start - 1 : -1]) / (temperature or 1.0)  # (B, Tc, V)
+    logp_all = torch.log_softmax(logits, dim=-1)  # (B, Tc, V)
+    logprobs = logp_all.gather(-1, input_ids[:, completion_start:, None]).squeeze(-1)  # (B, Tc)
+    return logprobs, -(logp_all.exp() * logp_all).sum(-1).detach()
 
 
 class ChunkedLogprobs(torch.autograd.Function):
@@ -145,8 +159,9 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, completion_start: int, temperature: float):
-        logprobs, entropies = token_logprobs(self.model, input_ids, attention_mask, completion_start, temperature)
+    def forward(self, input_ids, attention_mask, completion_start: int, temperature: float, group_size: int = 1):
+        logprobs, entropies = token_logprobs(self.model, input_ids, attention_mask, completion_start, temperature,
+                                             group_size=group_size)
         return logprobs.clone(), entropies  # a copy, not a view of the chunked result: FSDP2 hooks outputs
 
 

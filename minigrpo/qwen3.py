@@ -139,7 +139,7 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 and cast back before the weight, as Qwen3 does."""
+    """x / rms(x) * weight, computed in fp32 (fp64 for fp64) and cast back before the weight, as Qwen3 does."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -147,7 +147,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        normed = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
 
@@ -237,6 +237,35 @@ class KVCache:
             view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
         view.lengths = self.lengths[rows].clone()
         return view
+
+
+class SharedPrompt:
+    """Training with the G completions of a prompt in G consecutive rows: the prompt runs once.
+
+    Passed to the blocks as their cache, twice. While the prompts (P rows) run, each block's prompt
+    keys and values are kept, with their graph. Then the completions (P * G rows) run, and each of
+    their blocks attends to its prompt's keys and values followed by its own. The prompt's keys and
+    values are copied into each row for attention (a (G, kv_heads, Lp, D) copy per prompt and
+    layer); its projections, MLP and activations exist once, and autograd sums the G rows' gradients.
+    """
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+        self.keys, self.values = {}, {}  # layer -> (P, kv_heads, Lp, D)
+        self.completions = False  # False while the prompts run, True once the completions do
+
+    def write_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """What the block attends to: the prompts' own k, v (kept), or, for completions k, v
+        (P * G, kv_heads, Tc, D), their prompt's followed by theirs, (P * G, kv_heads, Lp + Tc, D)."""
+        if not self.completions:
+            self.keys[layer], self.values[layer] = k, v
+            return k, v
+        return self._after_prompt(self.keys[layer], k), self._after_prompt(self.values[layer], v)
+
+    def _after_prompt(self, prompt: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        P, G = prompt.shape[0], self.group_size
+        grouped = own.view(P, G, *own.shape[1:])  # (P, G, kv_heads, Tc, D)
+        return torch.cat((prompt[:, None].expand(-1, G, -1, -1, -1), grouped), dim=3).flatten(0, 1)
 
 
 def visibility_mask(valid: torch.Tensor) -> torch.Tensor:
@@ -355,6 +384,39 @@ class Qwen3(nn.Module):
             else:
                 x = block(x, cos, sin, mask)
         return self.norm(x)
+
+    def shared_prompt_hidden_states(self, input_ids, attention_mask, completion_start: int, group_size: int):
+        """The hidden states that predict each completion token, (B, Tc, hidden), as
+        `hidden_states(input_ids, attention_mask)[:, completion_start - 1 : -1]` gives them, but with
+        each prompt run once for its `group_size` completions (see SharedPrompt).
+
+        input_ids, attention_mask (B, Lp + Tc): left-padded prompts, then right-padded completions,
+        the rows of a group consecutive and with the same prompt.
+        """
+        B, Lp, G = input_ids.shape[0], completion_start, group_size
+        if B % G or not torch.equal(input_ids[:, :Lp].view(B // G, G, Lp), input_ids[::G, None, :Lp].expand(-1, G, -1)):
+            raise ValueError(f"a shared-prompt batch needs groups of {G} consecutive rows with the same prompt")
+        prompt_ids, prompt_mask = input_ids[::G, :Lp], attention_mask[::G, :Lp]  # (P, Lp)
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, Lp + Tc)
+        shared = SharedPrompt(G)
+        # The prompts are never checkpointed: the blocks keep their keys and values in `shared`.
+        x = self._run_blocks(self.embed_tokens(prompt_ids), positions[::G, :Lp], visibility_mask(prompt_mask.bool()), shared)
+        last_prompt = self.norm(x[:, -1])  # (P, hidden): predicts each completion's first token
+        shared.completions = True
+        completion_rows = visibility_mask(attention_mask.bool())[:, :, Lp:]  # (B, 1, Tc, Lp + Tc)
+        x = self._run_blocks(self.embed_tokens(input_ids[:, Lp:]), positions[:, Lp:], completion_rows, shared,
+                             checkpointed=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
+        first = last_prompt.repeat_interleave(G, 0)[:, None]  # (B, 1, hidden)
+        return torch.cat((first, self.norm(x[:, :-1])), dim=1)  # (B, Tc, hidden)
+
+    def _run_blocks(self, x, positions, mask, cache, checkpointed: bool = False):
+        cos, sin = rotary_cos_sin(positions[:, None], self.config.head_dim, self.config.rope_theta, self.dtype)
+        for block in self.layers:
+            if checkpointed:
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, cache, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, mask, cache)
+        return x
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Prompts into an empty cache; the final hidden state at each prompt's last token, (B, hidden).

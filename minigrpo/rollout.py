@@ -108,14 +108,33 @@ def token_budget_batches(lengths: list[tuple[int, int]], max_rows: int, max_toke
     return batches
 
 
-def padding_fraction(rollouts: list[Rollout], batches: list[list[int]]) -> float:
-    """Share of the padded (rows x prompt width + completion width) tokens of `batches` that are padding."""
-    real = padded = 0
+def group_batches(lengths: list[tuple[int, int]], group_size: int, max_rows: int, max_tokens: int = 0,
+                  generator: torch.Generator | None = None) -> list[list[int]]:
+    """Micro-batches of whole groups, for the shared-prompt forward: rollouts g*G .. g*G+G-1 of
+    (prompt, completion) `lengths` are group g, and stay together.
+
+    By rows: max_rows // G groups each. By a token budget (max_tokens > 0): a group weighs its
+    prompt once plus G times its longest completion, and `token_budget_batches` packs those.
+    """
+    G = group_size
+    groups = [(lengths[g][0], G * max(c for _, c in lengths[g : g + G])) for g in range(0, len(lengths), G)]
+    if max_tokens:
+        batches = token_budget_batches(groups, max(1, max_rows // G), max_tokens, generator)
+    else:
+        batches = micro_batches(len(groups), max(1, max_rows // G), generator)
+    return [[g * G + j for g in batch for j in range(G)] for batch in batches]
+
+
+def padding_fraction(rollouts: list[Rollout], batches: list[list[int]], group_size: int = 1) -> float:
+    """Share of the computed tokens of `batches` that are padding: each micro-batch computes its rows'
+    prompts padded to the longest (once per group of `group_size` rows that share one) and their
+    completions padded to the longest."""
+    real = padded = 0.0
     for batch in batches:
         if batch:
             rows = [rollouts[i] for i in batch]
-            real += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-            padded += len(rows) * (max(len(r.prompt_ids) for r in rows) + max(len(r.completion_ids) for r in rows))
+            real += sum(len(r.prompt_ids) / group_size + len(r.completion_ids) for r in rows)
+            padded += len(rows) * (max(len(r.prompt_ids) for r in rows) / group_size + max(len(r.completion_ids) for r in rows))
     return 1.0 - real / padded if padded else 0.0
 
 

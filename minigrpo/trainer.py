@@ -49,7 +49,7 @@ from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
 from .loss import TokenLogprobs, grpo_loss
 from .metrics import MetricsLogger, NullLogger
-from .rollout import Rollout, collate, micro_batches, padding_fraction, store_logprobs, token_budget_batches
+from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
 from .sampler import Samples, generate
 from .task import PromptStream, Task
 from .verifier import compute_rewards
@@ -264,7 +264,7 @@ class Trainer:
         started, weighted = time.perf_counter(), {"loss": 0.0, "tokens": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
         chunks = self._micro_batches(rollouts, generator)
-        padding = padding_fraction(rollouts, chunks)
+        padding = padding_fraction(rollouts, chunks, self._group_size)
         for n, chunk in enumerate(chunks):
             part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
             with distributed.accumulating(self.policy_logprobs, last=n == len(chunks) - 1):  # no_sync but the last
@@ -291,7 +291,8 @@ class Trainer:
         batch = collate(rollouts, self.pad_id, self.model.device)
         with self._autocast():
             logprobs, entropies = self.policy_logprobs(
-                batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature
+                batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature,
+                self._group_size if rollouts[0].group >= 0 else 1,  # not the padding rollout
             )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
         loss, stats = grpo_loss(
@@ -314,20 +315,31 @@ class Trainer:
                 part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
                 batch = collate(part, self.pad_id, self.model.device)
                 with self._autocast():
-                    logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature)
+                    logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start,
+                                         self.grpo.temperature, self._group_size if chunk else 1)
                 store_logprobs(part, logprobs, attribute)
 
     def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
         """Micro-batches of this rank's rollouts (by rows, or by a token budget over rollouts of similar
         length), then empty ones up to the most any rank has: every rank must join every forward (FSDP2
         all-gathers weights) and backward (gradients)."""
-        if self.config.micro_batch_tokens:
-            lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
+        lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
+        if self._group_size > 1:  # whole groups, for the shared-prompt forward
+            chunks = group_batches(lengths, self._group_size, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
+        elif self.config.micro_batch_tokens:
             chunks = token_budget_batches(lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
         else:
             chunks = micro_batches(len(rollouts), self.config.micro_batch_size, generator)
         most = int(self.dist.max([len(chunks)])[0])
         return chunks + [[] for _ in range(most - len(chunks))]
+
+    @property
+    def _group_size(self) -> int:
+        """Rows that share one prompt in the update's forward passes: G with shared_prompt, else 1.
+        FSDP2 shards each block, and a block runs twice in a shared-prompt forward (prompts, then
+        completions), which FSDP2's backward does not follow: sharded runs take the plain path."""
+        shared = self.config.shared_prompt and not distributed.is_sharded(self.policy_logprobs)
+        return self.grpo.num_generations if shared else 1
 
     def _padding_rollout(self) -> Rollout:
         """A rollout that weighs nothing (no token in the loss, advantage 0), for an empty micro-batch."""

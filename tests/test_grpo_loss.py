@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minigrpo.loss import grpo_loss, k3, token_logprobs
+from minigrpo.loss import full_vocabulary_logprobs, grpo_loss, k3, token_logprobs
 
 ATOL = 1e-6
 
@@ -332,15 +332,6 @@ def test_bad_arguments_are_refused_with_a_message(change, message):
 
 
 # --- the chunked LM head against the full-vocabulary reference -----------------------------------
-def full_vocabulary_logprobs(model, input_ids, attention_mask, completion_start, temperature):
-    """The slow, obvious path: (B, Tc, V) logits, their log-softmax, gather (what the chunks replace)."""
-    hidden = model.hidden_states(input_ids, attention_mask)
-    logits = model.logits(hidden[:, completion_start - 1 : -1]) / (temperature or 1.0)  # (B, Tc, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, input_ids[:, completion_start:, None]).squeeze(-1)
-    return logprobs, -(logp_all.exp() * logp_all).sum(-1).detach()
-
-
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-9), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("chunk_rows", [1, 3, 1000])
 @pytest.mark.parametrize("tied", [True, False])
@@ -363,3 +354,46 @@ def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, t
     for name in grads_ref:
         scale = max(1.0, grads_ref[name].abs().max().item())
         assert (grads[name] - grads_ref[name]).abs().max() <= tolerance * scale, name
+
+
+def grouped_batch(G=3):
+    """Two prompts (left-padded, of lengths 3 and 5) with G right-padded completions each, rows grouped."""
+    prompts, completions = [[5, 9, 2], [13, 4, 77, 31, 8]], [[64, 3], [50, 12, 7, 1], [96], [90, 11, 6], [2], [40, 41]]
+    rows = [(prompts[i // G], completions[i % 6]) for i in range(2 * G)]
+    Lp, Tc = 5, max(len(c) for _, c in rows)
+    ids, mask = torch.zeros(len(rows), Lp + Tc, dtype=torch.long), torch.zeros(len(rows), Lp + Tc, dtype=torch.long)
+    for r, (p, c) in enumerate(rows):
+        ids[r, Lp - len(p) : Lp], ids[r, Lp : Lp + len(c)] = torch.tensor(p), torch.tensor(c)
+        mask[r, Lp - len(p) : Lp + len(c)] = 1
+    return ids, mask, Lp
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-9), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_shared_prompt_forward_equals_the_plain_one_with_gradients(dtype, tolerance, checkpointing):
+    model = tiny_model(seed=4).to(dtype).train()
+    model.gradient_checkpointing = checkpointing
+    ids, mask, Lp = grouped_batch(G=3)
+    weights = torch.randn(ids.shape[0], ids.shape[1] - Lp, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    weights = weights * mask[:, Lp:]  # padded tokens weigh 0
+    results = []
+    for group_size in (1, 3):
+        model.zero_grad()
+        logprobs, entropies = token_logprobs(model, ids, mask, Lp, temperature=0.8, group_size=group_size)
+        (logprobs * weights).sum().backward()
+        results.append((logprobs.detach(), entropies, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain_lp, plain_h, plain_g), (shared_lp, shared_h, shared_g) = results
+    real = mask[:, Lp:].bool()
+    assert (shared_lp - plain_lp)[real].abs().max() <= tolerance
+    assert (shared_h - plain_h)[real].abs().max() <= tolerance
+    for name, grad in plain_g.items():
+        assert (shared_g[name] - grad).abs().max() <= tolerance * max(1.0, grad.abs().max()), (name, (shared_g[name] - grad).abs().max())
+
+
+def test_a_shared_prompt_batch_must_hold_whole_groups_of_one_prompt():
+    model = tiny_model(seed=4)
+    ids, mask, Lp = grouped_batch(G=3)
+    with pytest.raises(ValueError, match="groups of 2 consecutive rows"):
+        token_logprobs(model, ids, mask, Lp, temperature=1.0, group_size=2)  # rows 2 and 3 differ in prompt
+    with pytest.raises(ValueError, match="groups of 4 consecutive rows"):
+        token_logprobs(model, ids, mask, Lp, temperature=1.0, group_size=4)  # 6 rows

@@ -259,21 +259,40 @@ def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
             torch.testing.assert_close(p.grad, split[name].grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
-def test_token_budget_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
-    """Micro-batches by a token budget over rollouts of similar length: the same step's gradient as
-    one batch of all of them, and less padding than the random split into rows."""
-    for loss_type in ("grpo", "dapo", "dr_grpo"):
-        grpo = GRPOConfig(num_generations=4, max_completion_length=12, loss_type=loss_type)
-        whole = make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=8)
-        split = make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=8, micro_batch_tokens=40)
-        stats = []
-        for trainer in (whole, split):
-            trainer.optimizer.step = lambda: None  # keep the accumulated gradient to compare
-            stats.append(trainer.train_step()[0])
-        assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], abs=1e-7)
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("layout", [dict(micro_batch_tokens=40), dict(shared_prompt=True, micro_batch_size=4),
+                                    dict(shared_prompt=True, micro_batch_tokens=40)])
+def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(checkpoint, tmp_path, loss_type, layout):
+    """Micro-batches by a token budget over rollouts of similar length, or of whole groups whose
+    prompt runs once: after one AdamW step, the weights of one batch of all the rollouts, and less
+    padding. adam_epsilon 1e-3 keeps the first step smooth in the gradient (with 1e-8 it is about
+    lr * sign(g), which turns rounding-level gradient differences into lr-sized weight ones)."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, loss_type=loss_type, temperature=0.7)
+    whole = make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=8, adam_epsilon=1e-3)
+    split = make_trainer(checkpoint, tmp_path, grpo=grpo, adam_epsilon=1e-3, **{"micro_batch_size": 8, **layout})
+    stats = [trainer.train_step()[0] for trainer in (whole, split)]
+    assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], abs=1e-6)
+    assert stats[0]["grad_norm"] == pytest.approx(stats[1]["grad_norm"], rel=1e-5)
+    if not layout.get("shared_prompt"):
         assert 0 <= stats[1]["update/padding_frac"] <= stats[0]["update/padding_frac"]
-        for name, p in dict(whole.model.named_parameters()).items():
-            torch.testing.assert_close(p.grad, dict(split.model.named_parameters())[name].grad, rtol=1e-4, atol=1e-7, msg=name)
+    after = weights(split.model)
+    for name, value in weights(whole.model).items():
+        torch.testing.assert_close(after[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_shared_prompt_batches_hold_whole_groups_and_count_a_prompt_once():
+    from minigrpo.rollout import Rollout, group_batches, padding_fraction
+
+    lengths = [(5, 3), (5, 9), (2, 1), (2, 2), (7, 4), (7, 4)]  # three groups of 2: (prompt, completion)
+    # a group weighs its prompt plus G x its longest completion: 5 + 2 * 9 = 23, 2 + 2 * 2 = 6, 7 + 2 * 4 = 15;
+    # two groups pad to the longer of each: the last two, 2 * (7 + 8) = 30, fit a budget of 30
+    batches = group_batches(lengths, 2, max_rows=8, max_tokens=30)
+    assert sorted(sorted(b) for b in batches) == [[0, 1], [2, 3, 4, 5]]
+    assert len(group_batches(lengths, 2, max_rows=8, max_tokens=29)) == 3
+    rollouts = [Rollout(prompt_ids=[1] * p, completion_ids=[2] * c, group=i // 2, finish_reason="stop") for i, (p, c) in enumerate(lengths)]
+    # [0, 1]: prompt 5 once + completions 3 + 9 = 17 real of 5 + 2 * 9 = 23 computed
+    assert padding_fraction(rollouts, [[0, 1]], group_size=2) == pytest.approx(1 - 17 / 23)
+    assert group_batches(lengths, 2, max_rows=4) == [[0, 1, 2, 3], [4, 5]]
 
 
 def test_token_budget_batches_cover_every_rollout_within_the_budget():
