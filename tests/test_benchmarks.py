@@ -18,11 +18,15 @@ SMALLEST = {
                          "--rounds", "1", "--naive-tokens", "3", "--refill-rows", "2", "--compaction-batch", "2"],
     "bench_forward.py": ["--shapes", "tiny", "--batch", "1", "--seq", "8", "--rounds", "1"],
     "bench_verifier.py": ["--limit", "5"],
+    "bench_update.py": ["--smoke", "--case", "default", "--paths", "full,shared,trl"],
+    "bench_trl.py": ["--smoke"],
 }
 EXPECTED = {
     "bench_sampler.py": ["refill under a row budget", "mean length", "default ran eager"],
     "bench_forward.py": ["forward+backward"],
     "bench_verifier.py": ["| all |", "median ms"],
+    "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],
+    "bench_trl.py": ["| minigrpo |", "| trl / minigrpo |"],
 }
 
 
