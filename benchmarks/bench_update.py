@@ -197,7 +197,7 @@ def main():
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     parser.add_argument("--blocks", type=int, default=1, help="decoder blocks of the vocab case")
     parser.add_argument("--budget", type=int, help="token budget of the budget and shared paths (default: per case)")
-    parser.add_argument("--repeats", type=int, help="updates per path (default: 5 for default and long, 1 for vocab)")
+    parser.add_argument("--repeats", type=int, help="updates per path (default: 5 for default, 2 for long, 1 for vocab)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one update: checks that every path runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -212,7 +212,7 @@ def main():
         parser.error(f"unknown paths: {', '.join(unknown)}")
     print(machine_line())
     for case in args.case or ["default", "vocab"]:
-        repeats = args.repeats or (1 if args.smoke or case == "vocab" else 5)
+        repeats = args.repeats or (1 if args.smoke or case == "vocab" else 2 if case == "long" else 5)
         print("\n".join(run_case(case, paths, args.blocks, repeats, args.smoke)) + "\n")
 
 
