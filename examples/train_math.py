@@ -24,6 +24,7 @@ import time
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig
 from minigrpo.checkpoint import resolve_checkpoint
+from minigrpo.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS
 from minigrpo.plots import plot_curves
 from minigrpo.tasks import load_problems, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
@@ -54,9 +55,14 @@ add("--learning_rate", type=float, default=1e-4)
 add("--warmup_steps", type=int, default=10)
 add("--lr_schedule", default="cosine", choices=["constant", "cosine"])
 add("--beta", type=float, default=0.0)
-add("--epsilon", type=float, default=0.2)
-add("--epsilon_high", type=float)
-add("--loss_type", default="grpo", choices=["grpo", "bnpo", "dr_grpo", "dapo"])
+add("--epsilon", type=float, default=0.2, help="clip range below 1 (GSPO's paper, at --importance_sampling_level sequence: 3e-4)")
+add("--epsilon_high", type=float, help="clip range above 1 (default: --epsilon; DAPO 0.28; GSPO 4e-4; cispo: 4.0, a weight cap of 5)")
+add("--loss_type", default="grpo", choices=list(LOSS_TYPES))
+add("--importance_sampling_level", default="token", choices=list(IMPORTANCE_SAMPLING_LEVELS),
+    help="sequence: GSPO's length-normalised ratio per completion (pair it with --epsilon 3e-4 --epsilon_high 4e-4)")
+add("--sampler_correction", default="none", choices=list(SAMPLER_CORRECTIONS),
+    help="weight each token by the trained-on policy's probability over the sampler's, truncated or masked (see minigrpo/loss.py)")
+add("--sampler_correction_cap", type=float, default=3.0, help="C: weights truncated at C, or masked outside [1/C, C]")
 add("--scale_rewards", default="group", choices=["group", "batch", "none"])
 add("--num_iterations", type=int, default=1)
 add("--temperature", type=float, default=1.0)
@@ -122,6 +128,8 @@ try:
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         temperature=args.temperature, top_p=args.top_p, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
         beta=args.beta, loss_type=args.loss_type, scale_rewards=args.scale_rewards, num_iterations=args.num_iterations,
+        importance_sampling_level=args.importance_sampling_level, sampler_correction=args.sampler_correction,
+        sampler_correction_cap=args.sampler_correction_cap,
         dynamic_sampling=args.dynamic_sampling, mask_truncated_completions=args.mask_truncated_completions,
     )
     config = TrainConfig(

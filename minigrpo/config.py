@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .advantages import SCALES
-from .loss import LOSS_TYPES
+from .loss import check_objective
 
 SCHEDULES = ("constant", "cosine")
 
@@ -26,9 +26,12 @@ class GRPOConfig:
     top_p: float = 1.0  # nucleus sampling; 1 keeps every token
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set)
-    epsilon_high: float | None = None  # clip range above 1 (DAPO's clip-higher uses 0.28); None = epsilon
+    epsilon_high: float | None = None  # clip range above 1 (DAPO's clip-higher uses 0.28); None = epsilon (cispo: 4.0)
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
-    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo (see loss.py)
+    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (see loss.py)
+    importance_sampling_level: str = "token"  # token | sequence (GSPO: one length-normalised ratio per completion)
+    sampler_correction: str = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask (see loss.py)
+    sampler_correction_cap: float = 3.0  # C of sampler_correction: weights truncated at C, or masked outside [1/C, C]
     scale_rewards: str = "group"  # group | batch | none (Dr. GRPO): what the centred reward is divided by
     num_iterations: int = 1  # mu: passes over each batch of rollouts; 1 is on-policy (ratio exactly 1)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length get no loss (DAPO)
@@ -43,12 +46,8 @@ class GRPOConfig:
             raise ValueError(f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}")
         if not isinstance(self.max_completion_length, int) or self.max_completion_length < 1:
             raise ValueError(f"max_completion_length must be a positive integer, got {self.max_completion_length!r}")
-        if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
-            raise ValueError(f"epsilon and epsilon_high must be > 0, got {self.epsilon} and {self.epsilon_high}")
-        if not self.beta >= 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}")
+        check_objective(self.loss_type, self.epsilon, self.epsilon_high, self.beta, self.importance_sampling_level,
+                        self.sampler_correction, self.sampler_correction_cap)
         if self.scale_rewards not in SCALES:
             raise ValueError(f"scale_rewards must be one of {', '.join(SCALES)}, got {self.scale_rewards!r}")
         if not isinstance(self.num_iterations, int) or self.num_iterations < 1:

@@ -26,21 +26,48 @@ clip-higher); and the Dr. GRPO / DAPO aggregations above. Under gradient accumul
 whole step's `num_sequences` and `num_tokens`: each micro-batch's loss is then its exact share,
 and the micro-batch losses sum to the loss of the step's batch taken at once (bnpo, a per-batch
 token mean by definition, is weighted by each micro-batch's share of the sequences).
+
+Extensions, each off by default:
+
+    importance_sampling_level="sequence"   GSPO (Zheng et al., 2025): every token of completion i
+        uses s_i = exp(mean over its tokens of (logp - logp_old)) as its ratio, the gradient
+        flowing through that mean; clipped and aggregated as above. GSPO's paper clips at
+        epsilon 3e-4 / epsilon_high 4e-4, far tighter than the token-level 0.2.
+    loss_type="cispo"   CISPO (MiniMax-M1, 2025): l_t = -sg(min(ratio, 1 + epsilon_high)) * A_i * logp,
+        aggregated as dapo. The ratio is a detached weight, not a clipped objective, so no
+        token loses its gradient; no lower bound, as in the paper. epsilon_high defaults to 4.0
+        for it (a weight capped at 5, ScaleRL's epsilon_max, Khatri et al., 2025); TRL's
+        epsilon_high for cispo is that cap itself.
+    sampler_correction   the tokens were drawn by the sampler, whose log-probs (`sampler_logprobs`)
+        may differ slightly from the trainer's own "old" ones (other kernels, batch shapes, bf16).
+        With r = exp(old - sampler) per token and R = exp(sum over the sequence of (old - sampler)),
+        the policy-gradient term of each token is multiplied by a detached weight w (C = cap):
+        token_truncate min(r, C) (truncated IS, Yao et al., 2025); token_mask 1 if 1/C <= r <= C
+        else 0; sequence_truncate min(R, C); sequence_mask 1 if 1/C <= R <= C else 0 (masked IS,
+        Liu et al., 2025). The KL term is not weighted; sampler == old makes every mode the identity.
+`sampler_mismatch` measures that gap, whether or not a correction is on.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from .qwen3 import logit_dtype
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+CISPO_EPSILON_HIGH = 4.0  # cispo's default epsilon_high: the weight is capped at 5 (see the docstring)
 
 
 # completion tokens per chunk of LM-head logits: (512, V) fp32 is 311 MB at V = 151,936. Measured at that
-# vocabulary, one block, 4 x (64 + 512) tokens, forward + backward: full logits 20.5 s and 5.1 GB of
-# growth; chunks of 256 / 512 / 1024 rows 26.6 / 22.6 / 21.0 s and 1.5 / 1.7 / 2.0 GB
+# vocabulary, one block, 4 x (64 + 512) tokens, forward + backward (benchmarks/README.md): full logits 24.8 s
+# and 5.4 GB of growth; chunks of 1024 / 512 / 256 / 128 rows 20.6 / 23.2 / 22.2 / 35.5 s, 1.6 GB each (the
+# peak is then the tied embedding's two (V, H) gradients, not the chunk); under 256 rows each chunk's
+# (V, H) weight-gradient update costs more than the smaller chunk saves
 LOGPROB_CHUNK_ROWS = 512
 
 
@@ -176,6 +203,10 @@ def grpo_loss(
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
     loss_type: str = "grpo",
+    importance_sampling_level: str = "token",
+    sampler_logprobs: torch.Tensor | None = None,
+    sampler_correction: str = "none",
+    sampler_correction_cap: float = 3.0,
     max_completion_length: int | None = None,
     num_sequences: int | None = None,
     num_tokens: int | None = None,
@@ -185,21 +216,71 @@ def grpo_loss(
 
     num_sequences / num_tokens: the whole optimizer step's (default: this batch's), for exact
     gradient accumulation. max_completion_length: Dr. GRPO's constant (default: T).
+    sampler_logprobs (B, T): what the sampler reported for the same tokens (sampler_correction).
     """
-    _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, epsilon, epsilon_high, loss_type)
-    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    check_objective(loss_type, epsilon, epsilon_high, beta, importance_sampling_level, sampler_correction, sampler_correction_cap)
+    _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, sampler_logprobs, sampler_correction)
+    if epsilon_high is None:
+        epsilon_high = CISPO_EPSILON_HIGH if loss_type == "cispo" else epsilon
     padding = mask == 0  # (B, T); zeroed before exp, so no value there can overflow into a NaN
     mask = mask.to(logprobs.dtype)  # (B, T)
-    ratio = torch.exp((logprobs - old_logprobs).masked_fill(padding, 0.0))  # (B, T)
+    log_ratio = (logprobs - old_logprobs).masked_fill(padding, 0.0)  # (B, T)
+    if importance_sampling_level == "sequence":  # GSPO: the length-normalised sequence ratio, on every token
+        log_ratio = (log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)  # (B, T)
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv)  # (B, T)
-    per_token = -surrogate  # (B, T)
+    if loss_type == "cispo":  # the clipped ratio is a constant weight of A * logp
+        per_token = -ratio.clamp(max=1 + epsilon_high).detach() * adv * logprobs.masked_fill(padding, 0.0)  # (B, T)
+    else:
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv)  # (B, T)
+    corrected = None
+    if sampler_correction != "none":
+        weight, corrected = sampler_weights(old_logprobs, sampler_logprobs, padding, sampler_correction, sampler_correction_cap)
+        per_token = per_token * weight  # (B, T)
     kl = None
     if ref_logprobs is not None and beta != 0.0:
         kl = k3(logprobs.masked_fill(padding, 0.0), ref_logprobs.masked_fill(padding, 0.0))  # (B, T)
         per_token = per_token + beta * kl
-    loss = _aggregate(per_token, mask, loss_type, max_completion_length, num_sequences, num_tokens)
-    return loss, _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies)
+    aggregation = "dapo" if loss_type == "cispo" else loss_type
+    loss = _aggregate(per_token, mask, aggregation, max_completion_length, num_sequences, num_tokens)
+    stats = _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies)
+    if corrected is not None:
+        kind = "masked" if sampler_correction.endswith("mask") else "truncated"
+        stats[f"sampler_correction/{kind}_frac"] = float((corrected * mask).sum() / mask.sum().clamp(min=1))
+    return loss, stats
+
+
+def sampler_weights(old_logprobs, sampler_logprobs, padding, mode: str, cap: float):
+    """(weights, changed), both (B, T): the detached importance weight of the trained-on ("old")
+    policy against the sampler's numbers, per token or per sequence, truncated at `cap` or masked
+    outside [1/cap, cap]; and which tokens the truncation or the mask changed. In log space, so
+    that a far-off sequence cannot overflow."""
+    log_r = (old_logprobs - sampler_logprobs).detach().masked_fill(padding, 0.0)  # (B, T): log r
+    if mode.startswith("sequence"):
+        log_r = log_r.sum(1, keepdim=True).expand_as(log_r)  # (B, T): log R on every token
+    limit = math.log(cap)
+    if mode.endswith("truncate"):
+        return torch.exp(log_r.clamp(max=limit)), log_r > limit
+    inside = log_r.abs() <= limit
+    return inside.to(old_logprobs.dtype), ~inside
+
+
+def sampler_mismatch(old_logprobs, sampler_logprobs, mask, num_sequences: int | None = None) -> dict[str, float]:
+    """How far the sampler's log-probs of the sampled tokens are from the trainer's ("old") ones:
+    token mean and max of |old - sampler|, the share of tokens whose exp(old - sampler) leaves
+    [0.9, 1.1], and the per-sequence log-ratio sum(old - sampler), summed over this batch's
+    sequences and divided by `num_sequences` (the step's: micro-batch shares then add up)."""
+    with torch.no_grad():
+        keep = mask.to(torch.bool)  # (B, T)
+        d = (old_logprobs.double() - sampler_logprobs.double()).masked_fill(~keep, 0.0)  # (B, T)
+        count = max(int(keep.sum()), 1)
+        outside = (d > math.log(1.1)) | (d < math.log(0.9))  # exp(d) outside [0.9, 1.1]
+        return {
+            "mismatch/logprob_abs_mean": float(d.abs().sum() / count),
+            "mismatch/logprob_abs_max": float(d.abs().max()) if keep.any() else 0.0,
+            "mismatch/ratio_outside_0.9_1.1_frac": float((outside & keep).sum() / count),
+            "mismatch/seq_logratio_mean": float(d.sum() / (num_sequences or d.shape[0])),
+        }
 
 
 def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -250,17 +331,32 @@ def _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies) -> dict
     return stats
 
 
-def _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, epsilon, epsilon_high, loss_type) -> None:
+def check_objective(loss_type, epsilon, epsilon_high, beta, importance_sampling_level="token",
+                    sampler_correction="none", sampler_correction_cap=3.0) -> None:
+    """The objective's settings, checked once here for grpo_loss and GRPOConfig alike."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
     if not epsilon > 0 or (epsilon_high is not None and not epsilon_high > 0):
         raise ValueError(f"epsilon and epsilon_high must be > 0, got {epsilon} and {epsilon_high}")
-    if beta < 0:
+    if not beta >= 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
+                         f"got {importance_sampling_level!r}")
+    if sampler_correction not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler_correction must be one of {', '.join(SAMPLER_CORRECTIONS)}, got {sampler_correction!r}")
+    if not sampler_correction_cap > 1:
+        raise ValueError(f"sampler_correction_cap must be > 1 (weights are kept within [1/cap, cap]), got {sampler_correction_cap}")
+
+
+def _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, sampler_logprobs, sampler_correction) -> None:
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (the reference model's log-probs)")
+    if sampler_correction != "none" and sampler_logprobs is None:
+        raise ValueError(f"sampler_correction={sampler_correction!r} needs sampler_logprobs (the sampler's log-probs of the tokens)")
     shape = logprobs.shape
-    for name, t in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+    for name, t in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs),
+                    ("sampler_logprobs", sampler_logprobs)):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, logprobs {tuple(shape)}")
     if advantages.shape != shape[:1]:

@@ -394,7 +394,8 @@ class Qwen3(nn.Module):
         the rows of a group consecutive and with the same prompt.
         """
         B, Lp, G = input_ids.shape[0], completion_start, group_size
-        if B % G or not torch.equal(input_ids[:, :Lp].view(B // G, G, Lp), input_ids[::G, None, :Lp].expand(-1, G, -1)):
+        if B % G or not all(torch.equal(t[:, :Lp].view(B // G, G, Lp), t[::G, None, :Lp].expand(-1, G, -1))
+                            for t in (input_ids, attention_mask)):
             raise ValueError(f"a shared-prompt batch needs groups of {G} consecutive rows with the same prompt")
         prompt_ids, prompt_mask = input_ids[::G, :Lp], attention_mask[::G, :Lp]  # (P, Lp)
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, Lp + Tc)

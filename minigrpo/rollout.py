@@ -24,7 +24,8 @@ class Rollout:
     reward: float = 0.0  # the weighted total
     advantage: float = 0.0  # group-relative, from the total
     in_loss: bool = True  # False for a truncated completion when those are masked
-    old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it (num_iterations > 1)
+    sampler_logprobs: torch.Tensor | None = None  # (Tc,) as the sampler computed them while drawing the tokens
+    old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it, recomputed (num_iterations > 1)
     ref_logprobs: torch.Tensor | None = None  # (Tc,) under the reference model (beta > 0)
 
 
@@ -37,6 +38,7 @@ class Batch:
     completion_start: int  # Lp: the column of each completion's first token
     completion_mask: torch.Tensor  # (B, Tc) 1 for tokens that count in the loss: up to and including EOS
     advantages: torch.Tensor  # (B,)
+    sampler_logprobs: torch.Tensor | None  # (B, Tc) or None
     old_logprobs: torch.Tensor | None  # (B, Tc) or None
     ref_logprobs: torch.Tensor | None  # (B, Tc) or None
 
@@ -62,6 +64,7 @@ def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
         completion_start=prompt_width,
         completion_mask=loss_mask.to(device),
         advantages=torch.tensor([r.advantage for r in rollouts], dtype=torch.float32, device=device),
+        sampler_logprobs=_pad([r.sampler_logprobs for r in rollouts], completion_width, device),
         old_logprobs=_pad([r.old_logprobs for r in rollouts], completion_width, device),
         ref_logprobs=_pad([r.ref_logprobs for r in rollouts], completion_width, device),
     )

@@ -47,12 +47,17 @@ from .advantages import group_advantages, zero_variance_groups
 from .checkpoint import load_pretrained
 from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
-from .loss import TokenLogprobs, grpo_loss
+from .loss import TokenLogprobs, grpo_loss, sampler_mismatch
 from .metrics import MetricsLogger, NullLogger
 from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
 from .sampler import Samples, generate
 from .task import PromptStream, Task
 from .verifier import compute_rewards
+
+
+# Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
+# ranks); the others are token means, or maxima (names ending in _max).
+SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean"})
 
 
 class Trainer:
@@ -211,8 +216,9 @@ class Trainer:
             Rollout(
                 prompt_ids=self.prompt_ids[indices[p]], completion_ids=tokens, group=group_offset + p,
                 finish_reason=reason, in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
+                sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
             )
-            for tokens, reason, p in zip(samples.tokens, samples.finish_reasons, samples.prompt_indices)
+            for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)
         ]
 
     def _score(self, rollouts: list[Rollout], rows: list[dict]) -> list[str]:
@@ -261,7 +267,7 @@ class Trainer:
 
     def _one_pass(self, rollouts: list[Rollout], totals: dict, k: int) -> dict[str, float]:
         generator = torch.Generator().manual_seed(random.Random(f"{self.config.seed}-{self.step}-pass{k}").getrandbits(62))
-        started, weighted = time.perf_counter(), {"loss": 0.0, "tokens": 0.0}
+        started, weighted, peaks = time.perf_counter(), {"loss": 0.0, "tokens": 0.0}, {}
         self.optimizer.zero_grad(set_to_none=True)
         chunks = self._micro_batches(rollouts, generator)
         padding = padding_fraction(rollouts, chunks, self._group_size)
@@ -269,11 +275,15 @@ class Trainer:
             part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
             with distributed.accumulating(self.policy_logprobs, last=n == len(chunks) - 1):  # no_sync but the last
                 stats = self._micro_step(part, totals)
-            weighted["loss"] += stats["loss"]  # shares of the step's loss: they add up
-            weighted["tokens"] += stats["tokens"]
-            for key in stats.keys() - {"loss", "tokens"}:  # token means: weighted by the micro-batch's tokens
-                weighted[key] = weighted.get(key, 0.0) + stats[key] * stats["tokens"]
+            for key, value in stats.items():
+                if key in SHARES:  # shares of the step's totals: they add up
+                    weighted[key] = weighted.get(key, 0.0) + value
+                elif key.endswith("_max"):
+                    peaks[key] = max(peaks.get(key, value), value)
+                else:  # token means: weighted by the micro-batch's tokens
+                    weighted[key] = weighted.get(key, 0.0) + value * stats["tokens"]
         weighted = dict(zip(sorted(weighted), self.dist.sum([weighted[k] for k in sorted(weighted)])))  # all ranks
+        peaks = dict(zip(sorted(peaks), self.dist.max([peaks[k] for k in sorted(peaks)])))
         grad_norm = self._clip_gradients()
         skipped = not (math.isfinite(weighted["loss"]) and math.isfinite(grad_norm))
         if skipped:
@@ -281,9 +291,10 @@ class Trainer:
         else:
             self.optimizer.step()
         tokens = weighted.pop("tokens")
-        out = {k: v / max(tokens, 1.0) for k, v in weighted.items() if k != "loss"}
+        out = {k: v if k in SHARES else v / max(tokens, 1.0) for k, v in weighted.items()}
+        out.update(peaks)
         seconds = time.perf_counter() - started
-        out.update(loss=weighted["loss"], grad_norm=grad_norm, skipped=float(skipped),
+        out.update(grad_norm=grad_norm, skipped=float(skipped),
                    **{"training/tokens_per_s": tokens / max(seconds, 1e-9), "update/padding_frac": padding})
         return out
 
@@ -299,9 +310,14 @@ class Trainer:
             logprobs, old, batch.advantages, batch.completion_mask,
             ref_logprobs=batch.ref_logprobs, beta=self.grpo.beta, epsilon=self.grpo.epsilon,
             epsilon_high=self.grpo.epsilon_high, loss_type=self.grpo.loss_type,
+            importance_sampling_level=self.grpo.importance_sampling_level, sampler_logprobs=batch.sampler_logprobs,
+            sampler_correction=self.grpo.sampler_correction, sampler_correction_cap=self.grpo.sampler_correction_cap,
             max_completion_length=self.grpo.max_completion_length, num_sequences=totals["sequences"],
             num_tokens=totals["tokens"], entropies=entropies,
         )
+        # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart in fp32.
+        if batch.sampler_logprobs is not None:
+            stats.update(sampler_mismatch(old, batch.sampler_logprobs, batch.completion_mask, totals["sequences"]))
         # Every rank runs every backward, even of a non-finite loss, so that the gradient collectives
         # match; a non-finite loss or gradient on any rank then skips the step on all of them.
         # DDP and FSDP2 average gradients over ranks, while the loss shares above already add up over
@@ -343,9 +359,9 @@ class Trainer:
 
     def _padding_rollout(self) -> Rollout:
         """A rollout that weighs nothing (no token in the loss, advantage 0), for an empty micro-batch."""
-        zeros = torch.zeros(1)  # (1,) old and reference log-probs, never read: the token is masked
-        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], group=-1,
-                       finish_reason="length", in_loss=False, old_logprobs=zeros, ref_logprobs=zeros)
+        zeros = torch.zeros(1)  # (1,) sampler, old and reference log-probs, never read: the token is masked
+        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], group=-1, finish_reason="length",
+                       in_loss=False, sampler_logprobs=zeros, old_logprobs=zeros, ref_logprobs=zeros)
 
     def _first_forward(self) -> None:
         """FSDP2 sets itself up in the root module's first forward, and the sampler calls the blocks

@@ -224,7 +224,7 @@ def test_killing_a_save_leaves_the_previous_checkpoint(checkpoint, tmp_path):
         (lambda: GRPOConfig(num_generations=1), "num_generations must be an integer >= 2"),
         (lambda: GRPOConfig(epsilon=0), "epsilon and epsilon_high must be > 0"),
         (lambda: GRPOConfig(epsilon_high=-0.1), "epsilon and epsilon_high must be > 0"),
-        (lambda: GRPOConfig(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
+        (lambda: GRPOConfig(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo"),
         (lambda: GRPOConfig(scale_rewards="std"), "scale_rewards must be one of group, batch, none"),
         (lambda: TrainConfig(batch_size=10).check_against(GRPOConfig(num_generations=4)),
          "batch_size=10 completions do not split into groups of num_generations=4"),
@@ -331,3 +331,26 @@ def test_metrics_survive_a_line_cut_short_and_say_why_a_step_was_skipped(tmp_pat
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'
     assert "no group with a reward signal" in console_line(3, {"skipped": 1.0, "update/no_groups": 1.0})
     assert "non-finite" in console_line(3, {"skipped": 1.0})
+
+
+def test_a_step_measures_the_sampler_mismatch_and_fp32_reads_about_zero(checkpoint, tmp_path):
+    """The sampler's log-probs travel on each Rollout; the update compares them with its own."""
+    trainer = make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=12, temperature=0.8))
+    stats, _ = trainer.train_step()
+    assert stats["mismatch/logprob_abs_mean"] <= 1e-5 and stats["mismatch/logprob_abs_max"] <= 1e-4
+    assert stats["mismatch/ratio_outside_0.9_1.1_frac"] == 0.0 and abs(stats["mismatch/seq_logratio_mean"]) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
+def test_a_sampler_correction_leaves_an_fp32_step_as_it_was(checkpoint, tmp_path, mode):
+    """With sampler and trainer ~1e-6 apart, every weight is ~1 (none masked): the same step."""
+    steps = []
+    for correction in ("none", mode):
+        grpo = GRPOConfig(num_generations=4, max_completion_length=12, sampler_correction=correction)
+        trainer = make_trainer(checkpoint, tmp_path, grpo=grpo, adam_epsilon=1e-3)
+        steps.append((trainer.train_step()[0], weights(trainer.model)))
+    (plain, before), (corrected, after) = steps
+    kind = "masked" if mode.endswith("mask") else "truncated"
+    assert corrected[f"sampler_correction/{kind}_frac"] == 0.0
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, rtol=0, atol=1e-6, msg=name)
