@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 from tqdm import tqdm
 
@@ -80,15 +81,28 @@ def console_line(step: int, stats: dict[str, float]) -> str:
 
 
 def _drop_lines_after(path: str, step: int) -> None:
+    """Keep the lines of steps <= `step` (and none cut short by a crash). The file is replaced
+    atomically, never truncated in place: a kill at any moment leaves the old or the new one."""
     if not os.path.exists(path):
         return
-    kept = []
+    kept, total = [], 0
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for total, line in enumerate(f, 1):
             try:
                 if json.loads(line)["step"] <= step:
                     kept.append(line)
             except (ValueError, KeyError):  # a line cut short by a crash
                 continue
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(kept)
+    if len(kept) == total:
+        return
+    handle, tmp = tempfile.mkstemp(prefix=".metrics-", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

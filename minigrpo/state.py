@@ -10,7 +10,9 @@ It knows files and state dicts, not how they are used.
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -18,6 +20,7 @@ import tempfile
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from .checkpoint import replace_dir, write_files
 
@@ -36,7 +39,9 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, k
     try:
         write_files(model, tokenizer, tmp, weights=weights)
         torch.save(state, os.path.join(tmp, STATE_FILE))
+        _fsync_tree(tmp)  # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
         replace_dir(tmp, final)  # the same step saved again: the old copy goes only once the new one is in place
+        _fsync(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -50,25 +55,68 @@ def latest_checkpoint(output_dir: str) -> str | None:
     return steps[-1][1] if steps else None
 
 
+def latest_intact_checkpoint(output_dir: str, note=print) -> str | None:
+    """The newest checkpoint whose files all read back (a crash or a full disk can damage one);
+    each damaged one skipped on the way is named through `note`."""
+    for _, directory in reversed(_checkpoints(os.path.join(output_dir, CHECKPOINTS))):
+        damage = _damage(directory)
+        if damage is None:
+            return directory
+        note(f"note: {directory} is damaged ({damage}); trying the checkpoint before it")
+    return None
+
+
+def _damage(directory: str) -> str | None:
+    """Why the checkpoint in `directory` cannot be resumed from, or None: its state loads, its
+    config parses, and every weights file has a complete header and all the bytes it declares."""
+    try:
+        load_state(directory)
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            if not isinstance(json.load(f), dict):
+                return "config.json is not a JSON object"
+        shards = [name for name in os.listdir(directory) if name.endswith(".safetensors")]
+        if not shards:
+            return "no .safetensors weights"
+        for name in shards:
+            with safe_open(os.path.join(directory, name), framework="pt"):
+                pass  # safetensors checks the header and the file's length against it
+    except Exception as error:  # a truncated pickle, zip or safetensors file, bad JSON, a missing file
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+    return None
+
+
 def load_state(checkpoint: str) -> dict:
+    """trainer_state.pt, loaded as data only (`weights_only=True`): a crafted file cannot run code."""
     path = os.path.join(checkpoint, STATE_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{checkpoint} is not a training checkpoint: it has no {STATE_FILE}")
-    return torch.load(path, weights_only=False)  # our own file: it holds Python RNG states and configs
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path} holds more than tensors and plain data (written by minigrpo before 0.2, or "
+                         f"not by minigrpo), so it is not loaded: {str(error).splitlines()[0]}") from None
 
 
 def rng_states() -> dict:
-    """This process's RNG states; for CUDA, its current GPU's (a process uses one, and asking for
-    all of them would open a CUDA context on every GPU of the node)."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states, as tensors and plain data (see load_state); for CUDA, its current
+    GPU's (a process uses one, and asking for all of them would open a CUDA context on every GPU)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],  # 625 words of Mersenne Twister
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
 def set_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(int(x) for x in internal), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available():
@@ -76,6 +124,21 @@ def set_rng_states(states: dict) -> None:
             torch.cuda.set_rng_state_all(cuda)
         else:
             torch.cuda.set_rng_state(cuda)
+
+
+def _fsync(path: str) -> None:
+    """Flush a file, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(directory: str) -> None:
+    for name in os.listdir(directory):
+        _fsync(os.path.join(directory, name))
+    _fsync(directory)
 
 
 def _checkpoints(parent: str) -> list[tuple[int, str]]:
@@ -92,8 +155,10 @@ def _checkpoints(parent: str) -> list[tuple[int, str]]:
 
 def _prune(parent: str, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints, and what crashed saves left behind."""
-    for _, directory in _checkpoints(parent)[:-keep]:
-        shutil.rmtree(directory, ignore_errors=True)
+    for _, directory in _checkpoints(parent)[:-keep]:  # renamed first: a kill mid-delete leaves no half checkpoint
+        doomed = os.path.join(parent, f".deleting-{os.path.basename(directory)}")
+        os.rename(directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     for name in os.listdir(parent):
-        if name.startswith((".tmp-step-", ".step-")):  # a save or a replacement that crashed midway
+        if name.startswith((".tmp-step-", ".step-", ".deleting-")):  # a save, replacement or prune that crashed midway
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

@@ -495,7 +495,11 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
                          "resume it (resume=True, --resume) or choose another output directory")
     if config.resume and not latest:
         dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
-    resume_from = latest if config.resume else None
+    resume_from = None
+    if config.resume and latest:  # the newest checkpoint that reads back; rank 0 checks, and says what it skips
+        resume_from = dist.broadcast(training_state.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
+        if resume_from is None:
+            raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume")
     device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:

@@ -2,10 +2,12 @@
 crash-safe checkpoints, DAPO options, skipped non-finite steps, and configuration errors."""
 
 import os
+import random
 import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -354,3 +356,77 @@ def test_a_sampler_correction_leaves_an_fp32_step_as_it_was(checkpoint, tmp_path
     assert corrected[f"sampler_correction/{kind}_frac"] == 0.0
     for name, value in before.items():
         torch.testing.assert_close(after[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_checkpoint_loads_as_data_only_and_a_crafted_one_runs_nothing(checkpoint, tmp_path):
+    """trainer_state.pt holds tensors and plain data (RNG states included): it loads with
+    weights_only=True, so a file that would run code when unpickled is refused instead."""
+    trainer = make_trainer(checkpoint, tmp_path)
+    trainer.train_step()
+    saved = trainer.save()
+    state = torch.load(os.path.join(saved, minigrpo.state.STATE_FILE), weights_only=True)
+    assert state["step"] == 1 and set(state["rng"][0]) >= {"python", "numpy", "torch"}
+    draws = []
+    for _ in range(2):
+        minigrpo.state.set_rng_states(state["rng"][0])
+        draws.append((random.random(), float(np.random.rand()), float(torch.rand(1))))
+    assert draws[0] == draws[1], draws
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    torch.save({"step": 1, "payload": Payload()}, os.path.join(saved, minigrpo.state.STATE_FILE))
+    with pytest.raises(ValueError, match="holds more than tensors and plain data"):
+        minigrpo.state.load_state(saved)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_trimming_metrics_on_resume_never_truncates_the_file_in_place(tmp_path, monkeypatch):
+    """A kill between writing the trimmed history and publishing it leaves the whole old file."""
+    from minigrpo.metrics import MetricsLogger
+
+    history = "".join(f'{{"step": {i}, "loss": 0.5}}\n' for i in range(1, 601))
+    (tmp_path / "metrics.jsonl").write_text(history)
+
+    def killed(*_):
+        raise KeyboardInterrupt  # as a kill would, just before the rename
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        MetricsLogger(str(tmp_path), max_steps=600, start_step=300, progress_bar=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == history
+    assert os.listdir(tmp_path) == ["metrics.jsonl"]  # and no temporary file left behind
+    monkeypatch.undo()
+    MetricsLogger(str(tmp_path), max_steps=600, start_step=300, progress_bar=False).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == history[: history.index('{"step": 301')]
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "trainer_state.pt", "config.json"])
+def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(checkpoint, tmp_path, damaged):
+    from minigrpo.state import latest_intact_checkpoint, save_checkpoint
+
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    out = str(tmp_path / "run")
+    for step in (1, 2):
+        save_checkpoint(out, step, model, tokenizer, {"step": step}, keep=3)
+    path = os.path.join(latest_checkpoint(out), damaged)
+    with open(path, "r+b") as f:  # cut short, as a full disk or a crash mid-copy leaves it
+        f.truncate(os.path.getsize(path) // 2)
+    notes = []
+    assert latest_intact_checkpoint(out, notes.append).endswith("step-000001")
+    assert len(notes) == 1 and "step-000002 is damaged (" in notes[0]
+    assert load_state(latest_intact_checkpoint(out, notes.append))["step"] == 1
+
+
+def test_a_prune_killed_midway_leaves_no_half_checkpoint(checkpoint, tmp_path):
+    from minigrpo.state import save_checkpoint
+
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    out = tmp_path / "run"
+    save_checkpoint(str(out), 1, model, tokenizer, {"step": 1}, keep=2)
+    parent = out / "checkpoints"
+    os.rename(parent / "step-000001", parent / ".deleting-step-000001")  # where a kill during pruning leaves it
+    assert latest_checkpoint(str(out)) is None
+    save_checkpoint(str(out), 2, model, tokenizer, {"step": 2}, keep=2)
+    assert sorted(os.listdir(parent)) == ["step-000002"]
