@@ -20,8 +20,10 @@ from minigrpo.tasks.datasets import load_problems
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import RewardSpec
 
+# The embedded default, found from this file: the default run works offline from any directory.
+EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default="models/minigrpo-tiny-arith", help="checkpoint directory or Hub repo id")
+parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
 parser.add_argument("--data", required=True, help="synthetic kind, JSONL file or hf://datasets/<owner>/<name>/<file>")
 parser.add_argument("--split", default="test", choices=["train", "test"], help="synthetic kinds only")
 parser.add_argument("--count", type=int, help="number of problems (default: 200 synthetic, or the whole file)")

@@ -25,8 +25,10 @@ from minigrpo.rollout import Rollout, collate
 from minigrpo.tasks import synthetic
 from minigrpo.tasks.prompts import template
 
+# The embedded default, found from this file: the default run works offline from any directory.
+EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--output", default="models/minigrpo-tiny-arith")
+parser.add_argument("--output", default=EMBEDDED_MODEL)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--max_steps", type=int, default=600, help="upper bound on warm-up steps")
 parser.add_argument("--stop_accuracy", type=float, default=0.30, help="stop once held-out greedy accuracy reaches this")

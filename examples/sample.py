@@ -9,14 +9,17 @@ look at a policy before and after training; nothing is written.
 """
 
 import argparse
+import os
 import sys
 
 import minigrpo
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_reward
 
+# The embedded default, found from this file: the default run works offline from any directory.
+EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default="models/minigrpo-tiny-arith", help="checkpoint directory or Hub repo id")
+parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
 parser.add_argument("--prompt", required=True, help="the question, without any template around it")
 parser.add_argument("--answer", help="gold answer: score each completion against it")
 parser.add_argument("--template", default="tiny", choices=list(TEMPLATES), help="how the question is put to the model")

@@ -31,10 +31,12 @@ from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
 from minigrpo.trainer import build_trainer
 
+# The embedded default, found from this file: the default run works offline from any directory.
+EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 add = parser.add_argument
 add("--config", help="JSON or YAML file with any of these options (command-line flags override it)")
-add("--model", default="models/minigrpo-tiny-arith", help="checkpoint directory or Hub repo id")
+add("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
 add("--task", "--data", dest="data", default="arithmetic", help="synthetic kind, GSM8K/MATH JSONL file or hf://datasets/...")
 add("--eval_data", help="held-out problems (default: the synthetic kind's test split, or --data)")
 add("--eval_count", type=int, default=200, help="held-out problems to evaluate (greedy)")
@@ -166,7 +168,13 @@ if main and args.resume and os.path.exists(start_file):
     with open(start_file) as f:
         initial = json.load(f)
 initial = trainer.dist.broadcast(initial)  # every rank takes the same branch below (it evaluates together)
-if initial.get("held_out") != held_out:  # a fresh run, or other held-out problems than the run started with
+if initial.get("held_out") != held_out and trainer.step > 0:  # the policy is no longer the starting one
+    was = initial.get("held_out")
+    measured = f"{was['eval_count']} problems of {was['eval_data']}" if was else "problems not recorded"
+    sys.exit(f"train_math.py: this run's accuracy before GRPO was measured on {measured}, not on "
+             f"{held_out['eval_count']} of {held_out['eval_data']}: resume with the same --eval_data and "
+             "--eval_count (or start a new --output_dir), so that before and after count the same problems")
+if initial.get("held_out") != held_out:  # a fresh run
     initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
     if main:
         os.makedirs(args.output_dir, exist_ok=True)

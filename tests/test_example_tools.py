@@ -89,3 +89,12 @@ def test_missing_model_or_data_is_a_one_line_error(runs, name, message):
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith(message) and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_the_embedded_default_is_found_from_any_directory(tmp):
+    """Without --model, an example loads models/minigrpo-tiny-arith next to itself, not a path
+    relative to the working directory (which would be looked up on the Hub, offline: an error)."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "sample.py"), "--prompt", "12+30",
+                          "--num_samples", "1", "--max_new_tokens", "8"], cwd=tmp, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("prompt (") and "--- sample 1" in out.stdout

@@ -46,6 +46,15 @@ def test_micro_run_with_trace_then_resume(checkpoint, tmp_path):
     assert [s["step"] for s in steps] == [0, 1, 2, 3] and all("eval/accuracy" in s for s in steps)  # 0: before GRPO
     assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 3
     assert minigrpo.load_pretrained(latest_checkpoint(out))[0] is not None
+    # Other held-out problems on resume: the trained policy must not pass for the starting one.
+    other = list(SMALL)
+    other[other.index("--eval_count") + 1] = "3"
+    result = subprocess.run([sys.executable, "examples/train_math.py", "--model", checkpoint, "--template", "tiny",
+                             "--output_dir", out, "--resume", *other[:1], "4", *other[2:]],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert "accuracy before GRPO was measured on 4 problems of arithmetic, not on 3" in result.stderr
+    assert json.load(open(os.path.join(out, "initial_eval.json")))["held_out"]["eval_count"] == 4  # untouched
 
 
 def test_qwen_path_on_a_math_jsonl_file(checkpoint, tmp_path):
