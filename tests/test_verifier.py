@@ -47,6 +47,8 @@ SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
         ("<think>maybe \\boxed{2}</think>The answer is \\boxed{3}.", "3"),
         ("<think>maybe \\boxed{2}</think>So it is 3.", "3"),
         ("<think>it must be \\boxed{2}</think>", "2"),  # nothing after the thinking: search the thinking
+        ("<think>it must be \\boxed{2}</think>\n  ", "2"),  # nor only white space
+        ("<think>it must be \\boxed{2}</think> I am not sure.", None),  # text without an answer follows: none
         ("<think>so the answer is 3</think>", "3"),
     ],
 )
@@ -204,6 +206,18 @@ HOSTILE = [
     "\ud800\udfff\x00\u202e" * 1000,  # unpaired surrogates, NUL, bidi override
     r"\boxed{" * 100_000,
 ]
+
+
+@pytest.mark.parametrize("digits", [8_000, 20_000, 60_000])
+def test_identical_long_answers_are_equal_and_fast(digits):
+    """Normalising a long run of digits is slow (it hit the worker's deadline: "not equal");
+    the same string on both sides is equal before any of that."""
+    number = "".join(str((7 * i) % 10) for i in range(digits))
+    is_equivalent("1", "1")  # the worker pool is started (once) outside the timed call
+    start = time.monotonic()
+    assert is_equivalent(number, number) and is_equivalent(f" {number}", f"{number} ")
+    assert time.monotonic() - start < TIME_LIMIT + SLACK
+    assert is_equivalent("", "") is False and is_equivalent("  ", " ") is False  # no answer is never a match
 
 
 @pytest.mark.parametrize("pred", HOSTILE, ids=range(len(HOSTILE)))

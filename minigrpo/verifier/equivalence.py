@@ -46,8 +46,10 @@ def answers_match(pred: str, gold: str) -> bool:
     """Whether the extracted answer `pred` equals `gold` by the rules in the module docstring."""
     if not (isinstance(pred, str) and isinstance(gold, str)):
         return False
+    if pred.strip() == gold.strip():  # the same answer, written the same: equal, before anything costly
+        return bool(pred.strip())
     if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
-        return pred.strip() == gold.strip()
+        return False
     p, g = normalize(pred), normalize(gold)
     if not g or not p:
         return False

@@ -14,8 +14,9 @@ the last occurrence counts ("the last final answer counts"):
   3. #### 72                                   GSM8K
   4. "The final answer is ...", "Answer: ...", "Final Answer: the largest n is 34"
   5. the last math span ($...$, $$...$$, \\(...\\), \\[...\\]) or the last plain number after it
-If the response has a <think>...</think> block, the text after it is searched first; the
-thinking is searched only when nothing follows it.
+If the response has a <think>...</think> block, the text after it is searched; the thinking is
+searched only when nothing but white space follows it (a box while thinking, then "I am not
+sure.", is no answer).
 """
 
 from __future__ import annotations
@@ -52,10 +53,9 @@ def extract_answer(text: str) -> str | None:
     end_of_thinking = text.rfind("</think>")
     if end_of_thinking < 0:
         found = _find(text)
-    else:  # what follows the thinking first; the thinking itself only when nothing follows
-        found = _find(text[end_of_thinking + len("</think>"):])
-        if found is None:
-            found = _find(text[:end_of_thinking])
+    else:  # what follows the thinking; the thinking itself only when nothing (but space) follows
+        after = text[end_of_thinking + len("</think>"):]
+        found = _find(after) if after.strip() else _find(text[:end_of_thinking])
     if found is None or found.answer is BROKEN:
         return None
     return found.answer
