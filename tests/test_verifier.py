@@ -48,7 +48,6 @@ SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
         ("<think>maybe \\boxed{2}</think>So it is 3.", "3"),
         ("<think>it must be \\boxed{2}</think>", "2"),  # nothing after the thinking: search the thinking
         ("<think>it must be \\boxed{2}</think>\n  ", "2"),  # nor only white space
-        ("<think>it must be \\boxed{2}</think> I am not sure.", None),  # text without an answer follows: none
         ("<think>so the answer is 3</think>", "3"),
     ],
 )
@@ -73,6 +72,11 @@ def test_extract_answer(response, answer):
 def test_no_answer(response):
     assert extract_answer(response) is None
     assert math_reward(response, "3") == 0.0
+
+
+def test_a_box_while_thinking_is_no_answer_when_text_without_one_follows():
+    assert extract_answer("<think>it must be \\boxed{2}</think> I am not sure.") is None
+    assert math_reward("<think>it must be \\boxed{2}</think> I am not sure.", "2") == 0.0
 
 
 def test_extraction_ignores_boxes_in_thinking_when_a_final_answer_follows():
@@ -217,7 +221,7 @@ def test_identical_long_answers_are_equal_and_fast(digits):
     start = time.monotonic()
     assert is_equivalent(number, number) and is_equivalent(f" {number}", f"{number} ")
     assert time.monotonic() - start < TIME_LIMIT + SLACK
-    assert is_equivalent("", "") is False and is_equivalent("  ", " ") is False  # no answer is never a match
+    assert is_equivalent("", "") is False and is_equivalent("$", "$") is False  # no answer is never a match
 
 
 @pytest.mark.parametrize("pred", HOSTILE, ids=range(len(HOSTILE)))
