@@ -21,7 +21,7 @@ from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import RewardSpec
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
 parser.add_argument("--data", required=True, help="synthetic kind, JSONL file or hf://datasets/<owner>/<name>/<file>")
@@ -73,7 +73,11 @@ rewards = [RewardSpec("countdown" if args.data == "countdown" else "accuracy")]
 # 3. sample and score
 from minigrpo.evaluate import evaluate  # noqa: E402  (here, so that a bad argument above fails before torch loads)
 
-longest = max(len(tokenizer.encode(template(args.template).render(p.question, tokenizer))) for p in problems)
+try:  # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators)
+    encoded = tokenizer.encode_all([template(args.template).render(p.question, tokenizer) for p in problems], "prompts", args.model)
+except ValueError as error:
+    fail(error)
+longest = max(map(len, encoded))
 max_new_tokens = args.max_new_tokens or max(1, min(512, model.config.max_position_embeddings - longest))
 start = time.perf_counter()
 try:

@@ -26,7 +26,7 @@ from minigrpo.tasks import synthetic
 from minigrpo.tasks.prompts import template
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--output", default=EMBEDDED_MODEL)
 parser.add_argument("--seed", type=int, default=0)

@@ -17,7 +17,7 @@ from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_reward
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
 parser.add_argument("--prompt", required=True, help="the question, without any template around it")
@@ -51,7 +51,10 @@ try:
     prompt = prompt_template.render(args.prompt, tokenizer)
 except ValueError as error:
     fail(error)
-prompt_ids = tokenizer.encode(prompt)
+try:
+    prompt_ids = tokenizer.encode_all([prompt], "prompt", args.model)[0]
+except ValueError as error:
+    fail(error)
 print(f"prompt ({len(prompt_ids)} tokens):\n{prompt}")
 
 # 3. sample

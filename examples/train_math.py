@@ -32,7 +32,7 @@ from minigrpo.trace import Trace
 from minigrpo.trainer import build_trainer
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 add = parser.add_argument
 add("--config", help="JSON or YAML file with any of these options (command-line flags override it)")
@@ -141,6 +141,7 @@ try:
         log_completions_every=args.eval_every, fsdp=args.fsdp,
     )
     trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
+    tokenizer.encode_all([prompt.render(p.question, tokenizer) for p in eval_problems], "held-out prompts", args.model)
 except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
     sys.exit(f"train_math.py: {error}")
 

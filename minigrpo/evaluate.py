@@ -38,7 +38,7 @@ def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewa
     rewards = rewards or [RewardSpec("accuracy")]
     if not problems:  # a rank whose block of the held-out set is empty
         return summarize([], samples, ks)
-    prompts = [tokenizer.encode(template.render(p.question, tokenizer)) for p in problems]
+    prompts = tokenizer.encode_all([template.render(p.question, tokenizer) for p in problems], "held-out prompts")
     out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                    num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed, max_batch_rows=max_batch_rows)
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]

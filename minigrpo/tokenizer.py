@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
+from collections import Counter
 
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -38,6 +40,25 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; no BOS/EOS is added (Qwen3 uses none)."""
         return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_all(self, texts: list[str], what: str = "prompts", source: str = "this model") -> list[list[int]]:
+        """Token ids of every text, refused when the tokenizer loses characters: a tokenizer without
+        a byte fallback drops what its vocabulary lacks (the embedded model's keeps digits and
+        operators), and a model trained on what is left learns from other prompts than it is given."""
+        ids = [self.encode(text) for text in texts]
+        lost = total = 0
+        example = None
+        for text, row in zip(texts, ids):
+            back = self.decode(row)
+            total += len(text)
+            if unicodedata.normalize("NFC", back) != unicodedata.normalize("NFC", text):
+                lost += max(1, sum((Counter(text) - Counter(back)).values()))
+                example = example or (text, back)
+        if example is not None:
+            text, back = (t if len(t) <= 80 else t[:77] + "..." for t in example)
+            raise ValueError(f"the tokenizer of {source} cannot represent {lost / max(total, 1):.0%} of the characters of "
+                             f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)")
+        return ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]

@@ -71,7 +71,8 @@ class Trainer:
                                   "rewards": repr(task.rewards)})
         self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
-        self.prompt_ids = [self._encode(row["prompt"]) for row in task.rows]
+        self.prompt_ids = tokenizer.encode_all([self._text(row["prompt"]) for row in task.rows], "task's prompts",
+                                               model_path or "the policy")
         self._check_context()
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -437,9 +438,8 @@ class Trainer:
         return summarize(sum(self.dist.gather(results), []), settings.get("samples", 1), settings.get("ks", ()))
 
     # -- helpers --------------------------------------------------------------------------------
-    def _encode(self, prompt) -> list[int]:
-        text = prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
-        return self.tokenizer.encode(text)
+    def _text(self, prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
 
     def _check_context(self) -> None:
         longest = max(range(len(self.prompt_ids)), key=lambda i: len(self.prompt_ids[i]))

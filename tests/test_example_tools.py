@@ -98,3 +98,25 @@ def test_the_embedded_default_is_found_from_any_directory(tmp):
                           "--num_samples", "1", "--max_new_tokens", "8"], cwd=tmp, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("prompt (") and "--- sample 1" in out.stdout
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("sample.py", ["--prompt", "What is 12+7*3?"]),  # the embedded model's tokenizer keeps only 12+7*3
+    ("train_math.py", ["--data", "{gsm8k}", "--steps", "1", "--output_dir", "{tmp}/run"]),
+])
+def test_prompts_the_tokenizer_cannot_represent_are_refused_in_one_line(tmp_path, script, argv):
+    gsm8k = tmp_path / "gsm8k.jsonl"
+    gsm8k.write_text(json.dumps({"question": "Janet has 3 ducks and 4 eggs. How many?", "answer": "3 + 4 = 7\n#### 7"}) + "\n")
+    argv = [a.format(gsm8k=gsm8k, tmp=tmp_path) for a in argv]
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *argv], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert "cannot represent" in out.stderr and "encodes to" in out.stderr and "minigrpo-tiny-arith" in out.stderr
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_encode_all_passes_what_round_trips_and_counts_what_is_lost():
+    tokenizer = minigrpo.Tokenizer.from_directory(os.path.join(ROOT, "models", "minigrpo-tiny-arith"))
+    assert tokenizer.encode_all(["47+23*6\n"]) == [tokenizer.encode("47+23*6\n")]
+    with pytest.raises(ValueError, match=r"cannot represent 50% of the characters of the prompts \('ab12'"):
+        tokenizer.encode_all(["ab12"])
