@@ -304,7 +304,7 @@ class Trainer:
         with self._autocast():
             logprobs, entropies = self.policy_logprobs(
                 batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature,
-                self._group_size if rollouts[0].group >= 0 else 1,  # not the padding rollout
+                self._rows_per_prompt(rollouts),
             )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
         loss, stats = grpo_loss(
@@ -333,7 +333,7 @@ class Trainer:
                 batch = collate(part, self.pad_id, self.model.device)
                 with self._autocast():
                     logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start,
-                                         self.grpo.temperature, self._group_size if chunk else 1)
+                                         self.grpo.temperature, self._rows_per_prompt(part))
                 store_logprobs(part, logprobs, attribute)
 
     def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
@@ -357,6 +357,10 @@ class Trainer:
         completions), which FSDP2's backward does not follow: sharded runs take the plain path."""
         shared = self.config.shared_prompt and not distributed.is_sharded(self.policy_logprobs)
         return self.grpo.num_generations if shared else 1
+
+    def _rows_per_prompt(self, part: list[Rollout]) -> int:
+        """The group size a micro-batch's forward shares prompts over: 1 for the padding rollout."""
+        return self._group_size if part[0].group >= 0 else 1
 
     def _padding_rollout(self) -> Rollout:
         """A rollout that weighs nothing (no token in the loss, advantage 0), for an empty micro-batch."""
