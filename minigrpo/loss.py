@@ -243,7 +243,7 @@ def grpo_loss(
         per_token = per_token + beta * kl
     aggregation = "dapo" if loss_type == "cispo" else loss_type
     loss = _aggregate(per_token, mask, aggregation, max_completion_length, num_sequences, num_tokens)
-    stats = _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies)
+    stats = _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies, cispo=loss_type == "cispo")
     if corrected is not None:
         kind = "masked" if sampler_correction.endswith("mask") else "truncated"
         stats[f"sampler_correction/{kind}_frac"] = float((corrected * mask).sum() / mask.sum().clamp(min=1))
@@ -306,12 +306,15 @@ def _aggregate(per_token, mask, loss_type, max_completion_length, num_sequences,
     return masked_sum / max(float(total_tokens), 1.0)
 
 
-def _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies) -> dict[str, float]:
+def _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies, cispo: bool = False) -> dict[str, float]:
     """Token means over unmasked tokens, as plain floats, named for the logger."""
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
-        low = ((ratio < 1 - epsilon) & (adv < 0)).to(mask.dtype)  # clipped from below: the gradient is cut
-        high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
+        if cispo:  # no lower bound; the weight is capped whatever the advantage's sign (the gradient is kept)
+            low, high = torch.zeros_like(mask), (ratio > 1 + epsilon_high).to(mask.dtype)
+        else:  # where the clip cuts the gradient
+            low = ((ratio < 1 - epsilon) & (adv < 0)).to(mask.dtype)
+            high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
 
         def mean(x):
             return float((x * mask).sum() / count)

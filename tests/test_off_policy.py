@@ -110,6 +110,13 @@ def test_cispo_against_hand_computed_loss_and_gradient(epsilon_high, cap):
     torch.testing.assert_close(logprobs.grad, torch.tensor(grad, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
+def test_cispo_counts_capped_weights_of_either_sign_and_no_lower_clip():
+    logprobs, old, adv, mask, _ = tensors()
+    _, stats = grpo_loss(logprobs, old, adv, mask, loss_type="cispo", epsilon_high=0.2)
+    # ratios above 1.2 among the 5 tokens: 1.4 (A > 0) and 1.3 (A < 0); 0.7 < 0.8 is not clipped below
+    assert stats["clip/high_frac"] == pytest.approx(2 / 5) and stats["clip/low_frac"] == 0.0
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_every_correction_is_the_identity_when_the_sampler_agrees(loss_type, level):
