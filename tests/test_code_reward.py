@@ -5,6 +5,9 @@ import os
 import resource
 import signal
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -13,7 +16,7 @@ from minigrpo.verifier import code as code_module
 from minigrpo.verifier.code import SandboxConfig, code_reward, code_rewards, extract_code, run_cases, run_tests
 
 ROOT = os.geteuid() == 0
-as_root = pytest.mark.skipif(not ROOT, reason="the uid drop and the namespaces need root")
+as_root = pytest.mark.skipif(not ROOT, reason="not root: the uid drop and the namespaces need root (sandbox case not run)")
 FAST = SandboxConfig(timeout=0.5, cpu_seconds=5, memory_bytes=512 << 20)  # hostile cases end at the 0.5 s wall clock
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -285,6 +288,119 @@ def test_backstop_stops_a_late_supervisor(monkeypatch):
     assert (result.passed, result.timed_out) == (False, True) and "backstop" in result.stderr
     if ROOT:
         assert sandbox_processes() == []
+
+
+# ---------------------------------------------------------------- escape attempts, as a table
+
+SHARED = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+PROBE = f"minigrpo-probe-{os.getpid()}"
+
+
+def sandbox_owned_entries():
+    """Entries of the host's shared writable directories owned by a sandbox uid: what a sandbox left."""
+    first = SandboxConfig().first_uid
+    left = []
+    for directory in filter(os.path.isdir, SHARED):
+        for entry in os.scandir(directory):
+            try:
+                if first <= entry.stat(follow_symlinks=False).st_uid < first + code_module.SANDBOX_UIDS:
+                    left.append(entry.path)
+            except OSError:
+                pass
+    return left
+
+
+@pytest.fixture
+def unix_server():
+    """A world-writable UNIX socket on the host, outside every directory the sandbox covers (so under /run)."""
+    path = f"/run/{PROBE}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen()
+    server.setblocking(False)
+    yield server, path
+    server.close()
+    os.remove(path)
+
+
+def write_everywhere():
+    return "".join(f"open('{d}/{PROBE}', 'w').write('x' * 1000)\n" for d in SHARED)
+
+
+ESCAPES = {  # name: (program, what the host must look like after it)
+    "files in the shared writable directories": (write_everywhere(), lambda: not any(
+        os.path.exists(os.path.join(d, PROBE)) for d in SHARED)),
+    "3,000 nested directories": (
+        "import os\nfor _ in range(3000):\n    os.mkdir('a')\n    os.chdir('a')\nopen('deep', 'w').write('x')\n",
+        lambda: True),
+    "a directory closed to its owner": (
+        "import os\nos.makedirs('closed/inner')\nopen('closed/inner/f', 'w').write('x')\nos.chmod('closed/inner', 0)\n"
+        "os.chmod('closed', 0)\n", lambda: True),
+    "a symlink to the host's files": (
+        f"import os\nos.symlink({os.path.dirname(os.path.abspath(__file__))!r}, 'tests')\n"
+        f"os.symlink({os.path.abspath(__file__)!r}, 'this_file')\n",
+        lambda: os.path.isfile(__file__)),
+    "a connection to a host UNIX socket": (
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/{PROBE}.sock')\ns.sendall(b'pwned')\n",
+        None),  # checked against the server below
+}
+
+
+@as_root
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_escape_attempts_are_contained_and_leave_nothing_on_the_host(name, unix_server):
+    program, host_is_intact = ESCAPES[name]
+    run_tests("pass", ["pass"])  # the uid lock directory exists before the snapshot
+    before = sandbox_owned_entries()
+    result = run_cases(program, ["pass"], FAST)[0]  # returns: nothing the program did raises out of the reward
+    assert sandbox_owned_entries() == before  # no file, directory or sandbox directory left behind
+    if host_is_intact is not None:
+        assert host_is_intact(), result.stderr
+    else:
+        assert not result.passed and "PermissionError" in result.stderr  # socket() itself is refused
+        with pytest.raises(BlockingIOError):
+            unix_server[0].accept()  # nobody connected
+    assert code_reward(fenced(program), ["pass"], FAST) in (0.0, 1.0)
+
+
+def test_sockets_are_refused_without_root_too():
+    program = "import socket\nsocket.socket(socket.AF_INET)\n"
+    result = run_cases(program, ["pass"], FAST)[0]
+    assert not result.passed and "Operation not permitted" in result.stderr
+    pair = "import socket\na, b = socket.socketpair()\na.sendall(b'x')\nassert b.recv(1) == b'x'\n"
+    assert run_tests(pair, ["pass"]) == [True]  # socketpair's ends reach only each other
+
+
+@as_root
+def test_a_failed_mount_stops_the_sandbox(monkeypatch, tmp_path):
+    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_with_failing_mount(tmp_path))
+    with pytest.raises(RuntimeError, match="sandbox isolation failed: .*mount .* on /var/tmp"):
+        run_tests(ADD, ADD_TESTS[:1])
+
+
+def sandbox_with_failing_mount(directory):
+    """A copy of sandbox.py whose bind mount over /var/tmp fails, as it did when its source path was unreachable."""
+    source = open(code_module.sandbox.__file__).read()
+    hooked = source.replace("_mount(f\"/proc/self/fd/{directory}\", shared,",
+                            "_mount(\"/nonexistent\" if shared == \"/var/tmp\" else f\"/proc/self/fd/{directory}\", shared,")
+    assert hooked != source
+    path = directory / "sandbox.py"
+    path.write_text(hooked)
+    return str(path)
+
+
+@as_root
+def test_two_processes_sandboxes_do_not_kill_each_others_tests(tmp_path):
+    """Each supervisor kills every process of its uid after each test: with one uid block per process, as before,
+    one trainer's clean-up killed the other's running tests."""
+    script = textwrap.dedent(f"""
+        from minigrpo.verifier.code import run_tests
+        slow = "import time\\ndef add(a, b):\\n    time.sleep(0.3)\\n    return a + b\\n"
+        print(run_tests(slow, ["assert add(1, 2) == 3"] * 4))
+    """)
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    assert [run.communicate(timeout=60)[0].strip() for run in runs] == ["[True, True, True, True]"] * 2
 
 
 # ---------------------------------------------------------------- batches and mistakes

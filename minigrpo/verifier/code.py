@@ -4,20 +4,29 @@ Runs untrusted, model-generated Python in a sandbox and returns the fraction of 
 strings and processes, not tensors or the tokenizer; standard library only (POSIX; Linux for namespaces).
 
 The sandbox itself, the process that runs the program, is `sandbox.py`; its docstring says how a
-run is confined and what a hostile program can still do.
+run is confined. What it does not prevent, in short: a program can read world-readable files (the
+dataset's answers, if they are on disk and world-readable) and see host processes' command lines in /proc;
+an assert test trusts the objects the program returns (an `__eq__` that always returns True passes
+`assert f(x) == y`); a stdin/stdout test with a fixed input is passed by a program that prints the
+expected output; CPU, memory and disk are limited per process and per test, not per machine. Without
+root there is no uid change and no mount or network namespace (sockets are still refused). For hostile
+workloads (a public endpoint, a model trained to attack its grader) run the trainer's code rewards in a
+throw-away VM or container with no credentials and no data it must not see, keep test data out of
+world-readable paths, and prefer stdin/stdout tests with hidden inputs over asserts.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
-import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
-import threading
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -27,6 +36,8 @@ from .sandbox import CLEANUP_SECONDS
 STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long to start, on top of the tests
 MIN_MEMORY_BYTES = 64 << 20  # below this the Python interpreter itself cannot run
 PYTHON_FENCES = ("python", "py", "python3", "")  # info strings of the fenced blocks extract_code takes
+SANDBOX_UIDS = 1024  # as root, uids first_uid .. first_uid + 1023: at most this many sandboxes at once per machine
+UID_LOCKS = os.path.join(tempfile.gettempdir(), "minigrpo-sandbox-uids")  # one lock file per uid in use, root's
 
 
 @dataclass
@@ -58,8 +69,10 @@ class SandboxConfig:
                 f"max_output_bytes ({self.max_output_bytes}) cannot exceed file_size_bytes ({self.file_size_bytes}): "
                 "stdout is a file, so it never grows past file_size_bytes"
             )
-        if not isinstance(self.first_uid, int) or not 0 < self.first_uid < 2**32 - 1024:
-            raise ValueError(f"first_uid must be a uid other than root's, 1 .. {2**32 - 1025}, got {self.first_uid!r}")
+        if not isinstance(self.first_uid, int) or not 0 < self.first_uid < 2**32 - SANDBOX_UIDS:
+            raise ValueError(
+                f"first_uid must be a uid other than root's, 1 .. {2**32 - SANDBOX_UIDS - 1}, got {self.first_uid!r}"
+            )
 
 
 @dataclass
@@ -179,26 +192,42 @@ def code_rewards(
 
 # ---------------------------------------------------------------- trainer side: start, wait, judge
 
-_uids_in_use: set[int] = set()
-_uids_lock = threading.Lock()
-
-
 @contextmanager
 def _sandbox_uid(config: SandboxConfig):
-    """A uid no other sandbox of this process is using; None when not root (no uid change then)."""
+    """A uid no other sandbox on this machine is using; None when not root (no uid change then).
+
+    Held by an exclusive flock on UID_LOCKS/<uid>: across threads and processes (two trainers, the ranks of a
+    torchrun job), because the supervisor's kill(-1) as its uid kills whatever else runs as that uid. The
+    kernel drops the lock when its holder dies, so a killed trainer leaves no uid taken."""
     if os.geteuid() != 0:
         yield None
         return
-    with _uids_lock:
-        uid = config.first_uid
-        while uid in _uids_in_use:
-            uid += 1
-        _uids_in_use.add(uid)
+    locks = _uid_lock_directory()
+    for uid in range(config.first_uid, config.first_uid + SANDBOX_UIDS):
+        lock = os.open(os.path.join(locks, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(lock)  # releases the flock
+        return
+    raise RuntimeError(f"all {SANDBOX_UIDS} sandbox uids from first_uid={config.first_uid} are in use on this machine")
+
+
+def _uid_lock_directory() -> str:
+    """UID_LOCKS, made if need be; refused unless it is root's own directory, closed to everyone else."""
     try:
-        yield uid
-    finally:
-        with _uids_lock:
-            _uids_in_use.discard(uid)
+        os.mkdir(UID_LOCKS, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(UID_LOCKS)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        raise RuntimeError(f"{UID_LOCKS} must be a directory owned by root with mode 0700; remove it and retry")
+    return UID_LOCKS
 
 
 @contextmanager
@@ -209,7 +238,7 @@ def _sandbox_directory(uid: int | None):
             os.chown(directory, uid, uid)
         yield directory
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        sandbox.remove_tree(directory)  # however deep, closed or linked the tree a test left
 
 
 def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | None, directory: str) -> list[dict]:
@@ -238,6 +267,12 @@ def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | N
         result = {"error": f"exit code {process.returncode}: {err[-2000:].decode(errors='replace')}"}
     if "error" in result:
         raise RuntimeError(f"the code sandbox could not run: {result['error']}")
+    if not result["isolated"]:  # shown once: Python's default filter reports a warning once per place
+        warnings.warn(
+            "the code sandbox runs without mount and network namespaces here (they need root with CAP_SYS_ADMIN): "
+            "tests can write to the shared /tmp, /var/tmp and /dev/shm; sockets are still refused",
+            RuntimeWarning,
+        )
     return result["reports"]
 
 

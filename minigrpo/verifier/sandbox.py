@@ -7,12 +7,18 @@ as JSON on stdout; judging the reports against expected outputs happens in the t
 How a run is sandboxed. `run_cases` (code.py) starts `python -I sandbox.py` (this file) in a fresh
 temporary directory with a scrubbed environment. The supervisor, still root if the trainer is, becomes a
 child subreaper and unshares a network namespace (no network, not even 127.0.0.1) and a mount namespace
-in which /tmp, /var/tmp, /dev/shm and /run/lock are the sandbox directory; steps the OS refuses are
-skipped. Per test it forks a process that sets the rlimits, drops to an unprivileged uid and runs the
-program, then the test; afterwards everything left of the test is killed and reaped, and the directory
-emptied. The trainer's own backstop only matters if the supervisor falls far behind (SIGTERM, SIGKILL).
+in which /tmp, /var/tmp, /dev/shm and /run/lock are the sandbox directory. Where the OS refuses the
+namespaces (not root, or a container without CAP_SYS_ADMIN) it runs without them and says so in its
+reply (code.py warns once); once it has a mount namespace, a mount that fails ends the run with an error,
+so the shared directories are never silently the host's. Per test it forks a process that sets the
+rlimits, drops to an unprivileged uid, installs a seccomp filter that refuses socket() (no network and no
+filesystem UNIX sockets such as those under /run, namespaces or not) and io_uring, and runs the program,
+then the test; afterwards everything left of the test is killed and reaped, and the directory emptied by
+`remove_tree`, which no depth, permission or symlink stops. The trainer's own backstop only matters if the
+supervisor falls far behind (SIGTERM, SIGKILL).
 
-Privileges. As root, each concurrent sandbox gets a uid of its own (`first_uid`, `first_uid + 1`, ...)
+Privileges. As root, each concurrent sandbox gets a uid of its own (`first_uid`, `first_uid + 1`, ...,
+held by a lock file, so also across processes: two trainers or every rank of a torchrun job on one node)
 rather than the shared `nobody`: RLIMIT_NPROC then counts one sandbox's processes, `kill(-1)` as that uid
 removes all it left (also processes that left the group), sandboxes cannot signal or read one another,
 and `kill(-1)` cannot hit system daemons that run as nobody. The uid owns only the sandbox directory.
@@ -25,18 +31,19 @@ stdin/stdout tests are judged in the trainer and have neither weakness. A progra
 world-readable files (a dataset's answers too, if they are world-readable on disk) and /proc entries such
 as command lines, write to world-writable places other than the four above, use CPU and memory up to
 max_processes times the per-process limits, and fill the disk with many files of up to file_size_bytes
-until its timeout. Two trainers on one machine must not share a uid block. Without root it can also read
-the trainer's /proc/<pid>/environ, write to the real /tmp, and leave behind processes that called setsid.
+until its timeout. Without root it can also read the trainer's /proc/<pid>/environ, write to the real
+/tmp and other world-writable directories, and leave behind processes that called setsid.
 """
 
 from __future__ import annotations
 
 import builtins
 import ctypes
+import errno
+import itertools
 import json
 import os
 import resource
-import shutil
 import signal
 import stat
 import sys
@@ -53,18 +60,28 @@ PROOF_FD = 3  # the test process writes the nonce here once the test's statement
 _LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 36, 38
+PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 22, 36, 38
+SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable directories
+SYSCALLS = {  # machine: (its seccomp ABI id, the numbers of socket() and io_uring_setup())
+    "x86_64": (0xC000003E, 41, 425),
+    "aarch64": (0xC00000B7, 198, 425),
+}
 
 
 def main() -> None:
     """Read the job from stdin, run each case in a forked process, write the reports to stdout."""
     job = json.loads(_read_all(0))
+    if os.uname().machine not in SYSCALLS:
+        return _reply({"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(SYSCALLS)})"})
     signal.signal(signal.SIGTERM, _give_up)  # from the trainer's backstop: clean up the running test, then exit
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered only while waiting for a test
     sys.path[:] = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]  # Python 3.10's -I keeps it
     _prctl(PR_SET_DUMPABLE, 0)  # without root, the tests' (same) uid cannot read our memory or file descriptors
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a test become our children, so we reap them (PID 1 may not)
-    _isolate(os.getcwd(), expose_python=job["uid"] is not None)
+    try:
+        isolated = _isolate(expose_python=job["uid"] is not None)
+    except OSError as error:  # fail closed: never run tests in a half-made mount namespace
+        return _reply({"error": f"sandbox isolation failed: {error}"})
     if job["uid"] is not None:
         if problem := _check_uid(job["uid"]):
             return _reply({"error": problem})
@@ -72,8 +89,8 @@ def main() -> None:
     reports = []
     for case in job["cases"]:
         reports.append(_run_case(job, case))
-        _empty_directory()  # each test starts from an empty working directory
-    _reply({"reports": reports})
+        remove_tree(".", keep_top=True)  # each test starts from an empty working directory
+    _reply({"reports": reports, "isolated": isolated})
 
 
 def _give_up(signum, frame):
@@ -89,15 +106,22 @@ def _sigterm_allowed():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
-def _isolate(directory: str, expose_python: bool) -> None:
-    """No network, and the shared writable directories replaced by the sandbox's; skipped where not permitted."""
-    _unshare(CLONE_NEWNET)  # a new network namespace: only a loopback device, and that one down
-    if _unshare(CLONE_NEWNS) and _mount(None, "/", None, MS_REC | MS_PRIVATE):  # private first, or mounts leak out
-        for shared in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):  # the usual world-writable directories
-            if os.path.isdir(shared):
-                _mount(directory, shared, None, MS_BIND)
-        if expose_python:
-            _expose_python()
+def _isolate(expose_python: bool) -> bool:
+    """No network, and the shared writable directories replaced by the working directory (the sandbox's).
+
+    False if the OS refuses the namespaces (then nothing is changed); OSError if a mount fails after that."""
+    if not (_unshare(CLONE_NEWNET) and _unshare(CLONE_NEWNS)):  # a network namespace: only a loopback, down
+        return False
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # private first, or our mounts would show outside
+    # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer resolves
+    directory = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    for shared in SHARED_DIRECTORIES:
+        if os.path.isdir(shared):
+            _mount(f"/proc/self/fd/{directory}", shared, None, MS_BIND)
+    os.close(directory)
+    if expose_python:
+        _expose_python()
+    return True
 
 
 def _expose_python() -> None:
@@ -107,14 +131,11 @@ def _expose_python() -> None:
     while blocked := _first_blocked_ancestors(paths):
         for ancestor, children in blocked.items():
             keep = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}  # before hiding
-            covered = _mount("tmpfs", ancestor, "tmpfs", 0, b"mode=0755")
+            _mount("tmpfs", ancestor, "tmpfs", 0, b"mode=0755")
             for child, fd in keep.items():
-                if covered:
-                    os.mkdir(os.path.join(ancestor, child))
-                    _mount(f"/proc/self/fd/{fd}", os.path.join(ancestor, child), None, MS_BIND)
+                os.mkdir(os.path.join(ancestor, child))
+                _mount(f"/proc/self/fd/{fd}", os.path.join(ancestor, child), None, MS_BIND)
                 os.close(fd)
-            if not covered:
-                return
 
 
 def _first_blocked_ancestors(paths: set[str]) -> dict[str, set[str]]:
@@ -228,15 +249,75 @@ def _reap_children(patience: float) -> None:
             time.sleep(0.001)
 
 
-def _empty_directory() -> None:
-    for entry in os.scandir("."):
-        try:
+def remove_tree(path: str, keep_top: bool = False) -> None:
+    """Delete `path` and all below it (only what is below, with `keep_top`); never raises for what a test made.
+
+    Linear and flat whatever a test built: each directory below the top is emptied one level at a time, its
+    subdirectories first renamed up into the top, so neither a recursion nor a path grows with depth
+    (`shutil.rmtree` raised RecursionError on 3,000 nested directories and left them behind). Symlinks are
+    removed, never followed; a directory a test closed (mode 000) is opened again first. Called only once
+    every process of the test is dead, so nothing changes the tree meanwhile."""
+    try:
+        top = _open_to_empty(path, None)
+    except OSError:  # not a directory (or a symlink to one), or already gone
+        return _quietly(os.unlink, path)
+    spare_names = (f".removing-{n}" for n in itertools.count())  # for subdirectories moved up
+    try:
+        while entries := {entry.name: entry.is_dir(follow_symlinks=False) for entry in os.scandir(top)}:
+            for name, is_directory in entries.items():
+                if is_directory:
+                    _empty_into(top, name, spare_names)
+                    _quietly(os.rmdir, name, dir_fd=top)
+                else:
+                    _quietly(os.unlink, name, dir_fd=top)
+            if set(entries) <= {entry.name for entry in os.scandir(top)}:
+                break  # a whole pass removed nothing: what is left cannot be removed by us
+    finally:
+        os.close(top)
+    if not keep_top:
+        _quietly(os.rmdir, path)
+
+
+def _empty_into(top: int, name: str, spare_names) -> None:
+    """Delete the files of directory `name` (in `top`) and move its subdirectories up into `top`."""
+    try:
+        directory = _open_to_empty(name, top)
+    except OSError:
+        return
+    try:
+        for entry in list(os.scandir(directory)):
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _move_up(directory, entry.name, top, spare_names)
             else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+                _quietly(os.unlink, entry.name, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def _open_to_empty(name: str, parent: int | None) -> int:
+    """A descriptor of directory `name`, never through a symlink, with the owner's rights given back."""
+    handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    try:
+        _quietly(os.chmod, f"/proc/self/fd/{handle}", 0o700)  # this very inode, not whatever the name is now
+        return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY)
+    finally:
+        os.close(handle)
+
+
+def _move_up(directory: int, name: str, top: int, spare_names) -> None:
+    for _ in range(100):  # a test may have used the spare names itself: take the next one
+        try:
+            return os.rename(name, next(spare_names), src_dir_fd=directory, dst_dir_fd=top)
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                return
+
+
+def _quietly(function, *args, **kwargs) -> None:
+    try:
+        function(*args, **kwargs)
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------- inside the forked test process
@@ -286,8 +367,41 @@ def _confine(job: dict, files: list, proof_write: int) -> None:
     if job["uid"] is not None:
         _become(job["uid"])  # last: the steps above need root
         _prctl(PR_SET_DUMPABLE, 1)  # its own /proc/self files as usual; only its own sandbox shares the uid
-    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # set-uid binaries cannot give root back
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # set-uid binaries cannot give root back; also lets us install the filter
+    _forbid_sockets()
     sys.argv = ["solution.py"]
+
+
+class _SockFilter(ctypes.Structure):  # struct sock_filter: one classic BPF instruction
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _forbid_sockets() -> None:
+    """A seccomp filter: socket() and io_uring_setup() fail with EPERM, as does every call made through another
+    ABI (32-bit or x32), which has other numbers. Filesystem UNIX sockets (under /run, say) are reachable by
+    path from any namespace, so a network namespace alone does not stop a connect() to a host service.
+    socketpair() stays allowed: its two ends reach only each other (asyncio and multiprocessing use it)."""
+    abi, socket_call, io_uring_setup = SYSCALLS[os.uname().machine]
+    load, jump_if_equal, jump_if_above, give = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    program = [  # (code, jump if true, jump if false, k): jumps count instructions skipped
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (jump_if_equal, 0, 5, abi),
+        (load, 0, 0, 0),  # seccomp_data.nr
+        (jump_if_above, 3, 0, 0x40000000),  # x32 numbers have this bit set
+        (jump_if_equal, 2, 0, socket_call),
+        (jump_if_equal, 1, 0, io_uring_setup),
+        (give, 0, 0, allow),
+        (give, 0, 0, refuse),
+    ]
+    instructions = (_SockFilter * len(program))(*(_SockFilter(*step) for step in program))
+    filter_program = _SockFprog(len(program), instructions)
+    if _LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "could not install the seccomp filter that forbids sockets")
 
 
 def _become(uid: int) -> None:
@@ -356,9 +470,11 @@ def _unshare(flags: int) -> bool:
     return getattr(_LIBC, "unshare", lambda _: -1)(flags) == 0
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: bytes | None = None) -> bool:
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: bytes | None = None) -> None:
     encode = lambda text: text.encode() if text is not None else None
-    return _LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) == 0
+    if _LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {source or '(none)'} on {target}: {os.strerror(code)}")
 
 
 def _prctl(option: int, value: int) -> None:
