@@ -8,9 +8,7 @@ import os
 import random
 import sys
 
-import torch.distributed
-
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
 from minigrpo.sampler import Samples
 from minigrpo.trainer import Trainer, build_trainer
 from minigrpo.verifier import register_reward
@@ -54,12 +52,4 @@ if __name__ == "__main__":
         main(json.loads(sys.argv[1]))
     except ValueError as error:
         sys.exit(f"distributed_job.py: {error}")
-    # A clean finish leaves the process group together and exits at once: while the interpreter
-    # finalizes, gloo's threads sometimes aborted a rank ("terminate called without an active
-    # exception", SIGABRT, in CI on 2026-12-01) after all its work was done and written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    os._exit(0)
+    distributed.finish()  # as train_math.py does: no rank aborts while the interpreter finalizes
