@@ -50,17 +50,35 @@ def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision:
     dtype defaults to float32 on CPU and bfloat16 on GPU. tokenizer is None when the directory has
     no tokenizer.json.
     """
-    directory = resolve_checkpoint(path_or_repo_id, revision=revision)
-    device = torch.device(device)
+    device = parse_device(device)
     dtype = _parse_dtype(dtype, device)
+    directory = resolve_checkpoint(path_or_repo_id, revision=revision)
     config = read_config(directory)
+    tokenizer = read_tokenizer(directory)  # before the weights: a bad tokenizer file fails fast
     with torch.device("meta"):  # no memory, no random init: the weights come from the files
         model = Qwen3(config).to(dtype)
     model = model.to_empty(device=device)
     _load_weights(model, directory)
     model.eval()
-    tokenizer = Tokenizer.from_directory(directory) if os.path.exists(os.path.join(directory, "tokenizer.json")) else None
     return model, tokenizer
+
+
+def parse_device(device) -> torch.device:
+    """torch.device(device), or a ValueError saying why not: torch does not know the device, or this
+    machine does not have it. load_pretrained and build_trainer check every device here, first."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N (GPU N) or mps") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asks for a GPU, but torch sees none here (a CPU build of torch, or no "
+                         "driver); use cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} asks for GPU {parsed.index}, but torch sees {torch.cuda.device_count()} "
+                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asks for Apple's GPU (MPS), which torch does not see here; use cpu")
+    return parsed
 
 
 def resolve_checkpoint(path_or_repo_id: str, revision: str | None = None) -> str:
@@ -92,24 +110,33 @@ def read_config(directory: str) -> Qwen3Config:
     path = os.path.join(directory, "config.json")
     if not os.path.exists(path):
         raise CheckpointError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
+    settings = _read_json(path, "the model's settings")
     try:
-        with open(path, encoding="utf-8") as f:
-            return Qwen3Config.from_dict(json.load(f))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        return Qwen3Config.from_dict(settings)
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{path}: {e}") from None
+
+
+def read_tokenizer(directory: str) -> Tokenizer | None:
+    """The directory's Tokenizer, None without a tokenizer.json, a CheckpointError for a bad one."""
+    if not os.path.exists(os.path.join(directory, "tokenizer.json")):
+        return None
+    try:
+        return Tokenizer.from_directory(directory)
+    except ValueError as e:  # names the file at fault
+        raise CheckpointError(str(e)) from None
 
 
 def weight_files(directory: str) -> dict[str, str]:
     """Map each tensor name to the safetensors file (full path) that holds it."""
     index_path, single_path = os.path.join(directory, INDEX_FILE), os.path.join(directory, SINGLE_FILE)
     if os.path.exists(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map", {})
+        weight_map = _read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path} has no weight_map of tensor names to files")
         return {name: os.path.join(directory, file) for name, file in weight_map.items()}
     if os.path.exists(single_path):
-        with safe_open(single_path, framework="pt") as f:
+        with _open_safetensors(single_path) as f:
             return {name: single_path for name in f.keys()}
     pickled = [f for f in os.listdir(directory) if f.endswith((".bin", ".pt", ".pth"))]
     hint = f" (found {pickled[0]}: minigrpo reads safetensors only, never pickle)" if pickled else ""
@@ -141,11 +168,32 @@ def _read_tensor(handles: dict, path: str, name: str) -> torch.Tensor:
     if path not in handles:
         if not os.path.exists(path):
             raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
-        handles[path] = safe_open(path, framework="pt")
+        handles[path] = _open_safetensors(path)
     try:
         return handles[path].get_tensor(name)
     except Exception as e:
         raise CheckpointError(f"cannot read tensor {name} from {path}: {e}") from None
+
+
+def _open_safetensors(path: str):
+    """safe_open(path), with a damaged file (truncated, empty, not safetensors) a CheckpointError naming it."""
+    try:
+        return safe_open(path, framework="pt")
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or damaged?): {e}") from None
+
+
+def _read_json(path: str, holding: str) -> dict:
+    """The JSON object in `path`; anything else (bad JSON, null, a list) is a CheckpointError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        shown = json.dumps(value)
+        raise CheckpointError(f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object with {holding}")
+    return value
 
 
 def _few(names: list[str], n: int = 5) -> str:
@@ -173,6 +221,8 @@ def save_pretrained(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *
     max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index.
     """
     directory = os.path.abspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):  # replace_dir would delete it
+        raise CheckpointError(f"{directory} is a file; a checkpoint is saved as a directory")
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)

@@ -28,8 +28,17 @@ class Tokenizer:
 
     @classmethod
     def from_directory(cls, directory: str) -> "Tokenizer":
+        """The tokenizer of a checkpoint directory; a missing or unreadable file is a ValueError naming it."""
+        path = os.path.join(directory, "tokenizer.json")
+        if not os.path.exists(path):
+            raise ValueError(f"{directory} has no tokenizer.json")
         configs = [_read_json_if_exists(os.path.join(directory, name)) for name in ("tokenizer_config.json", "generation_config.json")]
-        return cls(_HFTokenizer.from_file(os.path.join(directory, "tokenizer.json")), *configs)
+        try:
+            backend = _HFTokenizer.from_file(path)
+        except Exception as e:  # the tokenizers library raises a bare Exception: bad JSON, an unknown model, ...
+            cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{path} is not a tokenizer file the tokenizers library can read ({cause})") from None
+        return cls(backend, *configs)
 
     def save(self, directory: str) -> None:
         self.backend.save(os.path.join(directory, "tokenizer.json"))
@@ -133,10 +142,17 @@ class Tokenizer:
 
 
 def _read_json_if_exists(path: str) -> dict:
+    """The JSON object in `path` ({} if there is no such file); anything else is a ValueError naming it."""
     if not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__}")
+    return value
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -44,7 +44,7 @@ import torch
 from . import distributed
 from . import state as training_state
 from .advantages import group_advantages, zero_variance_groups
-from .checkpoint import load_pretrained
+from .checkpoint import load_pretrained, parse_device
 from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
 from .loss import TokenLogprobs, grpo_loss, sampler_mismatch
@@ -73,7 +73,7 @@ class Trainer:
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
         self.prompt_ids = tokenizer.encode_all([self._text(row["prompt"]) for row in task.rows], "task's prompts",
                                                model_path or "the policy")
-        self._check_context()
+        self.check_context(self.prompt_ids, "task's prompts")
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.reference = self.reference_logprobs = None  # a frozen reference only when the KL needs one
@@ -445,12 +445,13 @@ class Trainer:
     def _text(self, prompt) -> str:
         return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
 
-    def _check_context(self) -> None:
-        longest = max(range(len(self.prompt_ids)), key=lambda i: len(self.prompt_ids[i]))
+    def check_context(self, prompt_ids: list[list[int]], what: str) -> None:
+        """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens."""
+        longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
         context = self.model.config.max_position_embeddings
-        if len(self.prompt_ids[longest]) + self.grpo.max_completion_length > context:
+        if len(prompt_ids[longest]) + self.grpo.max_completion_length > context:
             raise ValueError(
-                f"row {longest}'s prompt has {len(self.prompt_ids[longest])} tokens; with max_completion_length="
+                f"row {longest} of the {what} has {len(prompt_ids[longest])} tokens; with max_completion_length="
                 f"{self.grpo.max_completion_length} that exceeds the model's context of {context} tokens"
             )
 
@@ -488,6 +489,7 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     """The Trainer `train` runs, restored from the latest checkpoint when config.resume is set.
     examples/train_math.py uses it to evaluate before training."""
     grpo, config = grpo or GRPOConfig(), config or TrainConfig()
+    parse_device(device)  # an unknown device, or a GPU this machine lacks, is refused before anything starts
     dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
     config.check_against(grpo, dist.world_size)
     latest = dist.broadcast(training_state.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir

@@ -211,3 +211,47 @@ def test_download_command_reports_an_unreachable_hub_cleanly(tmp_path, monkeypat
     assert download.main(["nobody/no-such-model", "--dir", str(tmp_path / "target")]) == 1
     assert "error: could not fetch 'nobody/no-such-model'" in capsys.readouterr().err
     assert not (tmp_path / "target").exists() or not os.listdir(tmp_path / "target")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:1000]), "truncated"),
+    (lambda d: (d / "model.safetensors").write_bytes(b""), "empty"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 100), "garbage"),
+])
+def test_error_damaged_safetensors_names_the_file(good, damage, message):
+    damage(good)
+    with pytest.raises(minigrpo.CheckpointError, match=re.escape(f"{good}/model.safetensors is not a readable safetensors file")):
+        minigrpo.load_pretrained(str(good))
+
+
+@pytest.mark.parametrize("file, text, message", [
+    ("config.json", "null", "config.json holds null, not a JSON object"),
+    ("config.json", "[1, 2]", r"config.json holds \[1, 2\], not a JSON object"),
+    ("model.safetensors.index.json", '{"weight_map": null}', "model.safetensors.index.json has no weight_map"),
+    ("tokenizer.json", "{not json", "tokenizer.json is not a tokenizer file the tokenizers library can read"),
+    ("tokenizer_config.json", "{not json", "tokenizer_config.json is not valid JSON"),
+    ("generation_config.json", "[1]", "generation_config.json must hold a JSON object, not list"),
+])
+def test_error_bad_side_file_names_it(tmp_path, file, text, message):
+    minigrpo.save_pretrained(tiny_model(vocab_size=300), tiny_tokenizer(str(tmp_path / "tokenizer")), tmp_path / "ckpt")
+    (tmp_path / "ckpt" / file).write_text(text)
+    with pytest.raises(minigrpo.CheckpointError, match=message):
+        minigrpo.load_pretrained(str(tmp_path / "ckpt"))
+
+
+def test_error_unknown_or_absent_device(good):
+    from minigrpo.checkpoint import parse_device
+
+    with pytest.raises(ValueError, match="unknown device 'bogus'"):
+        minigrpo.load_pretrained(str(good), device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="asks for a GPU, but torch sees none"):
+            parse_device("cuda")
+    assert parse_device("cpu") == torch.device("cpu")
+
+
+def test_save_refuses_to_replace_a_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(minigrpo.CheckpointError, match="notes.txt is a file"):
+        minigrpo.save_pretrained(tiny_model(), None, tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
