@@ -46,6 +46,22 @@ def fail(message):
     sys.exit(f"eval_math.py: {message}")
 
 
+def check_output(path: str) -> None:
+    """Before any work: --output must be a file this process can write, or one it can create."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if existing == os.path.abspath(path):
+        if os.path.isdir(path):
+            fail(f"--output {path} is a directory; give a file, such as {os.path.join(path, 'results.jsonl')}")
+        if not os.access(path, os.W_OK):
+            fail(f"--output {path} cannot be written: no write permission")
+    elif not os.path.isdir(existing):
+        fail(f"--output {path} cannot be created: {existing} is a file")
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        fail(f"--output {path} cannot be created: no write permission in {existing}")
+
+
 # 1. settings: greedy is one sample at temperature 0
 greedy = args.num_samples == 1 or args.temperature == 0
 samples, temperature = (1, 0.0) if greedy else (args.num_samples, args.temperature)
@@ -56,6 +72,8 @@ except ValueError:
 if any(k < 1 for k in ks):
     fail(f"--k values must be >= 1, got {args.k!r}")
 ks = [] if greedy else [k for k in ks if k <= samples]
+if args.output:
+    check_output(args.output)
 
 # 2. problems, model, template, rewards
 try:
@@ -64,7 +82,7 @@ except ValueError as error:
     fail(error)
 try:
     model, tokenizer = minigrpo.load_pretrained(args.model, dtype=args.dtype, device=args.device)
-except minigrpo.CheckpointError as error:
+except ValueError as error:  # a CheckpointError naming the file at fault, or a device this machine lacks
     fail(error)
 if tokenizer is None:
     fail(f"{args.model} has no tokenizer.json")

@@ -12,6 +12,7 @@ Hugging Face layout and load with `minigrpo.load_pretrained` like any Qwen3 chec
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -35,7 +36,23 @@ parser.add_argument("--stop_accuracy", type=float, default=0.30, help="stop once
 parser.add_argument("--batch_size", type=int, default=128)
 parser.add_argument("--learning_rate", type=float, default=1e-3)
 parser.add_argument("--eval_every", type=int, default=25)
+
+
+def check_output(path: str) -> None:
+    """Before any work: --output is replaced whole by a directory made beside it, so its parent must be writable."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        sys.exit(f"pretrain_tiny.py: --output {path} is a file; it must be a directory (or not exist yet)")
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        sys.exit(f"pretrain_tiny.py: --output {path} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        sys.exit(f"pretrain_tiny.py: --output {path} cannot be written: no write permission in {existing}")
+
+
 args = parser.parse_args()
+check_output(args.output)
 torch.manual_seed(args.seed)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 EOS = "<|endoftext|>"

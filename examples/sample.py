@@ -40,7 +40,7 @@ def fail(message):
 # 1. the model
 try:
     model, tokenizer = minigrpo.load_pretrained(args.model, dtype=args.dtype, device=args.device)
-except minigrpo.CheckpointError as error:
+except ValueError as error:  # a CheckpointError naming the file at fault, or a device this machine lacks
     fail(error)
 if tokenizer is None:
     fail(f"{args.model} has no tokenizer.json")

@@ -103,15 +103,50 @@ def load_config_file(path: str) -> dict:
     if unknown:
         sys.exit(f"train_math.py: {path} has unknown options: {', '.join(unknown)}")
     for key, value in values.items():
-        if isinstance(actions[key], argparse._StoreTrueAction) and not isinstance(value, bool):
-            sys.exit(f"train_math.py: {path}: {key} must be true or false, got {value!r}")
+        problem = value_problem(actions[key], value)
+        if problem:
+            sys.exit(f"train_math.py: {path}: {key} {problem}, got {value!r}")
     return values
+
+
+def value_problem(action: argparse.Action, value) -> str | None:
+    """What is wrong with a config file's value for an option, by the flag's own type and choices; None if nothing."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
+        return None if isinstance(value, bool) else "must be true or false"
+    if value is None:
+        return None if action.default is None else "must not be null (leave it out for the default)"
+    kind = action.type or str
+    wanted = {str: "must be text", int: "must be an integer", float: "must be a number"}[kind]
+    allowed = {str: (str,), int: (str, int), float: (str, int, float)}[kind]  # JSON types that can mean a kind
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        return wanted
+    try:
+        value = kind(value)  # "1e-5" from YAML is a string; argparse converts string defaults the same way
+    except ValueError:
+        return wanted
+    if action.choices is not None and value not in action.choices:
+        return f"must be one of {', '.join(map(str, action.choices))}"
+    return None
+
+
+def check_output_dir(path: str) -> None:
+    """Before any work: --output_dir must be a directory this process can write, or one it can create."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if existing == os.path.abspath(path) and not os.path.isdir(existing):
+        sys.exit(f"train_math.py: --output_dir {path} is a file; it must be a directory (or not exist yet)")
+    if not os.path.isdir(existing):
+        sys.exit(f"train_math.py: --output_dir {path} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        sys.exit(f"train_math.py: --output_dir {path} cannot be written: no write permission in {existing}")
 
 
 args = parser.parse_args()
 if args.config:
     parser.set_defaults(**load_config_file(args.config))
     args = parser.parse_args()
+check_output_dir(args.output_dir)
 
 try:
     # Task: problems, the prompt format and the rewards (the default model has no chat format).
@@ -141,7 +176,8 @@ try:
         log_completions_every=args.eval_every, fsdp=args.fsdp,
     )
     trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
-    tokenizer.encode_all([prompt.render(p.question, tokenizer) for p in eval_problems], "held-out prompts", args.model)
+    held_out_ids = tokenizer.encode_all([prompt.render(p.question, tokenizer) for p in eval_problems], "held-out prompts", args.model)
+    trainer.check_context(held_out_ids, f"held-out prompts ({eval_source})")
 except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
     sys.exit(f"train_math.py: {error}")
 
