@@ -16,15 +16,11 @@ import minigrpo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# name -> (script, arguments); {ckpt}, {data} and {tmp} are filled in by the fixture
+# name -> (script, arguments); {ckpt}, {data} and {tmp} are filled in by the fixture. Bad input: test_bad_input.py
 RUNS = {
     "sample": ("sample.py", "--model {ckpt} --prompt 12+30 --answer 42 --num_samples 3 --max_new_tokens 8"),
     "eval": ("eval_math.py", "--model {ckpt} --data {data} --count 4 --num_samples 2 --k 1,2,8 --max_new_tokens 8 "
                              "--output {tmp}/results.jsonl"),
-    "sample_no_model": ("sample.py", "--model {tmp}/missing --prompt 1+1"),
-    "sample_no_local_model": ("sample.py", "--model models/no-such-model --prompt 1+1"),  # never a Hub look-up
-    "eval_no_model": ("eval_math.py", "--model {tmp}/missing --data arithmetic"),
-    "eval_no_data": ("eval_math.py", "--model {ckpt} --data {tmp}/none.jsonl"),
 }
 
 
@@ -78,19 +74,6 @@ def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp)
     assert all(len(row["completions"]) == 2 and len(row["correct"]) == 2 for row in rows)
 
 
-@pytest.mark.parametrize("name, message", [
-    ("sample_no_model", "sample.py: no such checkpoint directory: "),
-    ("sample_no_local_model", "sample.py: no such checkpoint directory: models/no-such-model"),
-    ("eval_no_model", "eval_math.py: no such checkpoint directory: "),
-    ("eval_no_data", "eval_math.py: unknown dataset "),
-])
-def test_missing_model_or_data_is_a_one_line_error(runs, name, message):
-    out = runs[name]
-    assert out.returncode != 0
-    assert "Traceback" not in out.stderr
-    assert out.stderr.startswith(message) and out.stderr.count("\n") == 1, out.stderr
-
-
 def test_the_embedded_default_is_found_from_any_directory(tmp):
     """Without --model, an example loads models/minigrpo-tiny-arith next to itself, not a path
     relative to the working directory (which would be looked up on the Hub, offline: an error)."""
@@ -98,21 +81,6 @@ def test_the_embedded_default_is_found_from_any_directory(tmp):
                           "--num_samples", "1", "--max_new_tokens", "8"], cwd=tmp, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("prompt (") and "--- sample 1" in out.stdout
-
-
-@pytest.mark.parametrize("script, argv", [
-    ("sample.py", ["--prompt", "What is 12+7*3?"]),  # the embedded model's tokenizer keeps only 12+7*3
-    ("train_math.py", ["--data", "{gsm8k}", "--steps", "1", "--output_dir", "{tmp}/run"]),
-])
-def test_prompts_the_tokenizer_cannot_represent_are_refused_in_one_line(tmp_path, script, argv):
-    gsm8k = tmp_path / "gsm8k.jsonl"
-    gsm8k.write_text(json.dumps({"question": "Janet has 3 ducks and 4 eggs. How many?", "answer": "3 + 4 = 7\n#### 7"}) + "\n")
-    argv = [a.format(gsm8k=gsm8k, tmp=tmp_path) for a in argv]
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *argv], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
-    assert "cannot represent" in out.stderr and "encodes to" in out.stderr and "minigrpo-tiny-arith" in out.stderr
-    assert not (tmp_path / "run").exists()  # refused before any work
 
 
 def test_encode_all_passes_what_round_trips_and_counts_what_is_lost():

@@ -1,0 +1,77 @@
+"""Runs examples/*.py on many command lines, each in its own process, paying the imports once.
+
+    python tests/tool_runner.py OUT_DIR < cases.json    # [{"name", "script", "argv"}, ...]
+
+Importing torch and the library costs 2-3 s per process; here it is paid once, then every case is
+a fork that runs its script as __main__ with its own argv, stdout (OUT_DIR/name.out) and stderr
+(OUT_DIR/name.err) and ends as the interpreter would: sys.exit("message") prints the message and
+exits 1, an uncaught exception prints its traceback. Prints {name: exit status} as JSON.
+"""
+
+import json
+import os
+import runpy
+import sys
+import traceback
+
+import tokenizers  # noqa: F401  (what the tools import: pretrain_tiny trains a tokenizer)
+import torch._dynamo  # noqa: F401  (the first model a process builds imports it: 0.5 s)
+
+import minigrpo.evaluate  # noqa: F401
+import minigrpo.plots  # noqa: F401
+import minigrpo.trace  # noqa: F401
+import minigrpo.trainer  # noqa: F401
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+PARALLEL = 4  # cases running at once
+
+
+def run(case: dict, out_dir: str) -> int:
+    """In the forked process: the script as `python examples/<script> <argv>` runs it; its exit status."""
+    for fd, suffix in ((1, "out"), (2, "err")):
+        file = os.open(os.path.join(out_dir, f"{case['name']}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(file, fd)
+        os.close(file)
+    script = os.path.join(EXAMPLES, case["script"])
+    sys.argv = [script, *case["argv"]]
+    sys.path[0] = EXAMPLES  # the script's directory, as the interpreter puts it
+    try:
+        runpy.run_path(script, run_name="__main__")
+        status = 0
+    except SystemExit as stop:  # as the interpreter ends: sys.exit("message") prints it and exits 1
+        if stop.code is None or isinstance(stop.code, int):
+            status = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            status = 1
+    except BaseException:  # what the interpreter does with an uncaught exception
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return status
+
+
+def main(out_dir: str) -> None:
+    running, statuses = {}, {}  # pid -> case name, case name -> exit status
+
+    def wait_for_one():
+        pid, status = os.wait()
+        statuses[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+
+    for case in json.load(sys.stdin):
+        if len(running) == PARALLEL:
+            wait_for_one()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(run(case, out_dir))
+        running[pid] = case["name"]
+    while running:
+        wait_for_one()
+    json.dump(statuses, sys.stdout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
