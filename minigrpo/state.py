@@ -159,6 +159,16 @@ def _prune(parent: str, keep: int) -> None:
         doomed = os.path.join(parent, f".deleting-{os.path.basename(directory)}")
         os.rename(directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
-    for name in os.listdir(parent):
+    _remove_leftovers(parent)
+
+
+def remove_leftovers(output_dir: str) -> None:
+    """Delete what saves, replacements and prunes killed midway left in output_dir's checkpoints (none
+    of it is a checkpoint). The next save does it too; a resume with no step left to take saves nothing."""
+    _remove_leftovers(os.path.join(output_dir, CHECKPOINTS))
+
+
+def _remove_leftovers(parent: str) -> None:
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
         if name.startswith((".tmp-step-", ".step-", ".deleting-")):  # a save, replacement or prune that crashed midway
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

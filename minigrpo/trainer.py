@@ -501,6 +501,8 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
                          "resume it (resume=True, --resume) or choose another output directory")
     if config.resume and not latest:
         dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
+    if config.resume and dist.is_main:  # what a killed save or prune left: a resume with no step to take saves nothing
+        training_state.remove_leftovers(config.output_dir)
     resume_from = None
     if config.resume and latest:  # the newest checkpoint that reads back; rank 0 checks, and says what it skips
         resume_from = dist.broadcast(training_state.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
