@@ -80,9 +80,16 @@ def console_line(step: int, stats: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
+_TRIMMED_PREFIX = ".metrics-"  # the trimmed history's temporary file, in output_dir
+
+
 def _drop_lines_after(path: str, step: int) -> None:
     """Keep the lines of steps <= `step` (and none cut short by a crash). The file is replaced
     atomically, never truncated in place: a kill at any moment leaves the old or the new one."""
+    directory = os.path.dirname(path) or "."
+    for name in os.listdir(directory):
+        if name.startswith(_TRIMMED_PREFIX):  # the temporary file of a trim killed before its rename
+            os.remove(os.path.join(directory, name))
     if not os.path.exists(path):
         return
     kept, total = [], 0
@@ -95,7 +102,7 @@ def _drop_lines_after(path: str, step: int) -> None:
                 continue
     if len(kept) == total:
         return
-    handle, tmp = tempfile.mkstemp(prefix=".metrics-", dir=os.path.dirname(path) or ".")
+    handle, tmp = tempfile.mkstemp(prefix=_TRIMMED_PREFIX, dir=directory)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as f:
             f.writelines(kept)
