@@ -193,6 +193,16 @@ def every_few_steps(trainer) -> dict:
     return {}
 
 
+def write_json(path: str, data: dict) -> None:
+    """All of `data` or the file as it was (a temporary file renamed over it): a kill mid-write must
+    not leave an empty initial_eval.json, which --resume reads."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 # Before: held-out greedy accuracy of the starting policy (kept across --resume). Rank 0 alone writes.
 main = trainer.dist.is_main
 if not synthetic and not args.eval_data:
@@ -218,8 +228,7 @@ if initial.get("held_out") != held_out:  # a fresh run
         if trainer.step == 0:  # step 0 of the held-out curve
             with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
                 f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
-        with open(start_file, "w") as f:
-            json.dump(initial, f)
+        write_json(start_file, initial)
 trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
 
 # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
@@ -243,10 +252,8 @@ summary = {
     "processes": trainer.dist.world_size,
     "args": vars(args),
 }
-with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
-with open(start_file, "w") as f:
-    json.dump({**initial, "wall_seconds_before": wall}, f)
+write_json(os.path.join(args.output_dir, "summary.json"), summary)
+write_json(start_file, {**initial, "wall_seconds_before": wall})
 plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
 print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
       f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
