@@ -72,7 +72,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _majority_correct(result: dict) -> float:
-    """Whether the most common final answer (by normalised spelling) is among the correct ones."""
+    """Whether the most common final answer (by normalised spelling) is among the correct ones.
+
+    Extracting and normalising run here, in this process, not in the verifier's bounded workers:
+    both are single linear scans (see their modules), so a hostile completion costs milliseconds."""
     answers = [extract_answer(c) for c in result["completions"]]
     keyed = [(normalize(a) if a else None, ok) for a, ok in zip(answers, result["correct"])]
     counts = Counter(key for key, _ in keyed if key)

@@ -2,12 +2,13 @@
 countdown reward, and evaluate() with its pass@k estimator. Nothing here touches the network."""
 
 import json
+import time
 
 import huggingface_hub
 import pytest
 from helpers import tiny_model, tiny_tokenizer
 
-from minigrpo.evaluate import evaluate, pass_at_k
+from minigrpo.evaluate import evaluate, pass_at_k, summarize
 from minigrpo.tasks.datasets import load_jsonl, load_problems, parse_hub_path
 from minigrpo.tasks.prompts import INSTRUCTION, template
 from minigrpo.tasks.synthetic import generate
@@ -238,3 +239,14 @@ def test_evaluate_a_tiny_random_model(tokenizer):
     assert all(0.0 <= v <= 1.0 for v in [result.pass_at_1, result.majority_at_k, *result.pass_at_k.values()])
     greedy = [evaluate(model, tokenizer, problems, template("tiny"), max_new_tokens=6).results for _ in range(2)]
     assert greedy[0] == greedy[1] and all(len(row["completions"]) == 1 for row in greedy[0])
+
+
+def test_majority_vote_on_hostile_answers_is_fast_and_never_raises():
+    """The vote extracts and normalises in-process, outside the verifier's workers (issue 16, item 10):
+    a box nested 1,200 deep raised RecursionError, and a long run of digits took seconds."""
+    deep = "\\boxed{" + "\\text{" * 1200 + "1" + "}" * 1201
+    digits = "\\boxed{" + "1 " * 20_000 + "}"
+    results = [{"question": "q", "answer": "1", "completions": [deep, deep, digits], "correct": [True, True, False]}]
+    start = time.monotonic()
+    assert summarize(results, 3).majority_at_k == 1.0
+    assert time.monotonic() - start < 1.0

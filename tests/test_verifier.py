@@ -236,6 +236,38 @@ def test_hostile_inputs_return_in_time(pred):
     assert time.monotonic() - start < TIME_LIMIT + SLACK
 
 
+# -- in-process work is linear (issue 16, item 10) ------------------------------------------------
+# extract_answer and normalize also run outside the workers (evaluate's majority vote, countdown,
+# format), where no deadline guards them: each is one scan, whatever the input.
+IN_PROCESS_LIMIT = 0.5  # seconds for one call on any input below; a linear scan takes milliseconds
+DEEP_TEXT = "\\boxed{" + "\\text{" * 1200 + "1" + "}" * 1201  # 9.6 KB, nested 1,200 deep
+
+
+def test_normalize_unwraps_deep_nesting_without_recursion():
+    assert normalize(DEEP_TEXT) == "1"  # RecursionError before
+    assert normalize(r"\text{a \text{ cm}^2 b}") == "a b" and normalize(r"\text{5\text{cm}^2}") == "5"
+
+
+@pytest.mark.parametrize(
+    "step, text",
+    [
+        (normalize, DEEP_TEXT),
+        (normalize, "1" * 40_000),  # 28 s before: a search for trailing unit words backtracked
+        (normalize, "1 " * 20_000),
+        (normalize, "1,000 " * 7_000),
+        (extract_answer, "\\(" * 20_000),  # 3.7 s before: each unclosed span searched to the end
+        (extract_answer, "\\[" * 20_000),
+        (extract_answer, "$" + "\\(x" * 20_000),
+        (extract_answer, ",000" * 10_000 + ",0"),  # each inner group of the number was a new start
+    ],
+    ids=["deep", "digits", "spaced-digits", "thousands", "open-parens", "open-brackets", "dollar", "groups"],
+)
+def test_in_process_steps_are_linear(step, text):
+    start = time.monotonic()
+    step(text)
+    assert time.monotonic() - start < IN_PROCESS_LIMIT
+
+
 def test_a_killed_worker_is_replaced_and_the_next_check_is_fast():
     pool = WorkerPool(1)
     try:
@@ -298,6 +330,34 @@ def test_fuzz_bounded_check_returns_in_time(pred, gold):
     is_equivalent("1", "1")
     start = time.monotonic()
     assert is_equivalent(pred, gold) in (True, False)
+    assert time.monotonic() - start < TIME_LIMIT + SLACK
+
+
+HOSTILE_FRAGMENTS = [
+    "1", "1 ", "1,", ",000", "000 ", "1.", "1=", "x=", "$", "$$", "$1", "\\(", "\\)", "\\[", "\\]", "{", "}",
+    "\\text{", "\\text{ cm}", "\\boxed{", "\\boxed{1}", "\\frac", "^2", "_{1}", "1 cm", "{,}000", "\\approx",
+    "or ", "and ", "The answer is 1. ", "</think>", "####", "\n", "\\", "a ", "ab ",
+]
+REPEATED = st.lists(st.sampled_from(HOSTILE_FRAGMENTS), min_size=1, max_size=3).map("".join).flatmap(
+    lambda unit: st.integers(1, 30_000 // len(unit)).map(lambda count: unit * count))
+HOSTILE_TEXT = st.builds(lambda head, body, tail: head + body + tail, LATEXISH, REPEATED, LATEXISH)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(text=HOSTILE_TEXT)
+def test_fuzz_in_process_steps_are_linear(text):
+    for step in (extract_answer, normalize):
+        start = time.monotonic()
+        step(text)
+        assert time.monotonic() - start < IN_PROCESS_LIMIT, step.__name__
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(text=HOSTILE_TEXT)
+def test_fuzz_math_reward_returns_in_time(text):
+    math_reward("1", "1")  # the worker pool is started (once) outside the timed call
+    start = time.monotonic()
+    assert math_reward(text, "2") in (0.0, 1.0)
     assert time.monotonic() - start < TIME_LIMIT + SLACK
 
 

@@ -38,10 +38,13 @@ _TEXT_COMMANDS = re.compile(
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])|°|\^\{\\text\{o\}\}")
 _PERCENT_AND_MONEY = re.compile(r"\\%|%|\\\$|\$")
 _BRACED_COMMA = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!)\s*(?=\d{3}(?!\d))")  # 10{,}000 and 10,\!000
+_BRACE = re.compile(r"(?<!\\)[{}]")
 _UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*[23]\s*\}?")
 _SIMPLE_SUBSCRIPT = re.compile(r"_\{\s*([A-Za-z0-9]+)\s*\}")
 _SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")
 _COMMA_THOUSANDS = re.compile(r"^(?P<pre>[^,()\[\]{}]*?)(?P<num>\d{1,3}(?:,\d{3})+)(?P<post>(?:\.\d+)?[^,()\[\]{}]*)$")
+_TRAILING_WORDS_REVERSED = re.compile(r"\s*(?:[A-Za-z]{2,}\s+)+")  # on the reversed string
+_ENDS_IN_NUMBER = re.compile(r"[^A-Za-z]*\d")  # on the reversed string: a digit after the last letter
 _APPROX = re.compile(r"\\approx(?![A-Za-z])|\\simeq(?![A-Za-z])|≈")
 _SEPARATOR = re.compile(r"[,;]|\band\b|\bor\b")
 _EQUALS = re.compile(r"(?<![<>!=\\])=(?![=<>])")
@@ -84,25 +87,43 @@ def _strip_outer_delimiters(s: str) -> str:
 
 
 def _unwrap_text_commands(s: str, drop_units: bool) -> str:
-    """\\text{ cm} -> ' cm ', \\boxed{x} -> 'x': the command and its braces go, the content stays."""
-    out, i = [], 0
+    """\\text{ cm} -> ' cm ', \\boxed{x} -> 'x': the command and its braces go, the content stays.
+
+    One scan with a stack of the open commands, innermost last, rather than a recursion into each
+    command's content: nesting 1,200 deep raised RecursionError, and rescanning each content for
+    its closing brace made deep nesting quadratic. An unterminated command and all after it stay
+    as written."""
+    partner = _brace_partners(s)
+    stack = [(len(s), [])]  # (index of the group's closing brace, its pieces so far): the whole string first
+    i = 0
     for match in _TEXT_COMMANDS.finditer(s):
+        i = _close_groups(s, stack, i, match.start(), drop_units)
         if match.start() < i:
-            continue  # inside a group already copied
-        end = _closing_brace(s, match.end() - 1)
-        if end < 0:
+            continue  # inside a unit power just dropped (\\text{cm}^{2})
+        end = partner.get(match.end() - 1)
+        if end is None:
             break
-        out.append(s[i:match.start()])
-        content = _unwrap_text_commands(s[match.end():end], drop_units)
+        stack[-1][1].append(s[i:match.start()])
+        stack.append((end, []))
+        i = match.end()
+    i = _close_groups(s, stack, i, len(s), drop_units)
+    stack[0][1].append(s[i:])
+    return "".join(stack[0][1]).strip()
+
+
+def _close_groups(s: str, stack: list, i: int, upto: int, drop_units: bool) -> int:
+    """Close every open command that ends before `upto`, innermost first; the index after the last."""
+    while len(stack) > 1 and stack[-1][0] < upto:
+        end, pieces = stack.pop()
+        content = ("".join(pieces) + s[i:end]).strip()
         i = end + 1
         if drop_units and _only_units(content):
-            out.append(" ")
-            power = _UNIT_POWER.match(s, i)  # \text{ cm}^2
+            stack[-1][1].append(" ")
+            power = _UNIT_POWER.match(s, i, stack[-1][0])  # \\text{ cm}^2, within the enclosing group
             i = power.end() if power else i
         else:
-            out.append(" " + content + " ")
-    out.append(s[i:])
-    return "".join(out).strip()
+            stack[-1][1].append(" " + content + " ")
+    return i
 
 
 def _only_units(text: str) -> bool:
@@ -111,16 +132,15 @@ def _only_units(text: str) -> bool:
     return bool(words) and all(w.lower() in UNIT_WORDS or (len(w) == 1 and w.isalpha()) or w == "in" for w in words)
 
 
-def _closing_brace(s: str, open_at: int) -> int:
-    depth = 0
-    for i in range(open_at, len(s)):
-        if s[i] == "{" and (i == 0 or s[i - 1] != "\\"):
-            depth += 1
-        elif s[i] == "}" and s[i - 1] != "\\":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
+def _brace_partners(s: str) -> dict[int, int]:
+    """Index of each '{' -> index of the '}' that closes it; braces after a backslash do not count."""
+    partner, open_at = {}, []
+    for match in _BRACE.finditer(s):
+        if match.group() == "{":
+            open_at.append(match.start())
+        elif open_at:
+            partner[open_at.pop()] = match.start()
+    return partner
 
 
 def _join_thousands(s: str) -> str:
@@ -143,10 +163,20 @@ def _drop_unit_words(s: str) -> str:
     if not re.search(r"[0-9A-Za-z\\]", stripped):
         return s
     # words left after a number are a label too: "72 clips", "18 square feet"
-    trailing = re.fullmatch(r"(.*\d[^A-Za-z]*?)((?:\s+[A-Za-z]{2,})+)\s*", stripped)
-    if trailing and not set(trailing.group(2).split()) & MATH_WORDS:
-        return trailing.group(1)
+    number, words = _split_trailing_words(stripped)
+    if words and _ENDS_IN_NUMBER.match(number[::-1]) and not set(words) & MATH_WORDS:
+        return number
     return stripped
+
+
+def _split_trailing_words(s: str) -> tuple[str, list[str]]:
+    """'3 big apples' -> ('3', ['big', 'apples']): the words of two or more letters that end `s`,
+    each after white space. Matched on the reversed string from its start, where one regex pass is
+    linear; a search from the end ('.*' then the words) backtracked quadratically on long numbers."""
+    backwards = _TRAILING_WORDS_REVERSED.match(s[::-1])
+    if backwards is None:
+        return s, []
+    return s[:len(s) - backwards.end()], backwards.group()[::-1].split()
 
 
 def _final_link(s: str) -> str:
