@@ -1,0 +1,257 @@
+"""One whole trainer step against the same step assembled by hand, and the learning-rate schedule.
+
+The other trainer tests compare the trainer with itself; here `Trainer.train_step` (stages 1-4 on
+fixed completions) must land on the weights of a step written out from the formulas: each
+rollout's log-probs from a plain `model(prompt + completion)` forward of that row alone, at the
+temperature (so the trainer's padding, completion_start, shared prompts and micro-batches must be
+invisible), the group-relative advantages, the clipped GRPO objective with its aggregation and KL,
+gradient clipping and torch's AdamW at the scheduled learning rate. A flipped sign, a missing
+temperature, a shifted completion, a skipped clip or weight decay each fail it.
+"""
+
+import copy
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+
+from helpers import tiny_model, tiny_tokenizer
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.sampler import Samples
+from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
+G, MAX_LEN = 4, 8
+# Per prompt of the step (in sampling order): each completion's length and reward. A length of
+# MAX_LEN is cut there ("length", no EOS); shorter ones end in EOS. The third group is flat.
+LENGTHS = [[3, 8, 5, 1], [8, 2, 6, 4], [5, 7, 8, 3]]
+REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.25, 1.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5]]
+EPS = 1e-4  # added to the std of the rewards (advantages.py, as in TRL)
+
+
+def _leading_digit(completions, **_):
+    """A completion's first character, a digit d, is worth d / 4; no digit (the empty completion) 0."""
+    return [int(c[0]) / 4 if c[:1].isdigit() else 0.0 for c in completions]
+
+
+if "test_leading_digit" not in REWARD_FUNCTIONS:
+    register_reward("test_leading_digit")(_leading_digit)
+
+
+class FixedSampler:
+    """Stands in for Trainer._sample (stage 1): completions of LENGTHS whose first token is the digit
+    of their reward, then random tokens, no EOS inside; the same whatever the model. It records what
+    it handed out, in order: (prompt ids, completion ids, reward, truncated)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.rollouts = trainer, []
+
+    def __call__(self, indices, round_):
+        tokenizer = self.trainer.tokenizer
+        tokens, reasons = [], []
+        for p, i in enumerate(indices):
+            prompt = tokenizer.encode(ROWS[i]["prompt"])
+            for j in range(G):
+                rng = random.Random(f"{i}-{j}-{self.trainer.step}")
+                length, reward, truncated = LENGTHS[p][j], REWARDS[p][j], LENGTHS[p][j] == MAX_LEN
+                digit = tokenizer.token_to_id(str(int(reward * 4)))
+                ids = [digit] + [rng.randrange(5, tokenizer.vocab_size) for _ in range(length - 1)]  # 0-4: special tokens
+                if not truncated:
+                    ids[-1] = tokenizer.eos_token_ids[0]  # a completion of length 1 is EOS alone: empty, worth 0
+                assert _leading_digit([tokenizer.decode_completion(ids)]) == [reward]
+                tokens.append(ids)
+                reasons.append("length" if truncated else "stop")
+                self.rollouts.append((prompt, ids, reward, truncated))
+        return Samples(tokens=tokens, logprobs=[[0.0] * len(t) for t in tokens], finish_reasons=reasons,
+                       prompt_indices=[p for p in range(len(indices)) for _ in range(G)])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tensors this small run as fast on one thread, which never waits on a second, busy core
+    (with two, a step here took 0.1-4 s on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return tiny_tokenizer(str(tmp_path_factory.mktemp("tokenizer")))
+
+
+def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, **train):
+    model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64).double()
+    settings = dict(output_dir=str(tmp_path / "run"), max_steps=10, batch_size=len(LENGTHS) * G, micro_batch_size=G,
+                    progress_bar=False, log_completions_every=0)
+    trainer = Trainer(model, tokenizer, Task(ROWS, [RewardSpec("test_leading_digit")]), grpo,
+                      TrainConfig(**{**settings, **train}))
+    sampler = FixedSampler(trainer)
+    trainer._sample = sampler  # the seam: stage 1 only; stages 2-4 run as in training
+    return trainer, sampler
+
+
+# -- the step by hand -------------------------------------------------------------------------------
+def scheduled_lr(config: TrainConfig, step: int) -> float:
+    """The learning rate of GRPO step `step` (1, 2, ...): warm-up from 0 in warmup_steps + 1 equal
+    rises, then constant, or a cosine from the peak at step warmup_steps + 1 to 0 at max_steps + 1."""
+    if step <= config.warmup_steps:
+        return config.learning_rate * step / (config.warmup_steps + 1)
+    if config.lr_schedule == "constant":
+        return config.learning_rate
+    progress = (step - 1 - config.warmup_steps) / (config.max_steps - config.warmup_steps)
+    return config.learning_rate * (1 + math.cos(math.pi * progress)) / 2
+
+
+def advantages_by_hand(rewards, scale: str):
+    """(r - mean of its group) / (std + EPS), the unbiased std of the group or of the whole batch;
+    0 for a group whose rewards are all equal. In fp32, as advantages.py computes them: computed in
+    fp64 and rounded, some differ in the last bit, which moves weights by up to 1.4e-8 here."""
+    groups = torch.tensor(rewards, dtype=torch.float32).view(-1, G)  # (P, G)
+    std = groups.std(dim=1, keepdim=True) if scale == "group" else groups.std()
+    advantages = (groups - groups.mean(dim=1, keepdim=True)) / (std + EPS)  # (P, G)
+    advantages[(groups == groups[:, :1]).all(dim=1)] = 0.0
+    return advantages.view(-1).tolist()
+
+
+def logprobs_by_hand(model, prompt, completion, temperature):
+    """(Tc,): log softmax(logits / temperature) of each completion token, the row run alone (no padding)."""
+    ids = torch.tensor([prompt + completion])  # (1, Lp + Tc)
+    logits = model(ids)[0, len(prompt) - 1 : -1] / temperature  # (Tc, V): position t predicts token t + 1
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)  # (Tc,)
+
+
+def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
+    """The GRPO objective over every rollout of the step, per loss.py's docstring."""
+    high = grpo.epsilon if grpo.epsilon_high is None else grpo.epsilon_high
+    per_rollout, tokens = [], sum(float(m.sum()) for m in masks)
+    for logp, logp_old, ref, advantage, mask in zip(logprobs, old, reference, advantages, masks):
+        ratio = torch.exp(logp - logp_old)  # (Tc,)
+        surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - grpo.epsilon, 1 + high) * advantage)
+        per_token = -surrogate + grpo.beta * (torch.exp(ref - logp) - (ref - logp) - 1)  # (Tc,)
+        per_rollout.append((per_token * mask).sum() / (mask.sum().clamp(min=1) if grpo.loss_type == "grpo" else 1))
+    total = torch.stack(per_rollout).sum()
+    if grpo.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
+        return total / len(masks)
+    if grpo.loss_type == "dr_grpo":  # over sequences x max_completion_length
+        return total / (len(masks) * grpo.max_completion_length)
+    assert grpo.loss_type == "dapo"  # over the step's tokens
+    return total / tokens
+
+
+def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: float) -> dict:
+    """num_iterations AdamW steps of `model` on `rollouts`; the gradient norms and losses."""
+    prompts, completions, rewards, truncated = zip(*rollouts)
+    advantages = advantages_by_hand(rewards, grpo.scale_rewards)
+    masks = [torch.full((len(c),), 0.0 if cut and grpo.mask_truncated_completions else 1.0, dtype=torch.float64)
+             for c, cut in zip(completions, truncated)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=config.adam_betas, eps=config.adam_epsilon,
+                                  weight_decay=config.weight_decay)
+    with torch.no_grad():  # the policy before the step: old (mu > 1) and reference log-probs, kept in fp32
+        before = [logprobs_by_hand(model, p, c, grpo.temperature).float().double() for p, c in zip(prompts, completions)]
+    out = {"grad_norm": [], "loss": []}
+    for _ in range(grpo.num_iterations):
+        optimizer.zero_grad()
+        logprobs = [logprobs_by_hand(model, p, c, grpo.temperature) for p, c in zip(prompts, completions)]
+        old = before if grpo.num_iterations > 1 else [lp.detach() for lp in logprobs]
+        loss = loss_by_hand(logprobs, old, before, advantages, masks, grpo)
+        loss.backward()
+        out["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)))
+        out["loss"].append(float(loss.detach()))
+        optimizer.step()
+    return out
+
+
+# -- the tests --------------------------------------------------------------------------------------
+CASES = {  # (the objective, the update's layout)
+    "grpo-group-mu1": (GRPOConfig(loss_type="grpo", scale_rewards="group"), {}),
+    "grpo-batch-mu2-kl": (GRPOConfig(loss_type="grpo", scale_rewards="batch", num_iterations=2, beta=0.5), {}),
+    "dapo-batch-mu2-masked": (GRPOConfig(loss_type="dapo", scale_rewards="batch", num_iterations=2, epsilon_high=0.28,
+                                         mask_truncated_completions=True), {}),
+    "dr_grpo-group-mu2-padded": (GRPOConfig(loss_type="dr_grpo", scale_rewards="group", num_iterations=2),
+                                 dict(shared_prompt=False, micro_batch_size=5)),  # each row its own prompt, ragged
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
+    """In fp64, the two ways of computing (chunked LM head, shared prompts or padded rows, micro-
+    batches there; one plain forward per rollout here) agree to rounding: every weight within
+    2e-15 of the other. AdamW's first step is about lr * g / (|g| + eps), and adam_epsilon 1e-4 is
+    about the size of the clipped gradient's entries, so the step depends on the gradient's scale
+    (the clip) and not only on its signs. Tolerance 1e-12: 500x the rounding seen, while each bug
+    this test is for moves weights by far more (a missing clip or weight decay, a flipped sign, the
+    temperature left out, a shifted completion)."""
+    objective, layout = CASES[case]
+    grpo = dataclasses.replace(objective, num_generations=G, max_completion_length=MAX_LEN, temperature=0.7, epsilon=0.05)
+    trainer, sampler = make_trainer(tokenizer, tmp_path, grpo, learning_rate=0.05, warmup_steps=3, lr_schedule="cosine",
+                                    max_grad_norm=0.05, weight_decay=0.1, adam_betas=(0.8, 0.95), adam_epsilon=1e-4,
+                                    **layout)
+    trainer.step = 4  # as if resumed after step 4: step 5 is on the cosine, past the warm-up
+    by_hand = copy.deepcopy(trainer.model)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    stats, _ = trainer.train_step()
+    expected = step_by_hand(by_hand, sampler.rollouts, grpo, trainer.config, scheduled_lr(trainer.config, 5))
+
+    assert stats["lr"] == pytest.approx(scheduled_lr(trainer.config, 5), rel=1e-12)
+    assert stats["grad_norm"] == pytest.approx(sum(expected["grad_norm"]) / grpo.num_iterations, rel=1e-9)
+    assert stats["loss"] == pytest.approx(sum(expected["loss"]) / grpo.num_iterations, rel=1e-9, abs=1e-15)
+    assert min(expected["grad_norm"]) > 2 * trainer.config.max_grad_norm  # the clip bites
+    if grpo.num_iterations > 1:
+        assert stats["clip/region_frac"] > 0  # and so does the ratio's
+    hand = dict(by_hand.named_parameters())
+    moved = 0.0
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(p, hand[name], rtol=0, atol=1e-12, msg=name)
+        moved = max(moved, float((p - before[name]).abs().max()))
+    assert moved > 1e-3  # the step is large against the tolerance
+
+
+def test_the_learning_rate_follows_warm_up_then_the_schedule(tokenizer, tmp_path):
+    """The lr of chosen steps of each schedule, as the step sets it on AdamW and logs it: the first,
+    mid-warm-up, the last of the warm-up, the peak, mid-decay and the last. Each step is run as if
+    resumed just before it (one group per step keeps them cheap)."""
+    chosen = [1, 3, 5, 6, 8, 10]  # max_steps 10, warmup_steps 5
+    grpo = GRPOConfig(num_generations=G, max_completion_length=MAX_LEN)
+    for schedule in ("constant", "cosine"):
+        trainer, _ = make_trainer(tokenizer, tmp_path, grpo, batch_size=G, learning_rate=1e-3, warmup_steps=5,
+                                  lr_schedule=schedule)
+        for step in chosen:
+            trainer.step = step - 1
+            stats, _ = trainer.train_step()
+            assert stats["lr"] == trainer.optimizer.param_groups[0]["lr"]
+            assert stats["lr"] == pytest.approx(scheduled_lr(trainer.config, step), rel=1e-12), (schedule, step)
+    # The formula's own values: the warm-up in sixths, then the peak and two points of the cosine.
+    cosine = [1e-3 * (1 + math.cos(math.pi * progress)) / 2 for progress in (0, 2 / 5, 4 / 5)]
+    assert [scheduled_lr(trainer.config, s) for s in chosen] == pytest.approx([1e-3 * s / 6 for s in (1, 3, 5)] + cosine)
+
+
+class Rollouts:
+    """An observer of train_step (as trace.py's) that keeps the step's rollouts after stage 3."""
+
+    def rollouts(self, trainer, rollouts, texts):
+        self.seen = rollouts
+
+    def updated(self, trainer, stats):
+        pass
+
+
+def test_overlong_penalty_and_truncation_masking(tokenizer, tmp_path):
+    """DAPO's soft overlong penalty on completions of every length from 1 to MAX_LEN = 8, with a
+    buffer of 4 and a penalty of 0.5: nothing up to 4 tokens, then 0.125 more per token, 0.5 at 8;
+    added to the task's reward. Completions cut at MAX_LEN are left out of the loss."""
+    grpo = GRPOConfig(num_generations=G, max_completion_length=MAX_LEN, overlong_buffer=4, overlong_penalty=0.5,
+                      mask_truncated_completions=True)
+    trainer, sampler = make_trainer(tokenizer, tmp_path, grpo)
+    observer = Rollouts()
+    trainer.train_step(observer)
+    penalty = {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 5: -0.125, 6: -0.25, 7: -0.375, 8: -0.5}  # by length
+    assert sorted({len(ids) for _, ids, _, _ in sampler.rollouts}) == sorted(penalty)
+    for (_, ids, reward, truncated), r in zip(sampler.rollouts, observer.seen, strict=True):
+        assert r.completion_ids == ids
+        assert r.rewards == {"test_leading_digit": reward, "overlong": penalty[len(ids)]}
+        assert r.reward == reward + penalty[len(ids)]
+        assert (r.finish_reason, r.in_loss) == (("length", False) if truncated else ("stop", True))
