@@ -22,7 +22,7 @@ import sys
 import time
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, TrainConfig
+from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed
 from minigrpo.checkpoint import resolve_checkpoint
 from minigrpo.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS
 from minigrpo.plots import plot_curves
@@ -237,7 +237,7 @@ trainer.train(on_step=every_few_steps, observer=Trace() if args.trace else None)
 # After: the same evaluation, and a summary to compare runs by.
 final_accuracy = held_out_accuracy()
 if not main:
-    sys.exit(0)
+    distributed.finish()  # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
 wall = initial["wall_seconds_before"] + time.time() - started
 summary = {
     "initial_accuracy": initial["initial_accuracy"],
@@ -258,3 +258,4 @@ plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.jo
 print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
       f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
       f"{args.output_dir}/summary.json" + (", curves.png" if plotted else " (pip install matplotlib for curves.png)"))
+distributed.finish()  # torchrun: every rank leaves together; no rank aborts while Python shuts down
