@@ -92,17 +92,6 @@ def test_dynamic_sampling_trains_only_on_groups_with_signal(checkpoint, tmp_path
     assert stats["groups/trained"] == 0 and stats["skipped"] == 1.0
 
 
-def test_overlong_penalty_and_truncation_masking(checkpoint, tmp_path):
-    grpo = GRPOConfig(num_generations=4, max_completion_length=12, overlong_buffer=4, overlong_penalty=1.0,
-                      mask_truncated_completions=True)
-    trainer = make_trainer(checkpoint, tmp_path, grpo=grpo)
-    sampled, trained, _, _ = trainer._collect({})
-    for r in sampled:
-        expected = -max(0, len(r.completion_ids) - 8) / 4  # free up to 12 - 4 tokens, then down to -1 at 12
-        assert r.rewards["overlong"] == expected
-        assert r.in_loss == (r.finish_reason == "stop")
-
-
 def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_path, monkeypatch):
     trainer = make_trainer(checkpoint, tmp_path, max_steps=2)
     trainer.train_step()  # the optimizer has state now
