@@ -2,13 +2,16 @@
 countdown reward, and evaluate() with its pass@k estimator. Nothing here touches the network."""
 
 import json
+import math
 import time
 
 import huggingface_hub
 import pytest
+import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo.evaluate import evaluate, pass_at_k, summarize
+from minigrpo.tasks import Problem
 from minigrpo.tasks.datasets import load_jsonl, load_problems, parse_hub_path
 from minigrpo.tasks.prompts import INSTRUCTION, template
 from minigrpo.tasks.synthetic import generate
@@ -225,20 +228,51 @@ def test_pass_at_k_hand_values():
     assert pass_at_k(5, 4, 2) == 1.0 and pass_at_k(5, 5, 1) == 1.0
 
 
-def test_evaluate_a_tiny_random_model(tokenizer):
+def answering_model(tokenizer, answers: dict[str, float]):
+    """A tiny Qwen3 that, after a prompt's final newline, answers each of `answers` (single tokens)
+    with its probability, then ends. Attention and MLP outputs are zeroed, so a position's hidden
+    state is its own token's embedding: the newline's points to the answers, each answer's to EOS."""
     model = tiny_model(vocab_size=tokenizer.vocab_size)
-    problems = generate("arithmetic", 3, "test")
-    result = evaluate(model, tokenizer, problems, template("tiny"), samples=4, temperature=1.0, max_new_tokens=6, ks=(1, 2, 4, 8))
-    assert len(result.results) == 3 and set(result.pass_at_k) == {1, 2, 4}  # k above the 4 samples is left out
+    (newline,), eos = tokenizer.encode("\n"), tokenizer.eos_token_ids[0]
+    with torch.no_grad():
+        for block in model.layers:
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+        model.norm.weight.fill_(1.0)
+        embedding, head = model.embed_tokens.weight.zero_(), model.lm_head.weight.zero_()
+        embedding[newline, 0] = 1.0
+        scale = float(model.norm(embedding[newline])[0])  # the normed hidden state's one non-zero entry
+        for text, probability in answers.items():
+            (token,) = tokenizer.encode(text)
+            embedding[token, 1] = 1.0
+            head[token, 0] = (30.0 + math.log(probability)) / scale  # logit 30 + log p; every other token's 0
+        head[eos, 1] = 30.0 / scale
+    return model
+
+
+def test_evaluate_scores_a_model_whose_answers_are_known(tokenizer):
+    """It answers 42 (p 0.6) or 2 (p 0.4) to anything: right on two problems when it says 42, on the
+    third when it says 2. 5 samples each, so a majority is never a tie."""
+    model = answering_model(tokenizer, {"42": 0.6, "2": 0.4})
+    problems = [Problem("40+2", "42"), Problem("6*7", "42"), Problem("1+1", "2")]
+    result = evaluate(model, tokenizer, problems, template("tiny"), samples=5, temperature=1.0, max_new_tokens=6, ks=(1, 2, 4, 8))
+    assert len(result.results) == 3 and set(result.pass_at_k) == {1, 2, 4}  # k above the 5 samples is left out
+    counts = []
     for row, problem in zip(result.results, problems):
         assert (row["question"], row["answer"]) == (problem.question, problem.answer)
-        assert len(row["completions"]) == 4 and len(row["correct"]) == 4
-    flags = [c for row in result.results for c in row["correct"]]
-    assert result.pass_at_1 == pytest.approx(sum(flags) / 12)
-    assert result.pass_at_k[1] == pytest.approx(result.pass_at_1)
-    assert all(0.0 <= v <= 1.0 for v in [result.pass_at_1, result.majority_at_k, *result.pass_at_k.values()])
-    greedy = [evaluate(model, tokenizer, problems, template("tiny"), max_new_tokens=6).results for _ in range(2)]
-    assert greedy[0] == greedy[1] and all(len(row["completions"]) == 1 for row in greedy[0])
+        assert set(row["completions"]) <= {"42", "2"} and len(row["completions"]) == 5
+        assert row["correct"] == [c == problem.answer for c in row["completions"]]
+        counts.append(sum(row["correct"]))
+    assert 0 < sum(counts) < 15 and any(0 < c < 5 for c in counts), counts  # right and wrong, within a problem too
+    assert result.pass_at_1 == pytest.approx(sum(counts) / 15)
+    for k in (1, 2, 4):  # 1 - C(n - c, k) / C(n, k): the chance that none of k samples is right, from 1
+        assert result.pass_at_k[k] == pytest.approx(sum(1 - math.comb(5 - c, k) / math.comb(5, k) for c in counts) / 3)
+    majorities = [max(set(row["completions"]), key=row["completions"].count) for row in result.results]
+    assert result.majority_at_k == pytest.approx(sum(m == p.answer for m, p in zip(majorities, problems)) / 3)
+    greedy = [evaluate(model, tokenizer, problems, template("tiny"), max_new_tokens=6) for _ in range(2)]
+    assert greedy[0].results == greedy[1].results
+    assert [row["completions"] for row in greedy[0].results] == [["42"]] * 3  # the likelier answer, every time
+    assert greedy[0].pass_at_1 == pytest.approx(2 / 3)
 
 
 def test_majority_vote_on_hostile_answers_is_fast_and_never_raises():
