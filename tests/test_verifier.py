@@ -7,6 +7,7 @@ processes, and are held equal to it.
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -14,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minigrpo
-from minigrpo.verifier import TIME_LIMIT, extract_answer, is_equivalent, math_reward, math_rewards
-from minigrpo.verifier.bounded import WorkerPool
+from minigrpo.verifier import TIME_LIMIT, VerifierError, extract_answer, is_equivalent, math_reward, math_rewards
+from minigrpo.verifier.bounded import WorkerPool, shared_pool
 from minigrpo.verifier.equivalence import answers_match
 from minigrpo.verifier.normalize import normalize
 
@@ -269,7 +270,7 @@ def test_in_process_steps_are_linear(step, text):
 
 
 def test_a_killed_worker_is_replaced_and_the_next_check_is_fast():
-    pool = WorkerPool(1)
+    pool = WorkerPool(2)  # a worker and its warm spare
     try:
         results = pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1"), ("match", "2", "2")], failed=False)
         assert results == [False, True]
@@ -281,15 +282,82 @@ def test_a_killed_worker_is_replaced_and_the_next_check_is_fast():
 
 
 def test_a_worker_that_died_while_idle_is_replaced():
-    pool = WorkerPool(1)
+    pool = WorkerPool(2)
     try:
+        pool.reserve(2)
         assert pool.run([("match", "1", "1")], failed=False) == [True]
-        pool.workers[0].process.kill()
-        pool.workers[0].process.wait()
+        for worker in pool.free:
+            worker.process.kill()
+            worker.process.wait()
         assert pool.run([("match", "2", "2"), ("match", "2", "3")], failed=False) == [True, False]
         assert pool.run([("match", r"\frac12", "0.5")], failed=False) == [True]
     finally:
         pool.close()
+
+
+# -- the bound under concurrent callers (issue 16, item 11) ---------------------------------------
+KILLED = r"\sum_{k=1}^{10^{9}} \sin(k)"  # no estimate refuses it: it runs until its worker is killed
+CONCURRENT_LIMIT = 1.5  # seconds per call with 8 threads calling at once on a loaded 2-core machine
+
+
+def test_eight_threads_of_hostile_checks_each_return_in_time():
+    """One locked pool served every caller in turn: 8 threads of hostile checks waited up to 21.9 s
+    per call. Now each call's deadline counts from the call, waiting for a worker included; a call
+    may come back wrong only by failing closed at that deadline, and a hostile one never comes back right."""
+    calls = [  # (call, its right answer, hostile)
+        (lambda: is_equivalent(KILLED, "1"), False, True),
+        (lambda: is_equivalent(r"2\sqrt2", r"\sqrt8"), True, False),
+        (lambda: math_reward(r"\boxed{(10^{100000})!}", "2"), 0.0, True),
+        (lambda: math_reward(r"so \boxed{\frac12}", "0.5"), 1.0, False),
+        (lambda: math_rewards([r"\boxed{9^{9^{9^9}}}", "\\(" * 20_000], ["1", "1"], workers=2), [0.0, 0.0], True),
+        (lambda: math_rewards([r"\boxed{3}", r"\boxed{x+1}"], ["3", "1+x"], workers=2), [1.0, 1.0], False),
+    ]
+    shared_pool().reserve(8)  # started before the clock, as a caller with 8 threads would
+    timings = []
+
+    def caller(first: int) -> None:
+        for k in range(len(calls)):
+            call, right, hostile = calls[(first + k) % len(calls)]  # the threads start at different calls
+            start = time.monotonic()
+            said = call()
+            timings.append((time.monotonic() - start, said, right, hostile))
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(timings) == 8 * len(calls)
+    print("8 threads, slowest calls (s):", [round(t[0], 3) for t in sorted(timings, key=lambda t: t[0])[-6:]],
+          "failed closed:", sum(said != right for _, said, right, _ in timings))
+    assert max(elapsed for elapsed, *_ in timings) <= CONCURRENT_LIMIT, sorted(t[0] for t in timings)[-5:]
+    for elapsed, said, right, hostile in timings:
+        assert said == right or (not hostile and elapsed >= TIME_LIMIT), (elapsed, said, right)
+
+
+def test_a_check_that_gets_no_worker_in_time_fails_closed():
+    """The deadline counts from the call: with the only worker busy past it, the check waits for
+    it, not for ever, and answers 'not equal'."""
+    pool = WorkerPool(1)
+    try:
+        holder = threading.Thread(target=pool.run, args=([("match", KILLED, "1")], False), kwargs={"work_limit": 5.0})
+        holder.start()
+        time.sleep(0.05)  # the hostile check holds the worker
+        start = time.monotonic()
+        assert pool.run([("match", "1", "1")], failed=False) == [False]
+        assert TIME_LIMIT * 0.9 <= time.monotonic() - start <= TIME_LIMIT + SLACK
+        holder.join()
+    finally:
+        pool.close()
+
+
+def test_workers_that_cannot_start_are_an_error_not_an_answer(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    with pytest.raises(VerifierError, match="did not start"):
+        WorkerPool(2)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, and exits before it is ready
+    with pytest.raises(VerifierError, match="did not start"):
+        WorkerPool(2)
 
 
 def test_bad_arguments_are_not_equal_rather_than_errors():

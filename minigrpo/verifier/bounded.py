@@ -1,21 +1,32 @@
 """Stage 2 of the loop, reward: math checks that always come back within a deadline.
 
-In: (answer, gold) or (response, gold) pairs. Out: a bool or a 0/1 reward per pair, each within
-`TIME_LIMIT` seconds of wall time whatever the input, never an exception. The checks run in
-worker processes (`worker.py`, plain subprocesses that import sympy but never torch) that are
-killed and replaced when one runs past its deadline: the answer is then "not equal". This is the
-backstop; `parse` already refuses oversized work from estimates, so kills are rare.
+In: (answer, gold) or (response, gold) pairs. Out: a bool or a 0/1 reward per pair, never an
+exception, each within `TIME_LIMIT` seconds of wall time whatever the input, and however many
+threads check at the same time. The checks run in worker processes (`worker.py`, plain
+subprocesses that import sympy but never torch) that are killed and replaced when one runs past
+its deadline: the answer is then "not equal". This is the backstop; `parse` already refuses
+oversized work from estimates, so kills are rare.
+
+One pool of workers serves every caller in the process. A check takes a free worker from a shared
+list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
+deadline counts from the moment it could start (for a single check, the call), so waiting for a
+worker is part of it: a check that gets no worker in time fails closed ("not equal"), and a worker
+that a check gets late has only what is left of the deadline. Under many concurrent hostile checks
+this gives up answers to keep the bound, never the other way round.
 
 Why processes and not `signal.alarm`: an alarm works only on the main thread, and it cannot
 interrupt C code such as big-integer arithmetic, which is exactly where a hostile answer hangs.
 
-Starting the workers (once per process, about half a second for importing sympy) is not counted
-against a check's deadline; a spare worker is kept warm so that a kill costs the next check nothing.
+Starting the first worker (once per process, about half a second for importing sympy) is not
+counted against any deadline; a spare starts beside it, and a killed worker's replacement starts
+at once, in the background. Callers that will check from many threads at once can start workers
+ahead with `shared_pool().reserve(n)`.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import select
 import subprocess
@@ -26,9 +37,11 @@ import time
 
 from .worker import read_frame, write_frame
 
-TIME_LIMIT = 1.0  # seconds of wall time a single check may take, end to end
+TIME_LIMIT = 1.0  # seconds of wall time a single check may take, end to end, waiting for a worker included
 WORK_LIMIT = 0.8  # seconds a worker may spend on one check before it is killed
 STARTUP_LIMIT = 60.0  # seconds a new worker may take to import sympy before that is an error
+MAX_WORKERS = 16  # workers alive at most in one process; each holds sympy (~55 MB)
+POLL_SECONDS = 0.01  # how often a call with checks in flight looks for a free worker for the next one
 
 
 class VerifierError(RuntimeError):
@@ -42,14 +55,18 @@ class _Worker:
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
         self.stderr = tempfile.TemporaryFile()  # read only to explain a worker that failed to start
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "minigrpo.verifier.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=env,
-            start_new_session=True,  # Ctrl-C in the terminal goes to the trainer, not to the workers
-        )
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "minigrpo.verifier.worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                env=env,
+                start_new_session=True,  # Ctrl-C in the terminal goes to the trainer, not to the workers
+            )
+        except OSError as error:  # no such interpreter, no processes left
+            self.stderr.close()
+            raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {error}") from None
         self.ready = False
         self.deadline = None  # when the job it holds must be done; None when idle
 
@@ -57,15 +74,17 @@ class _Worker:
         if self.ready:
             return
         if not _readable(self.process.stdout, STARTUP_LIMIT) or read_frame(self.process.stdout) != "ready":
-            self.kill()
-            self.stderr.seek(0)
+            self.process.kill()
+            self.process.wait()
+            self.stderr.seek(0)  # before kill() closes it (it read a closed file before, and raised ValueError)
             tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
+            self.kill()
             raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {tail}")
         self.ready = True
 
-    def send(self, job, time_limit: float) -> None:
+    def send(self, job, deadline: float) -> None:
         write_frame(self.process.stdin, job)
-        self.deadline = time.monotonic() + time_limit
+        self.deadline = deadline
 
     def receive(self):
         self.deadline = None
@@ -86,102 +105,199 @@ def _readable(stream, timeout: float) -> bool:
 
 
 class WorkerPool:
-    """`size` workers plus one warm spare; `run` spreads jobs over them, each with its own deadline."""
+    """Workers shared by every caller: a free list, grown on demand up to `max_workers` alive.
 
-    def __init__(self, size: int):
-        if size < 1:
-            raise ValueError(f"a worker pool needs at least one worker, got {size}")
-        self.workers = [_Worker() for _ in range(size)]
-        self.spare = _Worker()
-        self.lock = threading.Lock()
+    `run` is safe to call from many threads at once; each call holds the workers of its checks in
+    flight and nothing else, so one caller's slow checks never hold up another's."""
 
-    def run(self, jobs: list, failed, time_limit: float = WORK_LIMIT) -> list:
-        """The result of each job, in order; `failed` for a job that ran out of time or crashed."""
-        with self.lock:
-            results = [failed] * len(jobs)
-            pending = list(range(len(jobs)))[::-1]
-            busy, sends = {}, [0] * len(jobs)  # worker -> index of the job it holds; send attempts per job
-            try:
-                while pending or busy:
-                    for slot in range(len(self.workers)):
-                        if self.workers[slot] not in busy and pending:
-                            index = pending.pop()
-                            sends[index] += 1
-                            if self._send(slot, jobs[index], time_limit):
-                                busy[self.workers[slot]] = index
-                            elif sends[index] < 2:
-                                pending.append(index)  # once more, on the replacement
-                    self._collect(busy, results)
-            except BaseException:  # interrupted: no answer may arrive late into the next call
-                for worker in list(busy):
-                    self._replace(worker)
-                raise
-            return results
+    def __init__(self, max_workers: int = MAX_WORKERS):
+        if max_workers < 1:
+            raise ValueError(f"a worker pool needs at least one worker, got {max_workers}")
+        self.max_workers = max_workers
+        self.changed = threading.Condition()  # guards everything below; notified when a worker frees or fails
+        self.free: list[_Worker] = []  # ready and idle
+        self.alive = 0  # free, busy with a check, or still starting
+        self.starting = 0  # started in the background, not yet ready
+        self.waiting = 0  # checks waiting for a free worker
+        self.every: set[_Worker] = set()  # every live worker, for close()
+        self.error: VerifierError | None = None  # why the last start failed; raised to the next waiting check
+        self.closed = False
+        self.pid = os.getpid()  # a forked child must not share these pipes (see shared_pool)
+        first = _Worker()  # the first start is outside any deadline
+        first.wait_ready()
+        self.free.append(first)
+        self.every.add(first)
+        self.alive = 1
+        with self.changed:
+            if max_workers > 1:
+                self._start_one()  # the warm spare: a kill or a second caller costs no start
 
-    def _send(self, slot: int, job, time_limit) -> bool:
-        """Hand `job` to the worker in `slot`; False (and the worker replaced) if it has died."""
-        worker = self.workers[slot]
+    def run(self, jobs: list, failed, parallel: int = 1, work_limit: float = WORK_LIMIT) -> list:
+        """The result of each job, in order; `failed` for one that ran out of time, got no worker or crashed.
+
+        At most `parallel` of the jobs are in flight at once. A job's deadline is TIME_LIMIT from when
+        it gets a place among them (the first `parallel` jobs: from the call), waiting for a worker
+        included; once sent, a worker may spend at most `work_limit` of that on it."""
+        results = [failed] * len(jobs)
+        queue = collections.deque(range(len(jobs)))
+        admitted = collections.deque()  # (index, deadline) of jobs with a place, not yet sent
+        busy = {}  # worker -> index of the job it holds
         try:
-            worker.wait_ready()  # a spare that replaced a killed worker may still be importing
-            worker.send(job, time_limit)
-            return True
-        except VerifierError:
-            self.workers[slot], self.spare = self.spare, _Worker()  # never leave a dead worker in place
+            while queue or admitted or busy:
+                while queue and len(admitted) + len(busy) < parallel:
+                    admitted.append((queue.popleft(), time.monotonic() + TIME_LIMIT))
+                self._dispatch(jobs, admitted, busy, work_limit)
+                self._collect(busy, results, poll=bool(admitted))
+        except BaseException:  # interrupted: no answer may arrive late into the next call
+            for worker in busy:
+                self._discard(worker)
             raise
-        except OSError:  # BrokenPipeError: it died while idle
-            self._replace(worker)
-            return False
+        return results
 
-    def _collect(self, busy: dict, results: list) -> None:
-        """Wait until some busy worker answers or passes its deadline; record what happened."""
+    def _dispatch(self, jobs, admitted, busy, work_limit) -> None:
+        """Send admitted jobs to free workers, in order. With nothing in flight, wait for a worker
+        until the first job's deadline (it fails closed if none frees); otherwise take only free ones."""
+        while admitted:
+            index, deadline = admitted[0]
+            worker = self._take(deadline if not busy else 0.0)
+            if worker is None:
+                if not busy:
+                    admitted.popleft()  # no worker in time: this job keeps `failed`
+                    continue
+                return
+            try:
+                worker.send(jobs[index], min(time.monotonic() + work_limit, deadline))
+            except OSError:  # BrokenPipeError: it died while idle; the job waits for another worker
+                self._discard(worker)
+                continue
+            admitted.popleft()
+            busy[worker] = index
+
+    def _collect(self, busy: dict, results: list, poll: bool) -> None:
+        """Wait until some busy worker answers or passes its deadline (or, when jobs wait for a
+        worker, at most POLL_SECONDS); record what happened and give the workers back."""
         if not busy:
             return
-        first_deadline = min(w.deadline for w in busy)
-        ready = select.select([w.process.stdout for w in busy], [], [], max(first_deadline - time.monotonic(), 0.0))[0]
+        timeout = max(min(w.deadline for w in busy) - time.monotonic(), 0.0)
+        ready = select.select([w.process.stdout for w in busy], [], [], min(timeout, POLL_SECONDS) if poll else timeout)[0]
         for worker in list(busy):
             if worker.process.stdout in ready:
                 result = worker.receive()
                 index = busy.pop(worker)
                 if result is None:  # the worker died (a crash in C code, the memory cap)
-                    self._replace(worker)
+                    self._discard(worker)
                 else:
                     results[index] = result
+                    self._give_back(worker)
             elif time.monotonic() >= worker.deadline:
                 busy.pop(worker)
-                self._replace(worker)
+                self._discard(worker)
 
-    def _replace(self, worker) -> None:
+    # -- the free list --------------------------------------------------------------------------
+    def _take(self, deadline: float):
+        """A ready, idle worker, waiting for one until `deadline` (time.monotonic()); None if none frees
+        in time. A worker is started for each waiting check beyond those already starting."""
+        with self.changed:
+            self.waiting += 1
+            try:
+                while not self.free:
+                    self._raise_start_error()
+                    if self.starting < self.waiting and self.alive < self.max_workers:
+                        self._start_one()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self.changed.wait(remaining)
+                return self.free.pop()
+            finally:
+                self.waiting -= 1
+
+    def _raise_start_error(self) -> None:
+        """Raise why a worker failed to start, once (called with `changed` held): the next check tries again."""
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def _give_back(self, worker) -> None:
+        with self.changed:
+            self.free.append(worker)
+            self.changed.notify()
+
+    def _discard(self, worker) -> None:
+        """Kill a worker that ran past its deadline or died, and start its replacement."""
         worker.kill()
-        self.workers[self.workers.index(worker)] = self.spare
-        self.spare = _Worker()
+        with self.changed:
+            self.every.discard(worker)
+            self.alive -= 1
+            if not self.closed:
+                self._start_one()
+
+    def _start_one(self) -> None:
+        """Start a worker in the background; it joins the free list once it has imported sympy.
+        Called with `changed` held."""
+        self.alive += 1
+        self.starting += 1
+        threading.Thread(target=self._bring_up, name="verifier-worker-start", daemon=True).start()
+
+    def _bring_up(self) -> None:
+        worker, error = None, None
+        try:
+            worker = _Worker()
+            worker.wait_ready()
+        except VerifierError as failure:
+            error = failure
+        with self.changed:
+            self.starting -= 1
+            if error is None and not self.closed:
+                self.free.append(worker)
+                self.every.add(worker)
+                self.error = None
+            else:
+                self.alive -= 1
+                self.error = error
+            self.changed.notify_all()
+        if worker is not None and (error is not None or self.closed):
+            worker.kill()
+
+    def reserve(self, count: int) -> None:
+        """Start workers until `count` (at most max_workers) are alive, and wait until they are ready:
+        for callers about to check from `count` threads at once. Not counted against any deadline."""
+        with self.changed:
+            while self.alive < min(count, self.max_workers):
+                self._start_one()
+            while self.starting and self.error is None:
+                self.changed.wait()
+            self._raise_start_error()
 
     def close(self) -> None:
-        for worker in self.workers + [self.spare]:
+        with self.changed:
+            self.closed = True
+            workers, self.every, self.free = list(self.every), set(), []
+        for worker in workers:
             worker.kill()
-        self.workers = []
 
 
-_pools: dict[int, WorkerPool] = {}
-_pools_lock = threading.Lock()
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
 
 
-def worker_pool(size: int) -> WorkerPool:
-    """The process-wide pool with `size` workers, started on first use and stopped at exit."""
-    with _pools_lock:
-        if size not in _pools:
-            _pools[size] = WorkerPool(size)
-        return _pools[size]
+def shared_pool() -> WorkerPool:
+    """The process-wide pool, started on first use and stopped at exit (a fresh one after a fork)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool.pid != os.getpid():
+            _pool = WorkerPool()
+        return _pool
 
 
 @atexit.register
-def _close_pools() -> None:
-    for pool in _pools.values():
-        pool.close()
-    _pools.clear()
+def _close_pool() -> None:
+    if _pool is not None and _pool.pid == os.getpid():
+        _pool.close()
 
 
 def default_workers() -> int:
-    """One worker per CPU, at most 8: each holds sympy (~55 MB), and checks take milliseconds."""
+    """One check in flight per CPU, at most 8: checks take milliseconds, and each worker holds sympy."""
     return max(1, min(os.cpu_count() or 1, 8))
 
 
@@ -189,7 +305,7 @@ def is_equivalent(pred: str, gold: str) -> bool:
     """Whether two extracted answers are equal (see `equivalence`); False on time-out or bad input."""
     if not (isinstance(pred, str) and isinstance(gold, str)):
         return False
-    return bool(worker_pool(1).run([("match", pred, gold)], failed=False)[0])
+    return bool(shared_pool().run([("match", pred, gold)], failed=False)[0])
 
 
 def math_reward(response: str, gold: str) -> float:
@@ -198,7 +314,7 @@ def math_reward(response: str, gold: str) -> float:
 
 
 def math_rewards(responses: list[str], golds: list[str], workers: int | None = None) -> list[float]:
-    """`math_reward` for many pairs at once, spread over `workers` processes (default: one per CPU, up to 8)."""
+    """`math_reward` for many pairs at once, `workers` of them in flight (default: one per CPU, up to 8)."""
     if len(responses) != len(golds):
         raise ValueError(f"got {len(responses)} responses but {len(golds)} gold answers")
     jobs = [
@@ -207,5 +323,4 @@ def math_rewards(responses: list[str], golds: list[str], workers: int | None = N
     ]
     if not jobs:
         return []
-    pool = worker_pool(workers or default_workers())
-    return [float(x) for x in pool.run(jobs, failed=0.0)]
+    return [float(x) for x in shared_pool().run(jobs, failed=0.0, parallel=workers or default_workers())]
