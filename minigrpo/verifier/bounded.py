@@ -9,7 +9,7 @@ oversized work from estimates, so kills are rare.
 
 One pool of workers serves every caller in the process. A check takes a free worker from a shared
 list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
-deadline counts from the moment it could start (for a single check, the call), so waiting for a
+deadline counts from the call (in a batch, from the batch's previous answer), so waiting for a
 worker is part of it: a check that gets no worker in time fails closed ("not equal"), and a worker
 that a check gets late has only what is left of the deadline. Under many concurrent hostile checks
 this gives up answers to keep the bound, never the other way round.
@@ -135,51 +135,51 @@ class WorkerPool:
     def run(self, jobs: list, failed, parallel: int = 1, work_limit: float = WORK_LIMIT) -> list:
         """The result of each job, in order; `failed` for one that ran out of time, got no worker or crashed.
 
-        At most `parallel` of the jobs are in flight at once. A job's deadline is TIME_LIMIT from when
-        it gets a place among them (the first `parallel` jobs: from the call), waiting for a worker
-        included; once sent, a worker may spend at most `work_limit` of that on it."""
+        At most `parallel` of the jobs are in flight at once. Each is answered within TIME_LIMIT of
+        the later of the call and the call's previous answer (a single check: of the call), waiting
+        for a worker included; a worker may spend at most `work_limit` of that on it."""
         results = [failed] * len(jobs)
-        queue = collections.deque(range(len(jobs)))
-        admitted = collections.deque()  # (index, deadline) of jobs with a place, not yet sent
+        waiting = collections.deque(range(len(jobs)))  # jobs not yet sent
         busy = {}  # worker -> index of the job it holds
+        progress = time.monotonic()  # the call, then each answer or kill
         try:
-            while queue or admitted or busy:
-                while queue and len(admitted) + len(busy) < parallel:
-                    admitted.append((queue.popleft(), time.monotonic() + TIME_LIMIT))
-                self._dispatch(jobs, admitted, busy, work_limit)
-                self._collect(busy, results, poll=bool(admitted))
+            while waiting or busy:
+                self._dispatch(jobs, waiting, busy, parallel, progress + TIME_LIMIT, work_limit)
+                if self._collect(busy, results, poll=bool(waiting) and len(busy) < parallel):
+                    progress = time.monotonic()
         except BaseException:  # interrupted: no answer may arrive late into the next call
             for worker in busy:
                 self._discard(worker)
             raise
         return results
 
-    def _dispatch(self, jobs, admitted, busy, work_limit) -> None:
-        """Send admitted jobs to free workers, in order. With nothing in flight, wait for a worker
-        until the first job's deadline (it fails closed if none frees); otherwise take only free ones."""
-        while admitted:
-            index, deadline = admitted[0]
+    def _dispatch(self, jobs, waiting, busy, parallel, deadline, work_limit) -> None:
+        """Send waiting jobs to free workers, in order, up to `parallel` in flight. With nothing in
+        flight, wait for a worker until `deadline` (a job that gets none keeps `failed`); otherwise
+        take only workers that are free now."""
+        while waiting and len(busy) < parallel:
             worker = self._take(deadline if not busy else 0.0)
             if worker is None:
-                if not busy:
-                    admitted.popleft()  # no worker in time: this job keeps `failed`
-                    continue
-                return
+                if busy:
+                    return
+                waiting.popleft()  # no worker in time, nothing in flight: fail closed
+                continue
             try:
-                worker.send(jobs[index], min(time.monotonic() + work_limit, deadline))
+                worker.send(jobs[waiting[0]], min(time.monotonic() + work_limit, deadline))
             except OSError:  # BrokenPipeError: it died while idle; the job waits for another worker
                 self._discard(worker)
                 continue
-            admitted.popleft()
-            busy[worker] = index
+            busy[worker] = waiting.popleft()
 
-    def _collect(self, busy: dict, results: list, poll: bool) -> None:
-        """Wait until some busy worker answers or passes its deadline (or, when jobs wait for a
-        worker, at most POLL_SECONDS); record what happened and give the workers back."""
+    def _collect(self, busy: dict, results: list, poll: bool) -> bool:
+        """Wait until some busy worker answers or passes its deadline (at most POLL_SECONDS when
+        `poll`: jobs wait for a free worker); record what happened, give the workers back, and say
+        whether anything did happen."""
         if not busy:
-            return
+            return False
         timeout = max(min(w.deadline for w in busy) - time.monotonic(), 0.0)
         ready = select.select([w.process.stdout for w in busy], [], [], min(timeout, POLL_SECONDS) if poll else timeout)[0]
+        done = False
         for worker in list(busy):
             if worker.process.stdout in ready:
                 result = worker.receive()
@@ -189,9 +189,12 @@ class WorkerPool:
                 else:
                     results[index] = result
                     self._give_back(worker)
+                done = True
             elif time.monotonic() >= worker.deadline:
                 busy.pop(worker)
                 self._discard(worker)
+                done = True
+        return done
 
     # -- the free list --------------------------------------------------------------------------
     def _take(self, deadline: float):
