@@ -1,5 +1,5 @@
-"""examples/train_math.py end to end, in seconds: a micro model on synthetic arithmetic (with
---trace and --resume), and the Qwen3 path (chat template, MATH-format JSONL) on a tiny random
+"""examples/train_math.py end to end, in seconds: the embedded default model on synthetic arithmetic
+(with --trace and --resume), and the Qwen3 path (chat template, MATH-format JSONL) on a tiny random
 Qwen3 with a Qwen-style chat tokenizer. Both run the real command line in a subprocess."""
 
 import json
@@ -8,14 +8,20 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import minigrpo
 from helpers import tiny_model, tiny_tokenizer
+from minigrpo.evaluate import evaluate
 from minigrpo.state import latest_checkpoint
+from minigrpo.tasks import load_problems
+from minigrpo.tasks.prompts import template
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "2", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2",
          "--max_completion_length", "6", "--eval_count", "4", "--train_count", "20", "--eval_every", "1", "--save_every", "1"]
+# The embedded default (no --model) gets some arithmetic right in 32 tokens: its groups have signal.
+MICRO = [*SMALL, "--max_completion_length", "32", "--template", "tiny"]
 
 
 @pytest.fixture(scope="module")
@@ -32,24 +38,34 @@ def train_math(*args):
     return result.stdout
 
 
-def test_micro_run_with_trace_then_resume(checkpoint, tmp_path):
+def test_micro_run_with_trace_then_resume(tmp_path):
     out = str(tmp_path / "run")
-    printed = train_math("--model", checkpoint, "--template", "tiny", "--output_dir", out, "--trace", *SMALL)
+    printed = train_math("--output_dir", out, "--trace", *MICRO)
     for stage in ("[task -> prompt]", "[1 sample]", "[2 verify]", "[3 advantages]", "[4 update]", "[4 loss]"):
         assert stage in printed
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["steps"] == 2 and 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
     assert summary["wall_seconds"] > 0
-    printed = train_math("--model", checkpoint, "--template", "tiny", "--output_dir", out, "--resume", *SMALL[:1], "3", *SMALL[2:])
+    printed = train_math("--output_dir", out, "--resume", *MICRO[:1], "3", *MICRO[2:])
     assert "resuming from" in printed
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [s["step"] for s in steps] == [0, 1, 2, 3] and all("eval/accuracy" in s for s in steps)  # 0: before GRPO
-    assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 3
-    assert minigrpo.load_pretrained(latest_checkpoint(out))[0] is not None
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["steps"] == 3
+    # The resumed run trained and saved its step 3, and that checkpoint is the policy it measured last.
+    latest = latest_checkpoint(out)
+    assert latest.endswith("step-000003")
+    model, tokenizer = minigrpo.load_pretrained(latest)
+    before = minigrpo.load_pretrained(os.path.join(out, "checkpoints", "step-000002"))[0].state_dict()
+    assert steps[3]["groups/zero_variance_frac"] < 1
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    held_out = load_problems("arithmetic", "test", count=4, seed=0)
+    accuracy = evaluate(model, tokenizer, held_out, template("tiny"), max_new_tokens=32).pass_at_1
+    assert accuracy == steps[3]["eval/accuracy"] == summary["final_accuracy"]
     # Other held-out problems on resume: the trained policy must not pass for the starting one.
-    other = list(SMALL)
+    other = list(MICRO)
     other[other.index("--eval_count") + 1] = "3"
-    result = subprocess.run([sys.executable, "examples/train_math.py", "--model", checkpoint, "--template", "tiny",
+    result = subprocess.run([sys.executable, "examples/train_math.py",
                              "--output_dir", out, "--resume", *other[:1], "4", *other[2:]],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
