@@ -18,8 +18,9 @@ setup(
     ],
     extras_require={
         # transformers is a test oracle only: nothing under minigrpo/ imports it; trl is there for the
-        # smoke runs of the benchmarks that measure against it (tests/test_benchmarks.py).
-        "test": ["pytest", "hypothesis", "transformers>=4.51", "trl>=1.0"],
+        # smoke runs of the benchmarks that measure against it (tests/test_benchmarks.py); matplotlib
+        # for the plotting test, which would otherwise skip.
+        "test": ["pytest", "hypothesis", "transformers>=4.51", "trl>=1.0", "matplotlib"],
         "plot": ["matplotlib"],
         # what benchmarks/ measures against: transformers' generate and forward, TRL's GRPOTrainer, Math-Verify's grader
         "bench": ["transformers>=4.51", "trl>=1.0", "math-verify[antlr4_13_2]"],

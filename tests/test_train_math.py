@@ -4,6 +4,7 @@ Qwen3 with a Qwen-style chat tokenizer. Both run the real command line in a subp
 
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -93,12 +94,35 @@ def test_a_bad_flag_value_is_one_clear_line(checkpoint, tmp_path):
     assert "num_generations must be an integer >= 2" in result.stderr
 
 
-def test_curves_are_plotted_from_metrics(tmp_path):
-    pytest.importorskip("matplotlib")
-    from minigrpo.plots import plot_curves
+def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
+    """Each panel plots its metric by step, or says it was not logged, in one 2000 x 320 PNG.
+    matplotlib is in the test extra, so this runs wherever the suite does (it used to skip)."""
+    import matplotlib.pyplot as plt
 
+    from minigrpo.plots import PANELS, plot_curves
+
+    rows = [{"step": 0, "eval/accuracy": 0.25}] + [
+        {"step": s, "reward/mean": s / 10, "completion/length_mean": 20 + s, "clip/region_frac": 0.0, "eval/accuracy": 0.5}
+        for s in range(1, 4)]  # no "kl": beta 0 keeps no reference
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("\n".join(json.dumps({"step": s, "reward/mean": s / 10, "kl": 0.0, "eval/accuracy": 0.5})
-                                 for s in range(1, 4)))
+    metrics.write_text("\n".join(json.dumps(row) for row in rows))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure, to read what was drawn
     assert plot_curves(str(metrics), str(tmp_path / "curves.png"))
-    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = (tmp_path / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (2000, 320)  # IHDR: width, height
+    (figure,) = figures
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    assert list(panels) == [title for _, title in PANELS]
+
+    def curve(title):
+        (line,) = panels[title].lines
+        return list(line.get_xdata()), list(line.get_ydata())
+
+    assert curve("reward") == ([1, 2, 3], [0.1, 0.2, 0.3])
+    assert curve("held-out accuracy (greedy)") == ([0, 1, 2, 3], [0.25, 0.5, 0.5, 0.5])  # from step 0, before GRPO
+    assert curve("completion length (tokens)") == ([1, 2, 3], [21, 22, 23])
+    assert not panels["KL to reference"].lines
+    assert [t.get_text() for t in panels["KL to reference"].texts] == ["not logged in this run"]
+    monkeypatch.undo()
+    plt.close(figure)
