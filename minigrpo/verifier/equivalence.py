@@ -73,6 +73,8 @@ def _match(p, g, decimals) -> bool:
     p, g = _result(p), _result(g)
     if isinstance(p, Relation) != isinstance(g, Relation):
         p, g = _drop_name(p), _drop_name(g)
+    if isinstance(p, Tuple) != isinstance(g, Tuple):
+        p, g = _as_point(p), _as_point(g)
     if isinstance(p, Text) or isinstance(g, Text):
         return isinstance(p, Text) and isinstance(g, Text) and p.words == g.words
     if _interval_like(p, g) or _interval_like(g, p):
@@ -104,6 +106,17 @@ def _drop_name(value):
     if isinstance(value, Relation) and value.op in _NAME_OPS and _is_name(value.lhs):
         return value.rhs
     return value
+
+
+def _as_point(value):
+    """'p = 5, q = 2' -> (5, 2): assignments to two or more distinct names, in the order written,
+    facing a tuple; anything else unchanged."""
+    if not isinstance(value, Set) or len(value.items) < 2:
+        return value
+    names = [item.lhs for item in value.items if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol)]
+    if len(names) != len(value.items) or len(set(names)) != len(names):
+        return value
+    return Tuple(tuple(item.rhs for item in value.items), "()")
 
 
 def _is_name(value) -> bool:
@@ -163,19 +176,42 @@ def _as_intervals(value):
         return None if any(p is None for p in parts) else [i for p in parts for i in p]
     if isinstance(value, Tuple) and len(value.items) == 2 and value.brackets == "()":
         return [Interval(value.items[0], value.items[1], False, False)]
-    bounds = _inequality_bounds(value)
-    return None if bounds is None else [bounds]
+    return _inequality_intervals(value)
 
 
 def _interval_like(a, b) -> bool:
     """Whether a is an interval, or an inequality compared with something that is not one."""
     if isinstance(a, (Interval, Union)):
         return True
-    return _inequality_bounds(a) is not None and isinstance(b, (Tuple, Interval, Union))
+    return _inequality_intervals(a) is not None and isinstance(b, (Tuple, Interval, Union))
+
+
+def _inequality_intervals(value):
+    """The intervals an inequality in one variable allows: 'x > 2' -> (2, oo); '1 <= |z| <= 2'
+    -> [-2, -1] and [1, 2]; anything else (or an empty set) -> None."""
+    bounds = _inequality_bounds(value)
+    if bounds is None:
+        return None
+    var, interval = bounds
+    if isinstance(var, sympy.Abs) and isinstance(var.args[0], sympy.Symbol):
+        return _absolute_value_intervals(interval)
+    return [interval]
+
+
+def _absolute_value_intervals(bounds: Interval):
+    """The z with |z| in `bounds`, z real: [-hi, -lo] and [lo, hi], one interval when lo <= 0."""
+    lo, hi = bounds.lo, bounds.hi
+    if not (hi.is_extended_positive or (hi.is_zero and bounds.right_closed)):
+        return None  # nothing, or a sign sympy cannot decide: not understood
+    if lo.is_extended_negative or (lo.is_zero and bounds.left_closed):
+        return [Interval(-hi, hi, bounds.right_closed, bounds.right_closed)]
+    if not (lo.is_extended_positive or lo.is_zero):
+        return None
+    return [Interval(-hi, -lo, bounds.right_closed, bounds.left_closed), bounds]
 
 
 def _inequality_bounds(value):
-    """'x > 2' -> (2, oo); '1 <= f(x) < 3' (a chain) -> [1, 3); anything else -> None."""
+    """'x > 2' -> (x, (2, oo)); '1 <= f(x) < 3' (a chain) -> (f(x), [1, 3)); anything else -> None."""
     relations = value.items if isinstance(value, Set) else (value,)
     lo, hi, lo_closed, hi_closed, names = -sympy.oo, sympy.oo, False, False, set()
     for rel in relations:
@@ -193,7 +229,7 @@ def _inequality_bounds(value):
             lo, lo_closed = bound, op == ">="
         else:
             hi, hi_closed = bound, op == "<="
-    return Interval(lo, hi, lo_closed, hi_closed) if len(names) == 1 else None
+    return (names.pop(), Interval(lo, hi, lo_closed, hi_closed)) if len(names) == 1 else None
 
 
 def _intervals_match(p_parts, g_parts, decimals) -> bool:

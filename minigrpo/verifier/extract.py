@@ -8,7 +8,8 @@ megabyte-long response costs milliseconds.
 Where answers are looked for, most trusted first; the first kind present wins, and within a kind
 the last occurrence counts ("the last final answer counts"):
   1. \\boxed{...} / \\boxed 7 / \\fbox{...}   an empty or unterminated last box is no answer; boxes
-     that follow each other closely ("\\boxed{1} and \\boxed{2}") are one answer, "1, 2"; a
+     that follow each other closely ("\\boxed{1} and \\boxed{2}") are one answer, "1, 2", unless
+     the words between them correct the first ("Earlier \\boxed{1}, later \\boxed{2}": "2"); a
      "The final answer is ..." sentence after the last box overrides it
   2. <answer>...</answer>
   3. #### 72                                   GSM8K
@@ -42,6 +43,9 @@ _SPAN_CLOSERS = {"$$": re.compile(r"(?<!\\)(?=\$\$)"), "$": re.compile(r"(?<!\\)
 _SENTENCE_END = re.compile(r"\n|\.(?:\s|$)|[;!?](?:\s|$)|\s+(?:I hope|which|because|since)\b")
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _SENTENCE_BREAK = re.compile(r"\n\s*\n|[.!?](?:\s|$)")
+_CORRECTION = re.compile(r"\b(?:later|actually|instead|rather|wait|correct(?:ion|ed)|on second thought|re-?check(?:ed|ing)?"
+                         r"|after checking)\b", re.IGNORECASE)  # between two boxes: the second replaces the first
+_HEDGE = re.compile(r"\b(?:or|maybe|perhaps|possibly)\b", re.IGNORECASE)  # ... unless the gap also hedges
 # A plain number: 72, -3.5, 1,250, 3/4. It never starts at an inner group of a comma-grouped number
 # (the "000" of ",000,0"): from every such group the regex walked the rest of the number again, which
 # on 20,000 groups took seconds; the number is read from its first group or not at all.
@@ -111,8 +115,14 @@ def _last_boxes(text: str) -> Found | None:
 
 
 def _close_together(text: str, a: Found, b: Found) -> bool:
+    """Whether box a and the box b after it are parts of one answer: close, in one sentence, and not
+    a correction of a by b ("Earlier \\boxed{1/3}, later \\boxed{2/3}") unless a hedge is in the gap too."""
+    if b.start - a.end > BOX_GAP:
+        return False
     gap = text[a.end:b.start]
-    return len(gap) <= BOX_GAP and not _SENTENCE_BREAK.search(gap)
+    if _SENTENCE_BREAK.search(gap):
+        return False
+    return not _CORRECTION.search(gap) or bool(_HEDGE.search(gap))
 
 
 def _box_argument(text: str, start: int):

@@ -37,12 +37,14 @@ _TEXT_COMMANDS = re.compile(
 )
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])|°|\^\{\\text\{o\}\}")
 _PERCENT_AND_MONEY = re.compile(r"\\%|%|\\\$|\$")
-_BRACED_COMMA = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!)\s*(?=\d{3}(?!\d))")  # 10{,}000 and 10,\!000
+# Thousands separators. The first group of a number written with them has 1-3 digits and does not
+# start with 0: "0,500" is a list (or a decimal comma), never 500.
+_BRACED_THOUSANDS = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?:\s*(?:\{\s*,\s*\}|,\\!)\s*\d{3})+(?!\d)")  # 10{,}000, 10,\!000
 _BRACE = re.compile(r"(?<!\\)[{}]")
 _UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*[23]\s*\}?")
 _SIMPLE_SUBSCRIPT = re.compile(r"_\{\s*([A-Za-z0-9]+)\s*\}")
-_SPACED_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?: \d{3})+(?![\d.])")
-_COMMA_THOUSANDS = re.compile(r"^(?P<pre>[^,()\[\]{}]*?)(?P<num>\d{1,3}(?:,\d{3})+)(?P<post>(?:\.\d+)?[^,()\[\]{}]*)$")
+_SPACED_THOUSANDS = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?: \d{3})+(?![\d.])")
+_COMMA_THOUSANDS = re.compile(r"^(?P<pre>[^,()\[\]{}]*?)(?P<num>[1-9]\d{0,2}(?:,\d{3})+)(?P<post>(?:\.\d+)?[^,()\[\]{}]*)$")
 _TRAILING_WORDS_REVERSED = re.compile(r"\s*(?:[A-Za-z]{2,}\s+)+")  # on the reversed string
 _ENDS_IN_NUMBER = re.compile(r"[^A-Za-z]*\d")  # on the reversed string: a digit after the last letter
 _APPROX = re.compile(r"\\approx(?![A-Za-z])|\\simeq(?![A-Za-z])|≈")
@@ -65,7 +67,7 @@ def normalize(answer: str) -> str:
         s = re.sub(r"\\\\(?=[A-Za-z])", r"\\", s)  # a doubly escaped response: \\frac -> \frac
     s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group()], s)
     s = _strip_outer_delimiters(s)
-    s = _BRACED_COMMA.sub("", s)
+    s = _BRACED_THOUSANDS.sub(_digits_only, s)
     s = _IGNORED_GROUPS.sub("", s)
     s = _DEGREES.sub(" ", s)
     s = _PERCENT_AND_MONEY.sub(" ", s)
@@ -75,7 +77,7 @@ def normalize(answer: str) -> str:
     s = _join_thousands(s)
     s = _drop_unit_words(s)
     s = _SIMPLE_SUBSCRIPT.sub(r"_\1", s)
-    s = re.sub(r"\s+", " ", s).strip().rstrip(".,;: ").strip()
+    s = re.sub(r"\s+", " ", s).strip().rstrip(".,;: \\").strip()  # and a stray backslash: 185\\ -> 185
     return _final_link(s)
 
 
@@ -145,12 +147,16 @@ def _brace_partners(s: str) -> dict[int, int]:
 
 def _join_thousands(s: str) -> str:
     """12{,}345 / 12 345 -> 12345 always; 12,345 -> 12345 only when no list or tuple could be meant."""
-    s = _BRACED_COMMA.sub("", s)
-    s = _SPACED_THOUSANDS.sub(lambda m: m.group().replace(" ", ""), s)
+    s = _BRACED_THOUSANDS.sub(_digits_only, s)
+    s = _SPACED_THOUSANDS.sub(_digits_only, s)
     match = _COMMA_THOUSANDS.match(s)
     if match and not re.search(r"\d\s*$", match.group("pre")):
         s = match.group("pre") + match.group("num").replace(",", "") + match.group("post")
     return s
+
+
+def _digits_only(match: re.Match) -> str:
+    return re.sub(r"\D", "", match.group())
 
 
 def _drop_unit_words(s: str) -> str:

@@ -97,6 +97,18 @@ def _tokenize(s: str) -> list[tuple[str, str]]:
     return tokens
 
 
+def _solutions(items: list) -> list:
+    """'p=5, q=2; p=7, q=2' -> [{p=5, q=2}, {p=7, q=2}]: a list of assignments in which the same two
+    or more names come round again, in the same order, is a list of solutions, one per round (read
+    as one set it would merge them: {p=5, q=2, p=7}). Any other list is returned as it is."""
+    names = [item.lhs if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol) else None
+             for item in items]
+    size = len(dict.fromkeys(names))
+    if None in names or size < 2 or len(items) == size or names != names[:size] * (len(items) // size):
+        return items
+    return [make_set(items[i:i + size]) for i in range(0, len(items), size)]
+
+
 class _Parser:
     """Recursive descent, loosest binding first: list, relation, union, sum, product, power, atom."""
 
@@ -125,7 +137,7 @@ class _Parser:
 
     # -- grammar ------------------------------------------------------------------------------
     def answer(self):
-        items = self.sequence()
+        items = _solutions(self.sequence())
         if self.pos != len(self.tokens):
             raise Unsupported(f"unexpected {self.peek()[1]!r}")
         return items[0] if len(items) == 1 else make_set(items)
