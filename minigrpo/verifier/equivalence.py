@@ -8,7 +8,9 @@ The rules, in order:
 - equal after `normalize` -> equal;
 - either side not understood (`parse` raises) -> not equal (fail closed);
 - an equation between numbers is a computation, and stands for its result: "2 \\cdot 6 = 12" ~ 12;
-- a name on one side only is dropped: "x = 5" ~ "5", "(p, q) = (3, 2)" ~ "(3, 2)";
+- a name on one side only is dropped: "x = 5" ~ "5", "(p, q) = (3, 2)" ~ "(3, 2)"; assignments to
+  two or more names facing a tuple are a point, in the order written: "x = 1, y = 2" ~ "(1, 2)"
+  (and "p=5,q=2;p=7,q=2", whose names come round again, is two solutions: `parse`);
 - numbers: exact rational equality for integers, decimals and fractions (3 = 3.0 = 6/2, but
   1000001 != 1000000 and 2^-98 != 2^-99); other closed forms (2\\sqrt2 = \\sqrt8, e^{i\\pi} = -1)
   by 60-digit evaluation with a 1e-40 relative margin, which separates distinct closed forms;
@@ -21,7 +23,8 @@ The rules, in order:
   constant factor (positive for inequalities): y = 2x + 3 ~ 3 + 2x = y, but x = 2 !~ y = 2;
 - tuples in order, sets and bare lists in any order (repeats ignored) with the same size,
   intervals with the same open/closed ends (an inequality on one variable against an interval
-  counts as one), matrices elementwise, a column vector as a tuple.
+  counts as one; one in |x| as the intervals of x it allows: 1 <= |z| <= 2 ~ [-2, -1] \\cup [1, 2]),
+  matrices elementwise, a column vector as a tuple.
 A hedge ("3 or 5", \\pm 3, a list for a single gold, an interval for a number) never equals a
 single value.
 """
