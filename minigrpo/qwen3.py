@@ -352,7 +352,10 @@ class Qwen3(nn.Module):
     def __init__(self, config: Qwen3Config):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # given a weight, nn.Embedding skips its own N(0, 1) init (on the meta device that alone imported
+        # torch._dynamo, 1-3 s per process); _init_weights below or the checkpoint sets the values
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape))
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False)
