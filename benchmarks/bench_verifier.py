@@ -8,10 +8,15 @@ same run. The default corpus, benchmarks/data/verifier_cases.jsonl, holds the ca
 tests/test_verifier.py (remade by benchmarks/data/make_verifier_cases.py), so we score 100% there by
 construction; `--corpus` takes any corpus in the same schema. With `--math500`, a second check
 boxes each MATH-500 gold answer: it must match itself, and `\\boxed{123}` must match no gold but 123.
+With `--peer DIR` the cases are other projects' grading tests instead, one JSONL per source in DIR
+({"source", "gold", "pred", "expected", "kind", "ref"}; `kind` "extracted" is scored with
+is_equivalent, "response" with math_reward; rows without a label, such as skipped.jsonl's, are left
+out), and the table is per source.
 
     python benchmarks/bench_verifier.py --limit 20        # smoke run on the shipped corpus
     python benchmarks/bench_verifier.py --corpus ../shared/data/verifier_corpus.jsonl \\
         --math500 ../shared/data/math500_test.jsonl --against math-verify
+    python benchmarks/bench_verifier.py --peer ../shared/data/peer_verifier_cases --against math-verify
 """
 
 from __future__ import annotations
@@ -28,6 +33,34 @@ import minigrpo.verifier as verifier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "data", "verifier_cases.jsonl")
+
+
+def load_corpus(path: str) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def load_peer(directory: str) -> tuple[list[dict], int]:
+    """The labelled cases of every *.jsonl in `directory`, as corpus cases whose category is their
+    source; and how many rows had no label (skipped.jsonl lists the cases a conversion left out)."""
+    cases, unlabelled = [], 0
+    for name in sorted(f for f in os.listdir(directory) if f.endswith(".jsonl")):
+        for line in open(os.path.join(directory, name), encoding="utf-8"):
+            case = json.loads(line)
+            if not (isinstance(case.get("expected"), bool) and case.get("kind") in ("extracted", "response")):
+                unlabelled += 1
+                continue
+            cases.append({**case, "category": case["source"], "bare": case["kind"] == "extracted"})
+    return cases, unlabelled
+
+
+def outside_math500(cases, results) -> str:
+    """Accuracy on the cases that are not reasoning-from-scratch's 1,500 MATH-500 rows (answers
+    against themselves, boxed, and against \\boxed{123}), where a verifier's misses show."""
+    rest = [(case, result) for case, result in zip(cases, results) if "test_math500_" not in case.get("ref", "")]
+    if not rest:
+        return "no cases outside the MATH-500 rows"
+    right = sum(said == case["expected"] for case, (said, _) in rest)
+    return f"{100 * right / len(rest):.1f}% of the {len(rest)} cases outside the MATH-500 rows"
 
 
 def ours(case) -> bool:
@@ -85,7 +118,7 @@ def summary(cases, results) -> dict:
 
 def print_tables(names, summaries) -> None:
     categories = sorted(summaries[0]["categories"], key=lambda c: -summaries[0]["categories"][c]["n"])
-    header = "| category | n | " + " | ".join(f"{n} acc | {n} FP | {n} FN" for n in names) + " |"
+    header = "| category or source | n | " + " | ".join(f"{n} acc | {n} FP | {n} FN" for n in names) + " |"
     print(header)
     print("|" + "---|" * (2 + 3 * len(names)))
     for category in categories + ["all"]:
@@ -117,6 +150,7 @@ def math500_check(path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=CORPUS, help="labelled JSONL (default: the shipped test cases)")
+    parser.add_argument("--peer", help="a directory of other projects' grading cases, one JSONL per source (instead of --corpus)")
     parser.add_argument("--math500", help="MATH-500 JSONL with an 'answer' per line; the self-match check needs it")
     parser.add_argument("--limit", type=int, help="score only the first N cases (a quick smoke run)")
     parser.add_argument("--against", choices=["math-verify"], help="also run this verifier on the same cases")
@@ -125,15 +159,25 @@ def main() -> None:
     for flag, path in (("--corpus", args.corpus), ("--math500", args.math500)):
         if path is not None and not os.path.isfile(path):
             sys.exit(f"bench_verifier: {flag}: no such file {path}")
+    if args.peer is not None and not os.path.isdir(args.peer):
+        sys.exit(f"bench_verifier: --peer: no such directory {args.peer}")
     if args.limit is not None and args.limit < 1:
         sys.exit(f"bench_verifier: --limit must be at least 1, got {args.limit}")
 
-    cases = [json.loads(line) for line in open(args.corpus, encoding="utf-8")][: args.limit]
+    if args.peer is None:
+        source, (cases, unlabelled) = args.corpus, (load_corpus(args.corpus), 0)
+    else:
+        source, (cases, unlabelled) = args.peer, load_peer(args.peer)
+    cases = cases[: args.limit]
+    if not cases:
+        sys.exit(f"bench_verifier: no labelled cases in {source}")
     load = os.getloadavg()[0]
-    print(f"{len(cases)} cases from {args.corpus}; {os.cpu_count()} cpus, load avg {load:.2f}\n")
+    print(f"{len(cases)} cases from {source} ({unlabelled} rows without a label left out); "
+          f"{os.cpu_count()} cpus, load avg {load:.2f}\n")
     names, summaries = ["minigrpo"], []
     results, errors = run(cases, ours)
     summaries.append(summary(cases, results))
+    all_results = [results]
     if args.show_misses:
         for case, (said, _) in zip(cases, results):
             if said != case["expected"]:
@@ -144,10 +188,15 @@ def main() -> None:
         names.append(f"math-verify {importlib.metadata.version('math-verify')}")
         mv_results, mv_errors = run(cases, math_verify_scorer())
         summaries.append(summary(cases, mv_results))
+        all_results.append(mv_results)
         print(f"math-verify raised on {mv_errors} cases (counted as 'not equal')")
     print(f"minigrpo raised on {errors} cases\n")
     print_tables(names, summaries)
     print()
+    if args.peer is not None:
+        for name, scored in zip(names, all_results):
+            print(f"{name}: {outside_math500(cases, scored)}")
+        print()
     if args.math500 is None:
         print("MATH-500 self-match check skipped; run it with --math500 ../shared/data/math500_test.jsonl")
     else:

@@ -5,6 +5,7 @@ prints its tables (the timings themselves are never asserted: they belong to ben
 The subprocess runs from a temporary directory, so nothing here can lean on ../shared.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -35,11 +36,35 @@ def test_every_benchmark_has_a_smoke_run():
     assert scripts == sorted(SMALLEST)
 
 
-@pytest.mark.parametrize("script", sorted(SMALLEST))
-def test_benchmark_runs_at_its_smallest_size(script, tmp_path):
+def run_benchmark(script: str, args: list, cwd) -> str:
+    """The benchmark's stdout, after checking that it ran to the end."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(BENCHMARKS, ".."), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *SMALLEST[script]], cwd=tmp_path,
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], cwd=cwd,
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("script", sorted(SMALLEST))
+def test_benchmark_runs_at_its_smallest_size(script, tmp_path):
+    stdout = run_benchmark(script, SMALLEST[script], tmp_path)
     for text in EXPECTED[script]:
-        assert text in result.stdout, result.stdout[-3000:]
+        assert text in stdout, stdout[-3000:]
+
+
+def test_bench_verifier_scores_a_directory_of_peer_cases(tmp_path):
+    """--peer reads one JSONL per source (written here: the shared cases are not in a clean clone)."""
+    peer = tmp_path / "peer"
+    peer.mkdir()
+    rows = {
+        "alpha.jsonl": [{"source": "alpha", "gold": "1/2", "pred": "0.5", "expected": True, "kind": "extracted", "ref": "a:1"},
+                        {"source": "alpha", "gold": "3", "pred": "so \\boxed{4}", "expected": False, "kind": "response", "ref": "a:2"}],
+        "beta.jsonl": [{"source": "beta", "gold": "7", "pred": "The answer is 7.", "expected": True, "kind": "response", "ref": "b:1"}],
+        "skipped.jsonl": [{"source": "beta", "gold": None, "pred": "A", "expected": None, "ref": "b:2", "why": "a letter"}],
+    }
+    for name, cases in rows.items():
+        (peer / name).write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")
+    stdout = run_benchmark("bench_verifier.py", ["--peer", str(peer)], tmp_path)
+    assert "3 cases" in stdout and "1 rows without a label" in stdout
+    assert "| alpha | 2 | 100.0% | 0 | 0 |" in stdout and "| beta | 1 | 100.0% | 0 | 0 |" in stdout
+    assert "| all | 3 | 100.0% | 0 | 0 |" in stdout
