@@ -340,8 +340,6 @@ def test_eight_threads_of_hostile_checks_each_return_in_time():
     for thread in threads:
         thread.join()
     assert len(timings) == 8 * len(calls)
-    print("8 threads, slowest calls (s):", [round(t[0], 3) for t in sorted(timings, key=lambda t: t[0])[-6:]],
-          "failed closed:", sum(said != right for _, said, right, _ in timings))
     assert max(elapsed for elapsed, *_ in timings) <= CONCURRENT_LIMIT, sorted(t[0] for t in timings)[-5:]
     for elapsed, said, right, hostile in timings:
         assert said == right or (not hostile and elapsed >= TIME_LIMIT), (elapsed, said, right)

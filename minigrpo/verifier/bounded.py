@@ -9,8 +9,8 @@ oversized work from estimates, so kills are rare.
 
 One pool of workers serves every caller in the process. A check takes a free worker from a shared
 list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
-deadline counts from the call (in a batch, from the batch's previous answer), so waiting for a
-worker is part of it: a check that gets no worker in time fails closed ("not equal"), and a worker
+deadline counts from the call (in a batch, from the later of the call and the batch's last
+answer), so waiting for a worker is part of it: a check that gets no worker in time fails closed ("not equal"), and a worker
 that a check gets late has only what is left of the deadline. Under many concurrent hostile checks
 this gives up answers to keep the bound, never the other way round.
 
