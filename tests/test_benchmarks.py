@@ -56,11 +56,13 @@ def test_bench_verifier_scores_a_directory_of_peer_cases(tmp_path):
     """--peer reads one JSONL per source (written here: the shared cases are not in a clean clone)."""
     peer = tmp_path / "peer"
     peer.mkdir()
+    def case(source, gold, pred, expected, kind):
+        return {"source": source, "gold": gold, "pred": pred, "expected": expected, "kind": kind, "ref": "here"}
+
     rows = {
-        "alpha.jsonl": [{"source": "alpha", "gold": "1/2", "pred": "0.5", "expected": True, "kind": "extracted", "ref": "a:1"},
-                        {"source": "alpha", "gold": "3", "pred": "so \\boxed{4}", "expected": False, "kind": "response", "ref": "a:2"}],
-        "beta.jsonl": [{"source": "beta", "gold": "7", "pred": "The answer is 7.", "expected": True, "kind": "response", "ref": "b:1"}],
-        "skipped.jsonl": [{"source": "beta", "gold": None, "pred": "A", "expected": None, "ref": "b:2", "why": "a letter"}],
+        "alpha.jsonl": [case("alpha", "1/2", "0.5", True, "extracted"), case("alpha", "3", "so \\boxed{4}", False, "response")],
+        "beta.jsonl": [case("beta", "7", "The answer is 7.", True, "response")],
+        "skipped.jsonl": [{"source": "beta", "gold": None, "pred": "A", "expected": None, "ref": "here", "why": "a letter"}],
     }
     for name, cases in rows.items():
         (peer / name).write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")

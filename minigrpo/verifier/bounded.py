@@ -10,9 +10,9 @@ oversized work from estimates, so kills are rare.
 One pool of workers serves every caller in the process. A check takes a free worker from a shared
 list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
 deadline counts from the call (in a batch, from the later of the call and the batch's last
-answer), so waiting for a worker is part of it: a check that gets no worker in time fails closed ("not equal"), and a worker
-that a check gets late has only what is left of the deadline. Under many concurrent hostile checks
-this gives up answers to keep the bound, never the other way round.
+answer), so waiting for a worker is part of it: a check that gets no worker in time fails closed
+("not equal"), and a worker that a check gets late has only what is left of the deadline. Under
+many concurrent hostile checks this gives up answers to keep the bound, never the other way round.
 
 Why processes and not `signal.alarm`: an alarm works only on the main thread, and it cannot
 interrupt C code such as big-integer arithmetic, which is exactly where a hostile answer hangs.
@@ -66,7 +66,8 @@ class _Worker:
             )
         except OSError as error:  # no such interpreter, no processes left
             self.stderr.close()
-            raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {error}") from None
+            command = f"{sys.executable} -m minigrpo.verifier.worker"
+            raise VerifierError(f"a verifier worker ({command}) did not start: {error}") from None
         self.ready = False
         self.deadline = None  # when the job it holds must be done; None when idle
 

@@ -116,7 +116,8 @@ def _as_point(value):
     facing a tuple; anything else unchanged."""
     if not isinstance(value, Set) or len(value.items) < 2:
         return value
-    names = [item.lhs for item in value.items if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol)]
+    names = [item.lhs for item in value.items
+             if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol)]
     if len(names) != len(value.items) or len(set(names)) != len(names):
         return value
     return Tuple(tuple(item.rhs for item in value.items), "()")

@@ -34,8 +34,9 @@ _BARE_ARGUMENT = re.compile(r"[^\s$\\{}]+")
 _GSM8K = re.compile(r"####[ \t]*([^\n]*)")
 _SENTENCE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*:?", re.IGNORECASE)
 _FINAL_SENTENCE = re.compile(r"final answer\s*(?:is|:)\s*:?", re.IGNORECASE)
-_MATH_SPAN = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<!\\)\$(.+?)(?<!\\)\$", re.DOTALL)  # at one place
-# Math spans over a whole text are found by `_math_spans`, one pass; delimiters in the order tried at a place:
+_MATH_SPAN = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<!\\)\$(.+?)(?<!\\)\$", re.DOTALL)
+# _MATH_SPAN reads a span at one place; over a whole text `_math_spans` finds them in one pass, with
+# the delimiters in the order tried at a place:
 _SPAN_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
 _SPAN_OPENER = re.compile(r"(?<!\\)\$|\\[\[(]")
 _SPAN_CLOSERS = {"$$": re.compile(r"(?<!\\)(?=\$\$)"), "$": re.compile(r"(?<!\\)\$"),
