@@ -100,8 +100,6 @@ def _unwrap_text_commands(s: str, drop_units: bool) -> str:
     i = 0
     for match in _TEXT_COMMANDS.finditer(s):
         i = _close_groups(s, stack, i, match.start(), drop_units)
-        if match.start() < i:
-            continue  # inside a unit power just dropped (\\text{cm}^{2})
         end = partner.get(match.end() - 1)
         if end is None:
             break
