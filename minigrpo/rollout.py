@@ -1,8 +1,8 @@
 """Between the stages: the rollout buffer, one record per sampled completion.
 
-In: the sampler's completions for a batch of prompts (stage 1); later stages fill in rewards
-(2), advantages (3) and the old / reference log-probs (4). Out: padded tensors for the update,
-in micro-batches. It knows token ids and numbers, not text, rewards' meaning or the model.
+In: the sampler's completions for a batch of prompts (stage 1); later stages fill in the decoded
+text and rewards (2), advantages (3) and the old / reference log-probs (4). Out: padded tensors for
+the update, in micro-batches. It knows token ids and numbers, not rewards' meaning or the model.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ class Rollout:
 
     prompt_ids: list[int]  # the prompt it continues
     completion_ids: list[int]  # sampled tokens, EOS included when one was emitted
-    group: int  # which prompt of this step (its G completions share the number)
     finish_reason: str  # "stop" (EOS) or "length" (cut at max_completion_length)
+    text: str = ""  # the completion decoded (stage 2): what the rewards read
     rewards: dict[str, float] = field(default_factory=dict)  # each reward component, unweighted
     reward: float = 0.0  # the weighted total
     advantage: float = 0.0  # group-relative, from the total

@@ -4,11 +4,16 @@ Pass a `Trace` to `Trainer.train_step(observer=...)` (or `--trace` to examples/t
 After stage 3 it prints the first group: the prompt, its G completions, their extracted answers,
 each reward component, the group's mean and std and each advantage. After stage 4 it prints,
 token by token, the log-probs before and after the update and their ratio, then the loss stats.
+With `html_path` it also writes that group as one self-contained page (`render_html` of
+`self.record`, plain data): every token coloured by how far the update moved its log-prob.
 It only reads: the step it watches is the step that would have run anyway. Under torchrun every
 rank computes what it shows (the log-probs need every rank when the policy is sharded), rank 0 prints.
 """
 
 from __future__ import annotations
+
+import html
+import math
 
 import torch
 
@@ -20,20 +25,25 @@ MAX_TOKENS_SHOWN = 16  # per completion in the token table
 
 
 class Trace:
-    def __init__(self, write=print):
-        self.write = write
-        self.group = []
+    def __init__(self, write=print, html_path: str | None = None):
+        self.write, self.html_path = write, html_path
+        self.group, self.record = [], {}
 
-    def rollouts(self, trainer, rollouts, texts) -> None:
+    def rollouts(self, trainer, rollouts, texts=None) -> None:
         G = trainer.grpo.num_generations
         self.group = rollouts[:G]
+        texts = [r.text for r in self.group] if texts is None else texts[:G]
         self.before = self._logprobs(trainer)
         rewards = torch.tensor([r.reward for r in self.group])
+        self.record = {"step": trainer.step, "prompt": trainer.tokenizer.decode(self.group[0].prompt_ids),
+                       "mean": float(rewards.mean()), "std": float(rewards.std()), "completions": [
+                           dict(text=text, answer=extract_answer(text), rewards=dict(r.rewards), reward=r.reward,
+                                advantage=r.advantage, finish_reason=r.finish_reason) for r, text in zip(self.group, texts)]}
         w = self._writer(trainer)
         w("=" * 30 + f" step {trainer.step}: one group's journey " + "=" * 30)
-        w(f"[task -> prompt]   {trainer.tokenizer.decode(self.group[0].prompt_ids)!r}")
+        w(f"[task -> prompt]   {self.record['prompt']!r}")
         w(f"[1 sample]         {G} completions at temperature {trainer.grpo.temperature}:")
-        for i, (r, text) in enumerate(zip(self.group, texts[:G])):
+        for i, (r, text) in enumerate(zip(self.group, texts)):
             rewards_text = ", ".join(f"{k}={v:g}" for k, v in r.rewards.items())
             w(f"  #{i} {text!r:60.60}  answer={extract_answer(text)!r} ({r.finish_reason}, {len(r.completion_ids)} tokens)")
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
@@ -42,20 +52,23 @@ class Trace:
 
     def updated(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
+        for i, (r, shown) in enumerate(zip(self.group, self.record["completions"])):
+            shown["tokens"] = [(trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]))
+                               for t, token in enumerate(r.completion_ids)]  # (text, log p before, log p after)
+        self.record["stats"] = dict(stats)
         w = self._writer(trainer)
         w(f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: "
           "per token, log p before -> after the AdamW step, and ratio p_after / p_before")
-        for i, r in enumerate(self.group):
-            n = min(len(r.completion_ids), MAX_TOKENS_SHOWN)
-            cells = []
-            for t in range(n):
-                token = trainer.tokenizer.decode([r.completion_ids[t]])
-                ratio = float(torch.exp(after[i, t] - self.before[i, t]))
-                cells.append(f"{token!r}:{self.before[i, t]:.2f}->{after[i, t]:.2f}(x{ratio:.3f})")
-            w(f"  #{i} A={r.advantage:+.2f}  " + " ".join(cells) + (" ..." if len(r.completion_ids) > n else ""))
-        shown = {k: round(v, 5) for k, v in stats.items() if k in ("loss", "ratio/mean", "clip/region_frac", "kl", "entropy", "grad_norm")}
-        w(f"[4 loss]           {shown}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss")
+        for i, shown in enumerate(self.record["completions"]):
+            cells = [f"{token!r}:{b:.2f}->{a:.2f}(x{math.exp(a - b):.3f})" for token, b, a in shown["tokens"][:MAX_TOKENS_SHOWN]]
+            w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(cells) + (" ..." if len(shown["tokens"]) > MAX_TOKENS_SHOWN else ""))
+        brief = {k: round(v, 5) for k, v in stats.items() if k in ("loss", "ratio/mean", "clip/region_frac", "kl", "entropy", "grad_norm")}
+        w(f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss")
         w("                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)")
+        if self.html_path and trainer.dist.is_main:
+            with open(self.html_path, "w", encoding="utf-8") as f:
+                f.write(render_html(self.record))
+            w(f"[trace page]       {self.html_path}")
         w("=" * 92)
 
     def _writer(self, trainer):
@@ -67,3 +80,39 @@ class Trace:
             logprobs, _ = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask,
                                          batch.completion_start, trainer.grpo.temperature)
         return logprobs.cpu()  # (G, Tc)
+
+
+CSS = """body { font: 15px/1.45 system-ui, sans-serif; max-width: 1180px; margin: 24px auto; padding: 0 16px; color: #222 }
+pre, .tokens { font: 14px/1.9 ui-monospace, monospace; white-space: pre-wrap; word-break: break-all }
+pre { background: #f4f4f4; padding: 8px 12px; border-radius: 6px }
+.completion { border: 1px solid #ddd; border-radius: 6px; padding: 6px 12px; margin: 8px 0 }
+.tok { border-radius: 3px; outline: 1px solid #0001 } .key { color: #666 } h2 { margin: 20px 0 6px }
+.stats { columns: 3; font: 13px ui-monospace, monospace } .stats div { break-inside: avoid }"""
+
+
+def _colour(delta: float, scale: float) -> str:
+    """Green when the update raised the token's log-prob, red when it lowered it; opaque at |delta| = scale."""
+    alpha = min(abs(delta) / scale, 1.0) * 0.85 if scale > 0 else 0.0
+    return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
+
+
+def render_html(record: dict) -> str:
+    """Trace.record as one page: inline CSS, no script, no URL; each token's numbers in its title."""
+    e = html.escape
+    scale = max((abs(a - b) for c in record["completions"] for _, b, a in c["tokens"]), default=0.0)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {record['step']}</title>"
+             f"<style>{CSS}</style></head><body><h1>Step {record['step']}: one group's journey</h1>",
+             f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre><h2>{len(record['completions'])} completions</h2>",
+             f"<p>Group reward mean {record['mean']:.4g}, std {record['std']:.4g}; advantage = (reward − mean) / (std + eps). "
+             f"Each token's colour is log p after − before the update: <span style='background:{_colour(1, 1)}'>up</span>, "
+             f"<span style='background:{_colour(-1, 1)}'>down</span>, full colour at |Δ| = {scale:.3g}; hover for the numbers.</p>"]
+    for i, c in enumerate(record["completions"]):
+        rewards = ", ".join(f"{k} {v:g}" for k, v in c["rewards"].items())
+        spans = "".join(f"<span class='tok' style='background:{_colour(a - b, scale)}' title='log p {b:.6f} → {a:.6f} "
+                        f"(Δ {a - b:+.3g})'>{e(t)}</span>" for t, b, a in c["tokens"])
+        parts.append(f"<div class='completion'><b>#{i}</b> <span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> "
+                     f"({e(rewards)}) <span class='key'>advantage</span> <b class='advantage'>{c['advantage']:+.6g}</b> "
+                     f"<span class='key'>answer</span> {e(repr(c['answer']))} <span class='key'>{e(c['finish_reason'])}, "
+                     f"{len(c['tokens'])} tokens</span><div class='tokens'>{spans}</div></div>")
+    stats = "".join(f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>" for k, v in record["stats"].items())
+    return "\n".join(parts + [f"<h2>Loss and stats of the update</h2><div class='stats'>{stats}</div></body></html>"])

@@ -52,7 +52,7 @@ from .metrics import MetricsLogger, NullLogger
 from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
 from .sampler import Samples, generate
 from .task import PromptStream, Task
-from .verifier import compute_rewards
+from .verifier import Rewards, compute_rewards
 
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
@@ -76,6 +76,7 @@ class Trainer:
         self.check_context(self.prompt_ids, "task's prompts")
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._padding = self._padding_rollout()  # what a rank with no rollouts left forwards, to join the collectives
         self.reference = self.reference_logprobs = None  # a frozen reference only when the KL needs one
         if grpo.beta > 0:
             self.reference = _frozen_copy(reference if reference is not None else model)
@@ -122,77 +123,63 @@ class Trainer:
             logger.close()
 
     def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
-        """One GRPO step; (stats for the logger, a few completions with their rewards). An observer
-        (see trace.py) is shown the rollouts after stage 3 and the stats after stage 4."""
+        """One GRPO step, its stages numbered as in the README's diagram; (stats for the logger, a few
+        completions with their rewards). An observer (trace.py) sees the rollouts after stage 3 and
+        the update's stats after stage 4."""
         self.step += 1
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.config.learning_rate * self._lr_factor(self.step - 1)
-        timings, started = {}, time.perf_counter()
-        # Stages 1-3, repeated by dynamic sampling until the batch has enough groups with signal.
-        sampled, trained, texts, sampling = self._collect(timings)
+        self._set_learning_rate()
+        clock = _Clock()
+        sampled, trained, stats = self.collect(clock)  # stages 1-3, in as many rounds as dynamic sampling needs
         if observer is not None:
-            observer.rollouts(self, sampled, texts)
-        stats = {**_reward_stats(sampled), **sampling}
-        # Stage 4: update.
-        t = time.perf_counter()
-        update_stats = self._update(trained)
-        timings["time/update"] = time.perf_counter() - t
-        stats.update(update_stats)
+            observer.rollouts(self, sampled)
+        with clock("update"):
+            update = self.update(trained)  # 4. update: old/reference log-probs, then num_iterations AdamW steps
         if observer is not None:
-            observer.updated(self, update_stats)
-        stats["lr"] = self.optimizer.param_groups[0]["lr"]
-        timings["time/step"] = time.perf_counter() - started
-        stats.update(timings)
-        return stats, self._examples(sampled, texts)
+            observer.updated(self, update)
+        return {**stats, **update, "lr": self.optimizer.param_groups[0]["lr"], **clock.stats()}, self._examples(sampled)
 
     # -- stages 1-3 -----------------------------------------------------------------------------
-    def _collect(self, timings: dict):
-        """Stages 1-3: (every rollout sampled, the ones to train on, their texts, sampling stats)."""
+    def collect(self, clock) -> tuple[list[Rollout], list[Rollout], dict[str, float]]:
+        """Stages 1-3 for the step's batch: (every rollout sampled, the ones to train on, their stats).
+
+        Dynamic sampling (DAPO) wraps stages 1-2: it samples new prompts for the groups whose rewards
+        were all equal, up to max_sampling_rounds rounds; without it one round is the batch."""
         G, wanted = self.grpo.num_generations, self.config.batch_size // self.grpo.num_generations
         drop_flat = self.grpo.dynamic_sampling or self.grpo.drop_zero_variance_groups
-        everything, rollouts, texts, rows, flat, sampled = [], [], [], [], 0, 0
-        sample_seconds = sample_tokens = 0.0
+        sampled, trained = [], []
         for round_ in range(self.grpo.max_sampling_rounds if self.grpo.dynamic_sampling else 1):
-            # The same prompts on every rank; each samples and scores its own contiguous block of them.
-            indices = self.stream.next(wanted - len(rows) if self.grpo.dynamic_sampling else wanted)
-            mine = self.dist.block(len(indices))
-            # Stage 1: sample G completions per prompt.
-            t = time.perf_counter()
-            samples = self._sample(indices[mine], round_)
-            sample_seconds += time.perf_counter() - t
-            sample_tokens += samples.num_tokens
-            new = self._rollouts(indices[mine], samples, group_offset=len(rows) + mine.start)
-            # Stage 2: verify.
-            t = time.perf_counter()
-            new_texts = self._score(new, [self.task.rows[i] for i in indices[mine]])
-            timings["time/verify"] = timings.get("time/verify", 0.0) + time.perf_counter() - t
-            # Every rank learns the whole round, in prompt order: what follows sees the batch a single
-            # process would have, and takes the same decisions on every rank.
-            new, new_texts = _concatenate(self.dist.gather((new, new_texts)))
-            # Stage 3: advantages (zero for groups whose rewards are all equal).
-            flags = self._advantages(new)
-            sampled += len(indices)
-            flat += int(flags.sum())
-            everything += new
-            texts += new_texts
-            for g in range(len(indices)):
-                if not (drop_flat and flags[g]):
-                    rollouts += _renumber(new[g * G : (g + 1) * G], len(rows))
-                    rows.append(indices[g])
-            if len(rows) >= wanted:
+            more = wanted - len(trained) // G if self.grpo.dynamic_sampling else wanted
+            new = self.sample_and_score(self.stream.next(more), round_, clock)  # stages 1-2
+            flat = zero_variance_groups(torch.tensor([r.reward for r in new]), G).tolist()  # (groups,)
+            sampled += new
+            trained += [r for g, is_flat in enumerate(flat) if not (drop_flat and is_flat) for r in new[g * G : (g + 1) * G]]
+            if len(trained) >= wanted * G:
                 break
-        if self.grpo.scale_rewards == "batch" and rollouts:
-            self._advantages(rollouts)  # one std over the batch that is actually trained on
-        timings["time/sample"] = self.dist.max([sample_seconds])[0]  # the step waits for the slowest rank
-        sample_tokens = self.dist.sum([sample_tokens])[0]
-        sampling = {
-            "groups/zero_variance_frac": flat / max(sampled, 1),
-            "groups/trained": len(rows),
-            "groups/sampled": sampled,
-            "sampling/samples_per_s": sampled * G / max(timings["time/sample"], 1e-9),
-            "sampling/tokens_per_s": sample_tokens / max(timings["time/sample"], 1e-9),
-        }
-        return everything, rollouts, texts, sampling
+        self.advantages(trained)  # 3. advantages, over the batch that is trained on
+        return sampled, trained, {**reward_stats(sampled), **self._sampling_stats(sampled, trained, clock)}
+
+    def sample_and_score(self, indices: list[int], round_: int, clock) -> list[Rollout]:
+        """Stages 1-2 for these prompts: each rank samples and scores its own block of them, then every
+        rank gets the whole round in prompt order, so what follows sees what one process would."""
+        mine = indices[self.dist.block(len(indices))]
+        with clock("sample"):
+            rollouts = self.sample(mine, round_)  # 1. sample G completions per prompt
+        with clock("verify"):
+            self.score(rollouts, [self.task.rows[i] for i in mine])  # 2. verify: every reward of the task
+        return [r for part in self.dist.gather(rollouts) for r in part]
+
+    def sample(self, indices: list[int], round_: int) -> list[Rollout]:
+        """Stage 1 on this rank's prompts: G rollouts per prompt, group by group."""
+        G, samples = self.grpo.num_generations, self._sample(indices, round_)
+        assert len(samples.tokens) == len(indices) * G, f"{len(samples.tokens)} completions for {len(indices)} prompts x {G}"
+        return [
+            Rollout(
+                prompt_ids=self.prompt_ids[indices[p]], completion_ids=tokens, finish_reason=reason,
+                in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
+                sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
+            )
+            for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)
+        ]
 
     def _sample(self, indices: list[int], round_: int) -> Samples:
         """Stage 1 on this rank's prompts. Its seed depends on the rank: completions depend on how the
@@ -210,46 +197,45 @@ class Trainer:
                 eos_token_ids=self.eos_ids, seed=seed,
             )
 
-    def _rollouts(self, indices: list[int], samples, group_offset: int) -> list[Rollout]:
-        G = self.grpo.num_generations
-        assert len(samples.tokens) == len(indices) * G, f"{len(samples.tokens)} completions for {len(indices)} prompts x {G}"
-        return [
-            Rollout(
-                prompt_ids=self.prompt_ids[indices[p]], completion_ids=tokens, group=group_offset + p,
-                finish_reason=reason, in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
-                sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
-            )
-            for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)
-        ]
-
-    def _score(self, rollouts: list[Rollout], rows: list[dict]) -> list[str]:
-        """Stage 2: every reward of the task for every completion, plus DAPO's overlong penalty."""
-        texts = [self.tokenizer.decode_completion(r.completion_ids) for r in rollouts]
+    def score(self, rollouts: list[Rollout], rows: list[dict]) -> None:
+        """Stage 2: decode each completion and score it with every reward of the task, plus DAPO's overlong penalty."""
+        for r in rollouts:
+            r.text = self.tokenizer.decode_completion(r.completion_ids)
         if not rollouts:
-            return texts
-        result = compute_rewards(texts, self.task.columns(rows, self.grpo.num_generations), self.task.rewards)
-        components = dict(result.components)
-        totals = list(result.total)
+            return
+        result = compute_rewards([r.text for r in rollouts], self.task.columns(rows, self.grpo.num_generations), self.task.rewards)
+        components, totals = dict(result.components), list(result.total)
         if self.grpo.overlong_buffer:
-            penalties = [_overlong_penalty(len(r.completion_ids), self.grpo) for r in rollouts]
-            components["overlong"] = penalties
-            totals = [t + p for t, p in zip(totals, penalties)]
+            components["overlong"] = [_overlong_penalty(len(r.completion_ids), self.grpo) for r in rollouts]
+            totals = [t + p for t, p in zip(totals, components["overlong"])]
         for i, r in enumerate(rollouts):
-            r.rewards = {name: values[i] for name, values in components.items()}
-            r.reward = totals[i]
-        return texts
+            r.rewards, r.reward = {name: values[i] for name, values in components.items()}, totals[i]
 
-    def _advantages(self, rollouts: list[Rollout]) -> torch.Tensor:
-        """Stage 3: write each rollout's advantage; returns the zero-variance flag of each group."""
+    def advantages(self, rollouts: list[Rollout]) -> None:
+        """Stage 3: each rollout's advantage, relative to its group (groups of equal rewards get exactly 0)."""
+        if not rollouts:
+            return
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
         advantages = group_advantages(rewards, self.grpo.num_generations, self.grpo.scale_rewards)  # (N,)
         for r, a in zip(rollouts, advantages.tolist()):
             r.advantage = a
-        return zero_variance_groups(rewards, self.grpo.num_generations)  # (N / G,)
+
+    def _sampling_stats(self, sampled: list[Rollout], trained: list[Rollout], clock) -> dict[str, float]:
+        G = self.grpo.num_generations
+        clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]  # the step waits for the slowest rank
+        seconds = max(clock.seconds["sample"], 1e-9)
+        flat = zero_variance_groups(torch.tensor([r.reward for r in sampled]), G) if sampled else torch.zeros(0)
+        return {
+            "groups/zero_variance_frac": float(flat.float().mean()) if len(flat) else 0.0,
+            "groups/trained": len(trained) // G,
+            "groups/sampled": len(sampled) // G,
+            "sampling/samples_per_s": len(sampled) / seconds,
+            "sampling/tokens_per_s": sum(len(r.completion_ids) for r in sampled) / seconds,
+        }
 
     # -- stage 4 --------------------------------------------------------------------------------
-    def _update(self, rollouts: list[Rollout]) -> dict[str, float]:
-        """num_iterations AdamW steps on the whole batch's rollouts, each rank training its share of
+    def update(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """Stage 4: num_iterations AdamW steps on the whole batch's rollouts, each rank training its share of
         the groups; stats averaged over tokens and passes, and over ranks."""
         if not rollouts:
             return {"skipped": 1.0, "update/no_groups": 1.0}
@@ -273,7 +259,7 @@ class Trainer:
         chunks = self._micro_batches(rollouts, generator)
         padding = padding_fraction(rollouts, chunks, self._group_size)
         for n, chunk in enumerate(chunks):
-            part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
+            part = [rollouts[i] for i in chunk] or [self._padding]
             with distributed.accumulating(self.policy_logprobs, last=n == len(chunks) - 1):  # no_sync but the last
                 stats = self._micro_step(part, totals)
             for key, value in stats.items():
@@ -329,7 +315,7 @@ class Trainer:
     def _store_logprobs(self, rollouts: list[Rollout], module, attribute: str) -> None:
         with torch.no_grad():
             for chunk in self._micro_batches(rollouts):
-                part = [rollouts[i] for i in chunk] or [self._padding_rollout()]
+                part = [rollouts[i] for i in chunk] or [self._padding]
                 batch = collate(part, self.pad_id, self.model.device)
                 with self._autocast():
                     logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start,
@@ -360,19 +346,19 @@ class Trainer:
 
     def _rows_per_prompt(self, part: list[Rollout]) -> int:
         """The group size a micro-batch's forward shares prompts over: 1 for the padding rollout."""
-        return self._group_size if part[0].group >= 0 else 1
+        return 1 if part[0] is self._padding else self._group_size
 
     def _padding_rollout(self) -> Rollout:
         """A rollout that weighs nothing (no token in the loss, advantage 0), for an empty micro-batch."""
         zeros = torch.zeros(1)  # (1,) sampler, old and reference log-probs, never read: the token is masked
-        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], group=-1, finish_reason="length",
+        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], finish_reason="length",
                        in_loss=False, sampler_logprobs=zeros, old_logprobs=zeros, ref_logprobs=zeros)
 
     def _first_forward(self) -> None:
         """FSDP2 sets itself up in the root module's first forward, and the sampler calls the blocks
         directly: run one forward (one token, every rank) before it does. The root keeps its weights
         whole after a forward, until the backward; with none to follow, reshard it by hand."""
-        batch = collate([self._padding_rollout()], self.pad_id, self.model.device)
+        batch = collate([self._padding], self.pad_id, self.model.device)
         with torch.no_grad():
             self.policy_logprobs(batch.input_ids, batch.attention_mask, batch.completion_start, 1.0)
         self.policy_logprobs.reshard()
@@ -455,6 +441,10 @@ class Trainer:
                 f"{self.grpo.max_completion_length} that exceeds the model's context of {context} tokens"
             )
 
+    def _set_learning_rate(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.learning_rate * self._lr_factor(self.step - 1)
+
     def _lr_factor(self, step: int) -> float:
         """Multiplier of learning_rate before GRPO step step + 1: linear warm-up, then constant or cosine."""
         warmup, total = self.config.warmup_steps, self.config.max_steps
@@ -465,13 +455,11 @@ class Trainer:
         progress = (step - warmup) / max(total - warmup, 1)
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
-    def _examples(self, rollouts: list[Rollout], texts: list[str], count: int = 2) -> list[dict]:
+    def _examples(self, rollouts: list[Rollout], count: int = 2) -> list[dict]:
         """The first completion of the first `count` groups, with its prompt and rewards."""
-        G = self.grpo.num_generations
         return [
-            {"prompt": self.tokenizer.decode(rollouts[i].prompt_ids), "completion": texts[i],
-             "rewards": {**rollouts[i].rewards, "total": rollouts[i].reward}}
-            for i in range(0, min(len(rollouts), count * G), G)
+            {"prompt": self.tokenizer.decode(r.prompt_ids), "completion": r.text, "rewards": {**r.rewards, "total": r.reward}}
+            for r in rollouts[: count * self.grpo.num_generations : self.grpo.num_generations]
         ]
 
 
@@ -542,37 +530,39 @@ def _frozen_copy(model):
     return reference
 
 
-def _concatenate(parts: list[tuple[list, list]]) -> tuple[list, list]:
-    """Each rank's (rollouts, texts), joined in rank order."""
-    return [r for rollouts, _ in parts for r in rollouts], [t for _, texts in parts for t in texts]
-
-
-def _renumber(rollouts: list[Rollout], group: int) -> list[Rollout]:
-    for r in rollouts:
-        r.group = group
-    return rollouts
-
-
 def _overlong_penalty(length: int, grpo: GRPOConfig) -> float:
     """DAPO's soft overlong punishment: 0 up to L - buffer tokens, then down linearly to -penalty at L."""
     free = grpo.max_completion_length - grpo.overlong_buffer
     return -grpo.overlong_penalty * max(0, length - free) / grpo.overlong_buffer
 
 
-def _reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
-    out = {}
+def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    """The logger's reward and length stats over rollouts: reward/mean, reward/accuracy/mean, ..."""
     if not rollouts:
-        return out
-    totals = torch.tensor([r.reward for r in rollouts])
-    out["reward/mean"], out["reward/std"] = float(totals.mean()), float(totals.std()) if len(totals) > 1 else 0.0
-    for name in rollouts[0].rewards:
-        values = torch.tensor([r.rewards[name] for r in rollouts])
-        out[f"reward/{name}/mean"] = float(values.mean())
-        out[f"reward/{name}/std"] = float(values.std()) if len(values) > 1 else 0.0
-    lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float32)
-    out["completion/length_mean"], out["completion/length_max"] = float(lengths.mean()), float(lengths.max())
-    out["completion/truncated_frac"] = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
-    return out
+        return {}
+    lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float32)  # (N,)
+    components = {name: [r.rewards[name] for r in rollouts] for name in rollouts[0].rewards}
+    return {
+        **Rewards([r.reward for r in rollouts], components).stats(),
+        "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
+        "completion/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+    }
+
+
+class _Clock:
+    """Seconds per stage of one step: `with clock("sample"):` adds to time/sample."""
+
+    def __init__(self):
+        self.seconds, self.started = {"sample": 0.0, "verify": 0.0}, time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    def stats(self) -> dict[str, float]:
+        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.started}
 
 
 def _mean_of_passes(passes: list[dict]) -> dict[str, float]:

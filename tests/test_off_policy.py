@@ -188,7 +188,7 @@ def test_a_correction_without_sampler_logprobs_is_a_clear_error():
 def sampled_rollouts(sampling_model, G=4):
     prompts = [[3, 17, 4, 9], [5, 60, 2], [8, 8, 31, 40, 12]]
     samples = generate(sampling_model, prompts, max_new_tokens=12, num_samples=G, temperature=0.9, seed=3)
-    return [Rollout(prompt_ids=prompts[p], completion_ids=tokens, group=p, finish_reason=reason,
+    return [Rollout(prompt_ids=prompts[p], completion_ids=tokens, finish_reason=reason,
                     sampler_logprobs=torch.tensor(logprobs))
             for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)]
 

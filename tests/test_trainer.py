@@ -248,7 +248,7 @@ def test_shared_prompt_batches_hold_whole_groups_and_count_a_prompt_once():
     batches = group_batches(lengths, 2, max_rows=8, max_tokens=30)
     assert sorted(sorted(b) for b in batches) == [[0, 1], [2, 3, 4, 5]]
     assert len(group_batches(lengths, 2, max_rows=8, max_tokens=29)) == 3
-    rollouts = [Rollout(prompt_ids=[1] * p, completion_ids=[2] * c, group=i // 2, finish_reason="stop") for i, (p, c) in enumerate(lengths)]
+    rollouts = [Rollout(prompt_ids=[1] * p, completion_ids=[2] * c, finish_reason="stop") for i, (p, c) in enumerate(lengths)]
     # [0, 1]: prompt 5 once + completions 3 + 9 = 17 real of 5 + 2 * 9 = 23 computed
     assert padding_fraction(rollouts, [[0, 1]], group_size=2) == pytest.approx(1 - 17 / 23)
     assert group_batches(lengths, 2, max_rows=4) == [[0, 1, 2, 3], [4, 5]]
