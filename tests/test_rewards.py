@@ -59,7 +59,9 @@ def test_weighted_total_and_separate_components():
     rewards = compute_rewards(completions, columns, [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.5)])
     assert rewards.components == {"accuracy": [1.0, 1.0, 0.0, 0.0], "format": [1.0, 0.0, 1.0, 0.0]}
     assert rewards.total == [1.5, 1.0, 0.5, 0.0]
-    assert rewards.stats() == {"reward/mean": 0.75, "reward/accuracy": 0.5, "reward/format": 0.5}
+    assert rewards.stats() == pytest.approx({"reward/mean": 0.75, "reward/std": (5 / 12) ** 0.5,
+                                             "reward/accuracy/mean": 0.5, "reward/accuracy/std": 1 / 3 ** 0.5,
+                                             "reward/format/mean": 0.5, "reward/format/std": 1 / 3 ** 0.5})
 
 
 def test_code_reward_through_the_registry():

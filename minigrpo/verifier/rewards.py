@@ -81,9 +81,10 @@ class Rewards:
     components: dict[str, list[float]]  # unweighted value per reward name, per completion
 
     def stats(self) -> dict[str, float]:
-        """Flat, slash-named means for the logger: reward/mean, reward/accuracy, ..."""
-        out = {"reward/mean": _mean(self.total)}
-        out.update({f"reward/{name}": _mean(values) for name, values in self.components.items()})
+        """Flat, slash-named stats for the logger: reward/mean, reward/std, reward/accuracy/mean, ..."""
+        out = {"reward/mean": _mean(self.total), "reward/std": _std(self.total)}
+        for name, values in self.components.items():
+            out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean(values), _std(values)
         return out
 
 
@@ -119,3 +120,11 @@ def _required_columns(fn: RewardFunction) -> list[str]:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _std(values: list[float]) -> float:
+    """The unbiased (n - 1) standard deviation, as torch.std; 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
