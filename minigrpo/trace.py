@@ -29,23 +29,22 @@ class Trace:
         self.write, self.html_path = write, html_path
         self.group, self.record = [], {}
 
-    def rollouts(self, trainer, rollouts, texts=None) -> None:
+    def rollouts(self, trainer, rollouts) -> None:
         G = trainer.grpo.num_generations
         self.group = rollouts[:G]
-        texts = [r.text for r in self.group] if texts is None else texts[:G]
         self.before = self._logprobs(trainer)
         rewards = torch.tensor([r.reward for r in self.group])
         self.record = {"step": trainer.step, "prompt": trainer.tokenizer.decode(self.group[0].prompt_ids),
                        "mean": float(rewards.mean()), "std": float(rewards.std()), "completions": [
-                           dict(text=text, answer=extract_answer(text), rewards=dict(r.rewards), reward=r.reward,
-                                advantage=r.advantage, finish_reason=r.finish_reason) for r, text in zip(self.group, texts)]}
+                           dict(text=r.text, answer=extract_answer(r.text), rewards=dict(r.rewards), reward=r.reward,
+                                advantage=r.advantage, finish_reason=r.finish_reason) for r in self.group]}
         w = self._writer(trainer)
         w("=" * 30 + f" step {trainer.step}: one group's journey " + "=" * 30)
         w(f"[task -> prompt]   {self.record['prompt']!r}")
         w(f"[1 sample]         {G} completions at temperature {trainer.grpo.temperature}:")
-        for i, (r, text) in enumerate(zip(self.group, texts)):
+        for i, r in enumerate(self.group):
             rewards_text = ", ".join(f"{k}={v:g}" for k, v in r.rewards.items())
-            w(f"  #{i} {text!r:60.60}  answer={extract_answer(text)!r} ({r.finish_reason}, {len(r.completion_ids)} tokens)")
+            w(f"  #{i} {r.text!r:60.60}  answer={extract_answer(r.text)!r} ({r.finish_reason}, {len(r.completion_ids)} tokens)")
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
         w(f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} (scale={trainer.grpo.scale_rewards}); "
           f"advantage = (reward - mean) / (std + eps)" + ("  -> all equal: no signal" if rewards.std() == 0 else ""))
@@ -90,29 +89,33 @@ pre { background: #f4f4f4; padding: 8px 12px; border-radius: 6px }
 .stats { columns: 3; font: 13px ui-monospace, monospace } .stats div { break-inside: avoid }"""
 
 
-def _colour(delta: float, scale: float) -> str:
-    """Green when the update raised the token's log-prob, red when it lowered it; opaque at |delta| = scale."""
-    alpha = min(abs(delta) / scale, 1.0) * 0.85 if scale > 0 else 0.0
+def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
+    """Green when the update raised the token's log-prob, red when it lowered it; the shade is on a
+    log scale, full at |delta| = scale (the page's largest change), none at scale / 10**decades."""
+    alpha = min(max(1 + math.log10(abs(delta) / scale) / decades, 0.0), 1.0) * 0.85 if delta and scale else 0.0
     return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
 
 
 def render_html(record: dict) -> str:
     """Trace.record as one page: inline CSS, no script, no URL; each token's numbers in its title."""
-    e = html.escape
-    scale = max((abs(a - b) for c in record["completions"] for _, b, a in c["tokens"]), default=0.0)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {record['step']}</title>"
-             f"<style>{CSS}</style></head><body><h1>Step {record['step']}: one group's journey</h1>",
-             f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre><h2>{len(record['completions'])} completions</h2>",
+    e, step, completions = html.escape, record["step"], record["completions"]
+    scale = max((abs(a - b) for c in completions for _, b, a in c["tokens"]), default=0.0)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",
+             f"<style>{CSS}</style></head><body><h1>Step {step}: one group's journey</h1>",
+             f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre><h2>{len(completions)} completions</h2>",
              f"<p>Group reward mean {record['mean']:.4g}, std {record['std']:.4g}; advantage = (reward − mean) / (std + eps). "
-             f"Each token's colour is log p after − before the update: <span style='background:{_colour(1, 1)}'>up</span>, "
-             f"<span style='background:{_colour(-1, 1)}'>down</span>, full colour at |Δ| = {scale:.3g}; hover for the numbers.</p>"]
-    for i, c in enumerate(record["completions"]):
+             f"A token's colour is its log p after − before the update: <span style='background:{_colour(1, 1)}'>up</span>, "
+             f"<span style='background:{_colour(-1, 1)}'>down</span>, shaded on a log scale from |Δ| = {scale / 1000:.2g} "
+             f"to {scale:.2g}; hover over a token for its numbers.</p>"]
+    for i, c in enumerate(completions):
         rewards = ", ".join(f"{k} {v:g}" for k, v in c["rewards"].items())
-        spans = "".join(f"<span class='tok' style='background:{_colour(a - b, scale)}' title='log p {b:.6f} → {a:.6f} "
-                        f"(Δ {a - b:+.3g})'>{e(t)}</span>" for t, b, a in c["tokens"])
+        before, after = sum(b for _, b, _ in c["tokens"]), sum(a for _, _, a in c["tokens"])
+        spans = "".join(f"<span class='tok' style='background:{_colour(a - b, scale)}' "
+                        f"title='log p {b:.6f} → {a:.6f} (Δ {a - b:+.3g})'>{e(t)}</span>" for t, b, a in c["tokens"])
         parts.append(f"<div class='completion'><b>#{i}</b> <span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> "
                      f"({e(rewards)}) <span class='key'>advantage</span> <b class='advantage'>{c['advantage']:+.6g}</b> "
                      f"<span class='key'>answer</span> {e(repr(c['answer']))} <span class='key'>{e(c['finish_reason'])}, "
-                     f"{len(c['tokens'])} tokens</span><div class='tokens'>{spans}</div></div>")
-    stats = "".join(f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>" for k, v in record["stats"].items())
+                     f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span><div class='tokens'>{spans}</div></div>")
+    stats = "".join(f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>"
+                    for k, v in sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0])))  # the loss first
     return "\n".join(parts + [f"<h2>Loss and stats of the update</h2><div class='stats'>{stats}</div></body></html>"])
