@@ -232,7 +232,7 @@ if initial.get("held_out") != held_out:  # a fresh run
 trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
 
 # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
-trainer.train(on_step=every_few_steps, observer=Trace() if args.trace else None)
+trainer.train(on_step=every_few_steps, observer=Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None)
 
 # After: the same evaluation, and a summary to compare runs by.
 final_accuracy = held_out_accuracy()

@@ -44,6 +44,7 @@ def test_micro_run_with_trace_then_resume(tmp_path):
     printed = train_math("--output_dir", out, "--trace", *MICRO)
     for stage in ("[task -> prompt]", "[1 sample]", "[2 verify]", "[3 advantages]", "[4 update]", "[4 loss]"):
         assert stage in printed
+    assert "class='tok'" in open(os.path.join(out, "trace.html"), encoding="utf-8").read()  # the page (tests/test_trace.py)
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["steps"] == 2 and 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
     assert summary["wall_seconds"] > 0
