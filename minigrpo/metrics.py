@@ -2,12 +2,14 @@
 
 In: a flat dict of floats per step, named with slashes (reward/mean, clip/low_frac, time/sample);
 now and then a few completions with their rewards. Out: one JSON line per step in
-output_dir/metrics.jsonl, one console line, a tqdm progress bar. It writes what it is handed,
+output_dir/metrics.jsonl, one console line, a tqdm progress bar, and with report_to the same
+names as TensorBoard scalars or a wandb run (offline) in output_dir. It writes what it is handed,
 unchanged, and knows nothing of how the numbers were made.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -31,16 +33,20 @@ CONSOLE = [  # (key, label, format) of the console line, in order; missing keys 
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str, max_steps: int, start_step: int, progress_bar: bool = True):
+    def __init__(self, output_dir: str, max_steps: int, start_step: int, progress_bar: bool = True, report_to: str = "none"):
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
         _drop_lines_after(self.path, start_step)  # a resumed run rewrites the steps after its checkpoint
         self.file = open(self.path, "a", encoding="utf-8")
         self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar)
+        check_report_to(report_to)
+        self.reporter = REPORTERS[report_to](output_dir, start_step) if report_to != "none" else None
 
     def log(self, step: int, stats: dict[str, float]) -> None:
         self.file.write(json.dumps({"step": step, **stats}) + "\n")
         self.file.flush()
+        if self.reporter:
+            self.reporter.log(step, stats)
         self.bar.update(1)
         self.bar.write(console_line(step, stats))
 
@@ -52,6 +58,53 @@ class MetricsLogger:
     def close(self) -> None:
         self.bar.close()
         self.file.close()
+        if self.reporter:
+            self.reporter.close()
+
+
+class TensorBoard:
+    """Each step's stats as scalars of the same names, in output_dir's event files; a resumed run
+    drops the events after its checkpoint, as metrics.jsonl drops those lines."""
+
+    def __init__(self, output_dir: str, start_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(output_dir, purge_step=start_step + 1)
+
+    def log(self, step: int, stats: dict[str, float]) -> None:
+        for name, value in stats.items():
+            self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Wandb:
+    """Each step's stats logged to a wandb run in offline mode, in output_dir/wandb (`wandb sync` uploads it)."""
+
+    def __init__(self, output_dir: str, start_step: int):
+        import wandb
+
+        self.run = wandb.init(project="minigrpo", dir=output_dir, mode="offline")
+
+    def log(self, step: int, stats: dict[str, float]) -> None:
+        self.run.log(stats, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+REPORTERS = {"tensorboard": TensorBoard, "wandb": Wandb}
+REPORT_TO = ("none", *REPORTERS)
+
+
+def check_report_to(report_to: str) -> None:
+    """Before any work: a known destination, whose package is installed."""
+    if report_to not in REPORT_TO:
+        raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
+    if report_to != "none" and importlib.util.find_spec(report_to) is None:
+        raise ValueError(f"report_to={report_to} needs the {report_to} package: pip install {report_to} "
+                         f"(or pip install 'minigrpo[{report_to}]')")
 
 
 class NullLogger:
