@@ -42,9 +42,14 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return (groups == groups[:, :1]).all(dim=1)
 
 
-def _check(rewards: torch.Tensor, group_size: int, scale: str) -> None:
+def check_scale(scale: str) -> None:
+    """The one check of scale_rewards, for group_advantages and GRPOConfig alike."""
     if scale not in SCALES:
-        raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+        raise ValueError(f"scale_rewards must be one of {', '.join(SCALES)}, got {scale!r}")
+
+
+def _check(rewards: torch.Tensor, group_size: int, scale: str) -> None:
+    check_scale(scale)
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be a 1-D tensor ordered group by group, got shape {tuple(rewards.shape)}")
     if group_size < 2:

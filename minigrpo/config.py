@@ -1,19 +1,30 @@
-"""Settings of a GRPO run, one dataclass per concern, each checked before any work starts.
+"""Settings of a GRPO run, one dataclass per concern, each checked once, in __post_init__, before any work.
 
 GRPOConfig: the rollout and the objective (TRL's names: num_generations, max_completion_length,
-beta, epsilon, loss_type, scale_rewards, num_iterations, ...). TrainConfig: the optimizer, the
-loop, logging and checkpoints. The model's own settings are Qwen3Config (qwen3.py); the
-sampler's per-call settings, SamplingConfig (sampler.py), are built from GRPOConfig.
+beta, epsilon, loss_type, scale_rewards, num_iterations, ...); it hands the sampler its
+SamplingConfig (sampler.py). TrainConfig: the optimizer, the loop, logging and checkpoints. The
+model's own settings are Qwen3Config (qwen3.py). Each field's default and one-line comment are
+also its command-line flag: `add_fields` makes the flags (examples/train_math.py, whose --config
+file takes the same names), `from_args` builds the dataclass back.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import argparse
+import inspect
+import io
+import tokenize
+import typing
+from dataclasses import asdict, dataclass, fields
 
-from .advantages import SCALES
-from .loss import check_objective
+from .advantages import SCALES, check_scale
+from .loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS, check_objective
+from .metrics import REPORT_TO, check_report_to
+from .sampler import SamplingConfig
 
 SCHEDULES = ("constant", "cosine")
+CHOICES = {"loss_type": LOSS_TYPES, "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "scale_rewards": SCALES,
+           "sampler_correction": SAMPLER_CORRECTIONS, "lr_schedule": SCHEDULES, "report_to": REPORT_TO}  # flags' choices
 
 
 @dataclass
@@ -25,12 +36,12 @@ class GRPOConfig:
     temperature: float = 1.0  # sampling temperature, also used in every log-prob pass
     top_p: float = 1.0  # nucleus sampling; 1 keeps every token
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
-    epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set)
-    epsilon_high: float | None = None  # clip range above 1 (DAPO's clip-higher uses 0.28); None = epsilon (cispo: 4.0)
+    epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set); GSPO's paper: 3e-4
+    epsilon_high: float | None = None  # clip range above 1 (DAPO's clip-higher: 0.28; GSPO: 4e-4); None = epsilon (cispo: 4.0)
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
     loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (see loss.py)
     importance_sampling_level: str = "token"  # token | sequence (GSPO: one length-normalised ratio per completion)
-    sampler_correction: str = "none"  # none | token_truncate | token_mask | sequence_truncate | sequence_mask (see loss.py)
+    sampler_correction: str = "none"  # weight each token by the trained-on policy's probability over the sampler's (see loss.py)
     sampler_correction_cap: float = 3.0  # C of sampler_correction: weights truncated at C, or masked outside [1/C, C]
     scale_rewards: str = "group"  # group | batch | none (Dr. GRPO): what the centred reward is divided by
     num_iterations: int = 1  # mu: passes over each batch of rollouts; 1 is on-policy (ratio exactly 1)
@@ -38,26 +49,28 @@ class GRPOConfig:
     dynamic_sampling: bool = False  # DAPO: sample more until the batch holds its groups with non-zero variance
     max_sampling_rounds: int = 4  # dynamic sampling gives up after this many sampling calls per step
     drop_zero_variance_groups: bool = False  # leave groups with equal rewards out of the update (no signal)
-    overlong_buffer: int = 0  # DAPO's soft overlong penalty: the last this-many tokens before the limit ...
-    overlong_penalty: float = 1.0  # ... cost up to this much reward, linearly; 0 tokens = off
+    overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last this-many tokens before the limit; 0 = off
+    overlong_penalty: float = 1.0  # the reward a completion of max_completion_length tokens loses (linear over the buffer)
 
     def __post_init__(self):
-        if not isinstance(self.num_generations, int) or self.num_generations < 2:
-            raise ValueError(f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}")
-        if not isinstance(self.max_completion_length, int) or self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length must be a positive integer, got {self.max_completion_length!r}")
+        _require(isinstance(self.num_generations, int) and self.num_generations >= 2,
+                 f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}")
+        _require(isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
+                 f"max_completion_length must be a positive integer, got {self.max_completion_length!r}")
+        self.sampling_config()  # temperature, top_p, top_k: checked where the sampler reads them
         check_objective(self.loss_type, self.epsilon, self.epsilon_high, self.beta, self.importance_sampling_level,
                         self.sampler_correction, self.sampler_correction_cap)
-        if self.scale_rewards not in SCALES:
-            raise ValueError(f"scale_rewards must be one of {', '.join(SCALES)}, got {self.scale_rewards!r}")
-        if not isinstance(self.num_iterations, int) or self.num_iterations < 1:
-            raise ValueError(f"num_iterations must be a positive integer, got {self.num_iterations!r}")
-        if self.max_sampling_rounds < 1:
-            raise ValueError(f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
-        if not 0 <= self.overlong_buffer < self.max_completion_length:
-            raise ValueError(f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}")
-        if not self.temperature >= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {self.temperature}, {self.top_p}, {self.top_k}")
+        check_scale(self.scale_rewards)
+        _require(isinstance(self.num_iterations, int) and self.num_iterations >= 1,
+                 f"num_iterations must be a positive integer, got {self.num_iterations!r}")
+        _require(self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
+        _require(0 <= self.overlong_buffer < self.max_completion_length,
+                 f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}")
+
+    def sampling_config(self) -> SamplingConfig:
+        """The sampler's settings for this run's rollouts (per call, generate adds eos_token_ids and seed)."""
+        return SamplingConfig(max_new_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, num_samples=self.num_generations)
 
 
 @dataclass
@@ -87,38 +100,74 @@ class TrainConfig:
     resume: bool = False  # continue from the latest checkpoint in output_dir
     log_completions_every: int = 10  # print a few sampled completions every this many steps (0: never)
     progress_bar: bool = True  # a tqdm bar over steps
+    report_to: str = "none"  # also send each step's stats, under metrics.jsonl's names, to tensorboard or wandb (offline), in output_dir
 
     def __post_init__(self):
         self.adam_betas = tuple(self.adam_betas)
         for name in ("max_steps", "batch_size", "micro_batch_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 0:
-            raise ValueError(f"micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), got {self.micro_batch_tokens!r}")
-        if not self.adam_epsilon > 0:
-            raise ValueError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.lr_schedule not in SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
-        if self.warmup_steps < 0 or self.stop_at_step < 0 or self.save_every < 0 or self.save_total_limit < 1 or self.max_grad_norm < 0:
-            raise ValueError("warmup_steps, stop_at_step, save_every and max_grad_norm must be >= 0, save_total_limit >= 1")
+            _require(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+        _require(isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0,
+                 f"micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), got {self.micro_batch_tokens!r}")
+        _require(self.adam_epsilon > 0, f"adam_epsilon must be > 0, got {self.adam_epsilon}")
+        _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
+        _require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        _require(min(self.warmup_steps, self.stop_at_step, self.save_every, self.max_grad_norm) >= 0 and self.save_total_limit >= 1,
+                 "warmup_steps, stop_at_step, save_every and max_grad_norm must be >= 0, save_total_limit >= 1")
+        check_report_to(self.report_to)
 
     def check_against(self, grpo: GRPOConfig, world_size: int = 1) -> None:
         """Invariants across the two configs, and the processes of the run (each takes whole groups)."""
         G = grpo.num_generations
-        if self.batch_size % G:
-            raise ValueError(
-                f"batch_size={self.batch_size} completions do not split into groups of num_generations={G}; "
-                f"use a multiple of {G}"
-            )
-        if (self.batch_size // G) % world_size:
-            raise ValueError(
-                f"batch_size={self.batch_size} completions are {self.batch_size // G} prompts per step, which do not "
-                f"split evenly across {world_size} processes; use a batch_size that is a multiple of {G * world_size}"
-            )
+        _require(self.batch_size % G == 0, f"batch_size={self.batch_size} completions do not split into groups of "
+                                           f"num_generations={G}; use a multiple of {G}")
+        _require((self.batch_size // G) % world_size == 0, f"batch_size={self.batch_size} completions are "
+                 f"{self.batch_size // G} prompts per step, which do not split evenly across {world_size} processes; "
+                 f"use a batch_size that is a multiple of {G * world_size}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
 
 
 def as_dict(*configs) -> dict:
     return {type(c).__name__: asdict(c) for c in configs}
+
+
+# -- the same fields as command-line flags and config-file keys -------------------------------------
+def add_fields(parser: argparse.ArgumentParser, config_class, aliases: dict | None = None) -> dict[str, argparse.Action]:
+    """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name] too), its
+    help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that many values; X | None:
+    an X, default None), its choices CHOICES'. The flags' actions by field name."""
+    hints, comments = typing.get_type_hints(config_class), field_comments(config_class)
+    group, actions = parser.add_argument_group(config_class.__name__), {}
+    for field in fields(config_class):
+        kind = hints[field.name]
+        if type(None) in typing.get_args(kind):  # X | None
+            kind = next(k for k in typing.get_args(kind) if k is not type(None))
+        if kind is bool:
+            typed = dict(action=argparse.BooleanOptionalAction)
+        elif typing.get_origin(kind) is tuple:
+            typed = dict(type=typing.get_args(kind)[0], nargs=len(typing.get_args(kind)))
+        else:
+            typed = dict(type=kind, choices=CHOICES.get(field.name))
+        actions[field.name] = group.add_argument(f"--{field.name}", *(aliases or {}).get(field.name, ()), default=field.default,
+                                                 help=comments[field.name].replace("%", "%%"), **typed)
+    return actions
+
+
+def field_comments(config_class) -> dict[str, str]:
+    """Each field's trailing comment in the class's source, by name: the help of its flag."""
+    comments, first_name = {}, {}  # first_name: source row -> the first name on it
+    for token in tokenize.generate_tokens(io.StringIO(inspect.getsource(config_class)).readline):
+        if token.type == tokenize.NAME:
+            first_name.setdefault(token.start[0], token.string)
+        elif token.type == tokenize.COMMENT and token.start[0] in first_name:
+            comments.setdefault(first_name[token.start[0]], token.string.lstrip("#").strip())
+    return {field.name: comments.get(field.name, "") for field in fields(config_class)}
+
+
+def from_args(config_class, args: argparse.Namespace):
+    """The dataclass of parsed flags (add_fields'); its __post_init__ checks the values."""
+    return config_class(**{field.name: getattr(args, field.name) for field in fields(config_class)})

@@ -36,7 +36,7 @@ import contextlib
 import numbers
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -117,9 +117,9 @@ class Samples:
         return 1e3 * self.decode_seconds / max(self.decode_steps, 1)
 
 
-def generate(model: Qwen3, prompts: list[list[int]], **settings) -> Samples:
-    """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields."""
-    config = SamplingConfig(**settings)
+def generate(model: Qwen3, prompts: list[list[int]], config: SamplingConfig | None = None, **settings) -> Samples:
+    """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields (over `config`'s)."""
+    config = replace(config, **settings) if config is not None else SamplingConfig(**settings)
     check_prompts(prompts, config, model.config.vocab_size, model.config.max_position_embeddings)
     seed = config.seed if config.seed is not None else int(torch.randint(2**62, ()).item())
     with torch.inference_mode():  # no autograd bookkeeping at all: 6-15% faster eager steps than no_grad here

@@ -88,7 +88,7 @@ def test_an_all_flat_batch_is_all_zero_not_nan(scale):
         (torch.ones(4), 0, "group", "group_size must be at least 2"),
         (torch.ones(5), 2, "group", "5 rewards do not split into groups of 2"),
         (torch.ones(2, 4), 4, "group", r"rewards must be a 1-D tensor .* got shape \(2, 4\)"),
-        (torch.ones(4), 2, "std", "scale must be one of group, batch, none, got 'std'"),
+        (torch.ones(4), 2, "std", "scale_rewards must be one of group, batch, none, got 'std'"),
         (torch.tensor([1.0, float("nan"), 0.0, 1.0]), 2, "group", "rewards must be finite"),
         (torch.tensor([1.0, float("inf"), 0.0, 1.0]), 2, "none", "rewards must be finite"),
     ],
