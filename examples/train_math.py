@@ -6,9 +6,11 @@
 
 With no arguments it loads models/minigrpo-tiny-arith (made by examples/pretrain_tiny.py),
 measures greedy accuracy on held-out problems, runs GRPO, measures again and writes
-output_dir/summary.json. Flags use TRL's names where they overlap; --config takes the same keys
-from a JSON (or YAML) file, flags on the command line win. --trace prints the first step's
-journey through every stage. The stages themselves live in the library (minigrpo/trainer.py).
+output_dir/summary.json. Besides this script's own flags, every field of GRPOConfig and TrainConfig
+is a flag of its name (TRL's names where they overlap; --help lists each with its comment), with
+this script's DEFAULTS below; --config takes the same names from a JSON (or YAML) file, flags on
+the command line win. --report_to tensorboard|wandb also sends the metrics there; --trace prints
+the first step's journey through every stage. The stages live in the library (minigrpo/trainer.py).
 
 Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); rank 0 writes:
 
@@ -24,7 +26,7 @@ import time
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed
 from minigrpo.checkpoint import resolve_checkpoint
-from minigrpo.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS
+from minigrpo.config import add_fields, from_args
 from minigrpo.plots import plot_curves
 from minigrpo.tasks import load_problems, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
@@ -33,100 +35,111 @@ from minigrpo.trainer import build_trainer
 
 # The embedded default, found from this file: the default run works offline from any directory.
 EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-add = parser.add_argument
-add("--config", help="JSON or YAML file with any of these options (command-line flags override it)")
-add("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
-add("--task", "--data", dest="data", default="arithmetic", help="synthetic kind, GSM8K/MATH JSONL file or hf://datasets/...")
-add("--eval_data", help="held-out problems (default: the synthetic kind's test split, or --data)")
-add("--eval_count", type=int, default=200, help="held-out problems to evaluate (greedy)")
-add("--train_count", type=int, default=5000, help="synthetic training problems to draw")
-add("--difficulty", type=int, default=1, help="synthetic kinds: 1, 2 or 3")
-add("--template", choices=list(TEMPLATES), help="prompt format (default: chat if the tokenizer has one, else tiny)")
-add("--rewards", help="name:weight,... e.g. accuracy:1.0,format:0.1 (default: countdown:1.0 for countdown, else accuracy:1.0)")
-add("--output_dir", default="runs/train_math")
-add("--steps", type=int, default=600, help="GRPO steps")
-add("--num_generations", type=int, default=8)
-add("--batch_size", type=int, default=256, help="completions per step (prompts x num_generations)")
-add("--micro_batch_size", type=int, default=256)
-add("--micro_batch_tokens", type=int, default=4096, help="token budget per micro-batch, rollouts grouped by length (0: micro_batch_size rows)")
-add("--shared_prompt", action=argparse.BooleanOptionalAction, default=True,
-    help="run each prompt once for its num_generations completions in the update (--no-shared_prompt: once per completion)")
-add("--max_completion_length", type=int, default=32)
-add("--learning_rate", type=float, default=1e-4)
-add("--warmup_steps", type=int, default=10)
-add("--lr_schedule", default="cosine", choices=["constant", "cosine"])
-add("--beta", type=float, default=0.0)
-add("--epsilon", type=float, default=0.2, help="clip range below 1 (GSPO's paper, at --importance_sampling_level sequence: 3e-4)")
-add("--epsilon_high", type=float, help="clip range above 1 (default: --epsilon; DAPO 0.28; GSPO 4e-4; cispo: 4.0, a weight cap of 5)")
-add("--loss_type", default="grpo", choices=list(LOSS_TYPES))
-add("--importance_sampling_level", default="token", choices=list(IMPORTANCE_SAMPLING_LEVELS),
-    help="sequence: GSPO's length-normalised ratio per completion (pair it with --epsilon 3e-4 --epsilon_high 4e-4)")
-add("--sampler_correction", default="none", choices=list(SAMPLER_CORRECTIONS),
-    help="weight each token by the trained-on policy's probability over the sampler's, truncated or masked (see minigrpo/loss.py)")
-add("--sampler_correction_cap", type=float, default=3.0, help="C: weights truncated at C, or masked outside [1/C, C]")
-add("--scale_rewards", default="group", choices=["group", "batch", "none"])
-add("--num_iterations", type=int, default=1)
-add("--temperature", type=float, default=1.0)
-add("--top_p", type=float, default=1.0)
-add("--dynamic_sampling", action="store_true")
-add("--mask_truncated_completions", action="store_true")
-add("--gradient_checkpointing", action="store_true")
-add("--fsdp", action="store_true", help="under torchrun: shard the model over the processes (FSDP2) instead of copying it (DDP)")
-add("--eval_every", type=int, default=50, help="held-out accuracy every this many steps (0: only before and after)")
-add("--save_every", type=int, default=50)
-add("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
-add("--trace", action="store_true", help="print the first step's journey through every stage")
-add("--seed", type=int, default=0)
-add("--device", default="cpu")
-add("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU")
+# This script's defaults where they differ from GRPOConfig's and TrainConfig's: minutes on 2 CPU cores.
+DEFAULTS = dict(output_dir="runs/train_math", max_steps=600, batch_size=256, micro_batch_size=256, micro_batch_tokens=4096,
+                max_completion_length=32, learning_rate=1e-4, warmup_steps=10, lr_schedule="cosine", save_every=50,
+                log_completions_every=50)
 
 
-def load_config_file(path: str) -> dict:
-    """The options in a JSON or YAML file, checked: known keys, and true/false for the switches."""
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
+    """This script's own flags, then one per field of GRPOConfig and TrainConfig (its name; its comment is
+    the help); and the flags a --config file may set, by name."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", help="JSON or YAML file with any of these options (command-line flags override it)")
+    add = parser.add_argument
+    options = {action.dest: action for action in [
+        add("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id"),
+        add("--task", "--data", dest="data", default="arithmetic", help="synthetic kind, GSM8K/MATH JSONL file or hf://datasets/..."),
+        add("--eval_data", help="held-out problems; None: the synthetic kind's test split, or --data"),
+        add("--eval_count", type=int, default=200, help="held-out problems to evaluate (greedy)"),
+        add("--eval_every", type=int, default=50, help="held-out accuracy every this many steps (0: only before and after)"),
+        add("--train_count", type=int, default=5000, help="synthetic training problems to draw"),
+        add("--difficulty", type=int, default=1, help="synthetic kinds: 1, 2 or 3"),
+        add("--template", choices=list(TEMPLATES), help="prompt format; None: chat if the tokenizer has one, else tiny"),
+        add("--rewards", help="name:weight,... e.g. accuracy:1.0,format:0.1; None: countdown:1.0 for countdown, else accuracy:1.0"),
+        add("--trace", action=argparse.BooleanOptionalAction, default=False, help="print the first step's journey through every stage"),
+        add("--device", default="cpu", help="cpu, cuda, cuda:1, ..."),
+        add("--dtype", choices=["float32", "bfloat16", "float16"], help="None: float32 on CPU, bfloat16 on GPU"),
+    ]}
+    options.update(add_fields(parser, GRPOConfig))
+    options.update(add_fields(parser, TrainConfig, aliases={"max_steps": ["--steps"]}))
+    parser.set_defaults(**DEFAULTS)
+    return parser, options
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's values, over those of --config FILE, over DEFAULTS."""
+    parser, options = build_parser()
+    args = parser.parse_args(argv)
+    if args.config:
+        try:
+            parser.set_defaults(**read_config_file(args.config, options))
+        except ValueError as error:
+            sys.exit(f"train_math.py: {error}")
+        args = parser.parse_args(argv)
+    return args
+
+
+def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
+    """The values of a JSON or YAML file of option names (`options`: name -> its flag's action), each as its
+    flag would give it, checked against the flag's type, count and choices (by the action's public attributes,
+    not argparse's internals). A ValueError says what is wrong, in one line."""
+    load = json.load
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(f"reading {path} needs PyYAML (pip install pyyaml), or use a JSON file") from None
+        load = yaml.safe_load
     try:
         with open(path, encoding="utf-8") as f:
-            if path.endswith((".yaml", ".yml")):
-                try:
-                    import yaml
-                except ImportError:
-                    sys.exit(f"train_math.py: reading {path} needs PyYAML (pip install pyyaml), or use a JSON file")
-                values = yaml.safe_load(f) or {}
-            else:
-                values = json.load(f)
+            values = load(f) or {}
     except Exception as error:  # a missing file, bad JSON or YAML
-        sys.exit(f"train_math.py: cannot read the config file {path}: {error}")
+        raise ValueError(f"cannot read the config file {path}: {error}") from None
     if not isinstance(values, dict):
-        sys.exit(f"train_math.py: {path} must hold a mapping of option names to values")
-    actions = {a.dest: a for a in parser._actions}
-    unknown = sorted(set(values) - set(actions))
+        raise ValueError(f"{path} must hold a mapping of option names to values")
+    unknown = sorted(set(values) - set(options))
     if unknown:
-        sys.exit(f"train_math.py: {path} has unknown options: {', '.join(unknown)}")
-    for key, value in values.items():
-        problem = value_problem(actions[key], value)
-        if problem:
-            sys.exit(f"train_math.py: {path}: {key} {problem}, got {value!r}")
-    return values
-
-
-def value_problem(action: argparse.Action, value) -> str | None:
-    """What is wrong with a config file's value for an option, by the flag's own type and choices; None if nothing."""
-    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
-        return None if isinstance(value, bool) else "must be true or false"
-    if value is None:
-        return None if action.default is None else "must not be null (leave it out for the default)"
-    kind = action.type or str
-    wanted = {str: "must be text", int: "must be an integer", float: "must be a number"}[kind]
-    allowed = {str: (str,), int: (str, int), float: (str, int, float)}[kind]  # JSON types that can mean a kind
-    if isinstance(value, bool) or not isinstance(value, allowed):
-        return wanted
+        raise ValueError(f"{path} has unknown options: {', '.join(unknown)}")
     try:
-        value = kind(value)  # "1e-5" from YAML is a string; argparse converts string defaults the same way
+        return {key: file_value(options[key], value) for key, value in values.items()}
+    except ValueError as problem:
+        raise ValueError(f"{path}: {problem}") from None
+
+
+WANTED = {str: ("must be text", (str,)), int: ("must be an integer", (str, int)), float: ("must be a number", (str, int, float))}
+
+
+def file_value(action: argparse.Action, value):
+    """A file's value as its flag would give it; a ValueError says what is wrong with it."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{action.dest} must be true or false, got {value!r}")
+    if value is None:
+        if action.default is None:
+            return value
+        raise ValueError(f"{action.dest} must not be null (leave it out for the default), got None")
+    if action.nargs is None:
+        return one_value(action, value, value)
+    if not isinstance(value, list) or len(value) != action.nargs:
+        raise ValueError(f"{action.dest} must be a list of {action.nargs} values, got {value!r}")
+    return [one_value(action, item, value) for item in value]
+
+
+def one_value(action: argparse.Action, item, value):
+    """`item` (of `value`) as the flag's type: text may stand for a number, as YAML reads 1e-5."""
+    kind = action.type or str
+    wanted, allowed = WANTED[kind]
+    try:
+        item = kind(item) if isinstance(item, allowed) and not isinstance(item, bool) else None
     except ValueError:
-        return wanted
-    if action.choices is not None and value not in action.choices:
-        return f"must be one of {', '.join(map(str, action.choices))}"
-    return None
+        item = None
+    if item is None:
+        raise ValueError(f"{action.dest} {wanted}, got {value!r}")
+    if action.choices is not None and item not in action.choices:
+        raise ValueError(f"{action.dest} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return item
 
 
 def check_output_dir(path: str) -> None:
@@ -142,57 +155,6 @@ def check_output_dir(path: str) -> None:
         sys.exit(f"train_math.py: --output_dir {path} cannot be written: no write permission in {existing}")
 
 
-args = parser.parse_args()
-if args.config:
-    parser.set_defaults(**load_config_file(args.config))
-    args = parser.parse_args()
-check_output_dir(args.output_dir)
-
-try:
-    # Task: problems, the prompt format and the rewards (the default model has no chat format).
-    tokenizer = minigrpo.Tokenizer.from_directory(resolve_checkpoint(args.model))
-    prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
-    synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
-    train_problems = load_problems(args.data, "train", count=args.train_count if synthetic else None,
-                                   seed=args.seed, difficulty=args.difficulty)
-    eval_source = args.eval_data or args.data
-    eval_problems = load_problems(eval_source, "test", count=args.eval_count, seed=0,  # the same for every run
-                                  difficulty=args.difficulty)
-    spec = args.rewards or ("countdown:1.0" if args.data == "countdown" else "accuracy:1.0")
-    rewards = [RewardSpec(name.strip(), float(weight or 1.0)) for name, _, weight in (i.partition(":") for i in spec.split(","))]
-    task = to_task(train_problems, prompt, rewards, tokenizer)
-    grpo = GRPOConfig(
-        num_generations=args.num_generations, max_completion_length=args.max_completion_length,
-        temperature=args.temperature, top_p=args.top_p, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
-        beta=args.beta, loss_type=args.loss_type, scale_rewards=args.scale_rewards, num_iterations=args.num_iterations,
-        importance_sampling_level=args.importance_sampling_level, sampler_correction=args.sampler_correction,
-        sampler_correction_cap=args.sampler_correction_cap,
-        dynamic_sampling=args.dynamic_sampling, mask_truncated_completions=args.mask_truncated_completions,
-    )
-    config = TrainConfig(
-        output_dir=args.output_dir, max_steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, micro_batch_tokens=args.micro_batch_tokens, shared_prompt=args.shared_prompt,
-        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, lr_schedule=args.lr_schedule, seed=args.seed,
-        save_every=args.save_every, resume=args.resume, gradient_checkpointing=args.gradient_checkpointing,
-        log_completions_every=args.eval_every, fsdp=args.fsdp,
-    )
-    trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
-    held_out_ids = tokenizer.encode_all([prompt.render(p.question, tokenizer) for p in eval_problems], "held-out prompts", args.model)
-    trainer.check_context(held_out_ids, f"held-out prompts ({eval_source})")
-except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
-    sys.exit(f"train_math.py: {error}")
-
-
-def held_out_accuracy() -> float:  # under torchrun each rank evaluates a block of the problems
-    return trainer.evaluate(eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length,
-                            seed=args.seed).pass_at_1
-
-
-def every_few_steps(trainer) -> dict:
-    if args.eval_every and trainer.step % args.eval_every == 0:
-        return {"eval/accuracy": held_out_accuracy()}
-    return {}
-
-
 def write_json(path: str, data: dict) -> None:
     """All of `data` or the file as it was (a temporary file renamed over it): a kill mid-write must
     not leave an empty initial_eval.json, which --resume reads."""
@@ -203,59 +165,92 @@ def write_json(path: str, data: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-# Before: held-out greedy accuracy of the starting policy (kept across --resume). Rank 0 alone writes.
-main = trainer.dist.is_main
-if not synthetic and not args.eval_data:
-    trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
-start_file = os.path.join(args.output_dir, "initial_eval.json")
-started = time.time()
-held_out = {"eval_data": eval_source, "eval_count": len(eval_problems)}  # what the accuracy was measured on
-initial = {}
-if main and args.resume and os.path.exists(start_file):
-    with open(start_file) as f:
-        initial = json.load(f)
-initial = trainer.dist.broadcast(initial)  # every rank takes the same branch below (it evaluates together)
-if initial.get("held_out") != held_out and trainer.step > 0:  # the policy is no longer the starting one
-    was = initial.get("held_out")
-    measured = f"{was['eval_count']} problems of {was['eval_data']}" if was else "problems not recorded"
-    sys.exit(f"train_math.py: this run's accuracy before GRPO was measured on {measured}, not on "
-             f"{held_out['eval_count']} of {held_out['eval_data']}: resume with the same --eval_data and "
-             "--eval_count (or start a new --output_dir), so that before and after count the same problems")
-if initial.get("held_out") != held_out:  # a fresh run
-    initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
-    if main:
-        os.makedirs(args.output_dir, exist_ok=True)
-        if trainer.step == 0:  # step 0 of the held-out curve
-            with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
-                f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
-        write_json(start_file, initial)
-trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
+if __name__ == "__main__":
+    args = parse_args()
+    check_output_dir(args.output_dir)
 
-# GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
-trainer.train(on_step=every_few_steps, observer=Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None)
+    try:
+        grpo, config = from_args(GRPOConfig, args), from_args(TrainConfig, args)  # checked before any work
+        # Task: problems, the prompt format and the rewards (the default model has no chat format).
+        tokenizer = minigrpo.Tokenizer.from_directory(resolve_checkpoint(args.model))
+        prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
+        synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
+        train_problems = load_problems(args.data, "train", count=args.train_count if synthetic else None,
+                                       seed=args.seed, difficulty=args.difficulty)
+        eval_source = args.eval_data or args.data
+        eval_problems = load_problems(eval_source, "test", count=args.eval_count, seed=0,  # the same for every run
+                                      difficulty=args.difficulty)
+        spec = args.rewards or ("countdown:1.0" if args.data == "countdown" else "accuracy:1.0")
+        rewards = [RewardSpec(name.strip(), float(weight or 1.0)) for name, _, weight in (i.partition(":") for i in spec.split(","))]
+        task = to_task(train_problems, prompt, rewards, tokenizer)
+        trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
+        held_out_ids = tokenizer.encode_all([prompt.render(p.question, tokenizer) for p in eval_problems], "held-out prompts", args.model)
+        trainer.check_context(held_out_ids, f"held-out prompts ({eval_source})")
+    except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
+        sys.exit(f"train_math.py: {error}")
 
-# After: the same evaluation, and a summary to compare runs by.
-final_accuracy = held_out_accuracy()
-if not main:
-    distributed.finish()  # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
-wall = initial["wall_seconds_before"] + time.time() - started
-summary = {
-    "initial_accuracy": initial["initial_accuracy"],
-    "final_accuracy": final_accuracy,
-    "gain": final_accuracy - initial["initial_accuracy"],
-    "steps": trainer.step,
-    "wall_seconds": round(wall, 1),
-    "eval_problems": len(eval_problems),
-    "model": args.model,
-    "data": args.data,
-    "seed": args.seed,
-    "processes": trainer.dist.world_size,
-    "args": vars(args),
-}
-write_json(os.path.join(args.output_dir, "summary.json"), summary)
-write_json(start_file, {**initial, "wall_seconds_before": wall})
-plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
-print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
-      f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
-      f"{args.output_dir}/summary.json" + (", curves.png" if plotted else " (pip install matplotlib for curves.png)"))
-distributed.finish()  # torchrun: every rank leaves together; no rank aborts while Python shuts down
+    def held_out_accuracy() -> float:  # under torchrun each rank evaluates a block of the problems
+        return trainer.evaluate(eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length,
+                                seed=args.seed).pass_at_1
+
+    def every_few_steps(trainer) -> dict:
+        if args.eval_every and trainer.step % args.eval_every == 0:
+            return {"eval/accuracy": held_out_accuracy()}
+        return {}
+
+    # Before: held-out greedy accuracy of the starting policy (kept across --resume). Rank 0 alone writes.
+    main = trainer.dist.is_main
+    if not synthetic and not args.eval_data:
+        trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
+    start_file = os.path.join(args.output_dir, "initial_eval.json")
+    started = time.time()
+    held_out = {"eval_data": eval_source, "eval_count": len(eval_problems)}  # what the accuracy was measured on
+    initial = {}
+    if main and args.resume and os.path.exists(start_file):
+        with open(start_file) as f:
+            initial = json.load(f)
+    initial = trainer.dist.broadcast(initial)  # every rank takes the same branch below (it evaluates together)
+    if initial.get("held_out") != held_out and trainer.step > 0:  # the policy is no longer the starting one
+        was = initial.get("held_out")
+        measured = f"{was['eval_count']} problems of {was['eval_data']}" if was else "problems not recorded"
+        sys.exit(f"train_math.py: this run's accuracy before GRPO was measured on {measured}, not on "
+                 f"{held_out['eval_count']} of {held_out['eval_data']}: resume with the same --eval_data and "
+                 "--eval_count (or start a new --output_dir), so that before and after count the same problems")
+    if initial.get("held_out") != held_out:  # a fresh run
+        initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
+        if main:
+            os.makedirs(args.output_dir, exist_ok=True)
+            if trainer.step == 0:  # step 0 of the held-out curve
+                with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
+                    f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
+            write_json(start_file, initial)
+    trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
+
+    # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
+    trainer.train(on_step=every_few_steps, observer=Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None)
+
+    # After: the same evaluation, and a summary to compare runs by.
+    final_accuracy = held_out_accuracy()
+    if not main:
+        distributed.finish()  # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
+    wall = initial["wall_seconds_before"] + time.time() - started
+    summary = {
+        "initial_accuracy": initial["initial_accuracy"],
+        "final_accuracy": final_accuracy,
+        "gain": final_accuracy - initial["initial_accuracy"],
+        "steps": trainer.step,
+        "wall_seconds": round(wall, 1),
+        "eval_problems": len(eval_problems),
+        "model": args.model,
+        "data": args.data,
+        "seed": args.seed,
+        "processes": trainer.dist.world_size,
+        "args": vars(args),
+    }
+    write_json(os.path.join(args.output_dir, "summary.json"), summary)
+    write_json(start_file, {**initial, "wall_seconds_before": wall})
+    plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
+    print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
+          f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
+          f"{args.output_dir}/summary.json" + (", curves.png" if plotted else " (pip install matplotlib for curves.png)"))
+    distributed.finish()  # torchrun: every rank leaves together; no rank aborts while Python shuts down

@@ -50,6 +50,8 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
     ("train_math.py", "config_model_is_a_number", ["--config", "{config_model_5}"], "{config_model_5}: model must be text, got 5"),
     ("train_math.py", "config_data_is_a_list", ["--config", "{config_data_list}", "--model", "{ckpt}"],
      "{config_data_list}: data must be text, got [1, 2]"),
+    ("train_math.py", "config_unknown_keys", ["--config", "{config_unknown}"], "{config_unknown} has unknown options: epochs, lr"),
+    ("train_math.py", "config_top_p_0", ["--config", "{config_top_p_0}"], "top_p must be in (0, 1], got 0"),  # SamplingConfig's check
     ("train_math.py", "output_dir_is_a_file", ["--model", "{truncated}", "--output_dir", "{file}"],
      "--output_dir {file} is a file; it must be a directory"),
     ("train_math.py", "output_dir_under_a_file", ["--model", "{truncated}", "--output_dir", "{file}/run"],
@@ -106,7 +108,8 @@ def checkpoints(tmp) -> dict:
         "bad_tokenizer": lambda d: (d / "tokenizer.json").write_text("{not json"),
     }
     paths = {"tmp": tmp, "ckpt": good, "long": tmp / "long.jsonl", "file": tmp / "a-file", "read_only": tmp / "read-only",
-             "config_model_5": tmp / "model-5.json", "config_data_list": tmp / "data-list.json"}
+             "config_model_5": tmp / "model-5.json", "config_data_list": tmp / "data-list.json",
+             "config_unknown": tmp / "unknown.json", "config_top_p_0": tmp / "top-p-0.yaml"}
     for name, edit in damage.items():
         paths[name] = tmp / name
         paths[name].mkdir()
@@ -119,6 +122,8 @@ def checkpoints(tmp) -> dict:
     paths["file"].write_text("not a directory\n")
     paths["config_model_5"].write_text(json.dumps({"model": 5}))
     paths["config_data_list"].write_text(json.dumps({"data": [1, 2]}))
+    paths["config_unknown"].write_text(json.dumps({"epochs": 3, "learning_rate": 1e-5, "lr": 0.1}))
+    paths["config_top_p_0"].write_text("top_p: 0\n")
     paths["read_only"].mkdir(mode=0o555)
     return paths
 
