@@ -81,7 +81,7 @@ def build(case: str, blocks: int, smoke: bool):
                 pairs.append((prompt, [rng.randrange(V) for _ in range(max(1, int(length * scale)))]))
     rollouts = []
     for i, (prompt, completion) in enumerate(pairs):
-        rollouts.append(Rollout(prompt_ids=list(prompt), completion_ids=list(completion), group=i // G, finish_reason="stop"))
+        rollouts.append(Rollout(prompt_ids=list(prompt), completion_ids=list(completion), finish_reason="stop"))
     rewards = torch.tensor([rng.random() for _ in rollouts]).view(-1, G)
     advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).flatten()
     for r, a in zip(rollouts, advantages.tolist()):

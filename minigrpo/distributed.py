@@ -146,12 +146,102 @@ def digest(rows: list[dict]) -> str:
 
 
 # -- the policy across ranks -----------------------------------------------------------------------
-def wrap(module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainable: bool = True) -> torch.nn.Module:
-    """`module` ready for this run: as is on one process; else sharded with FSDP2 (each of `blocks`,
-    then the rest) or, when trainable, replicated with DistributedDataParallel. A frozen module that
-    is not sharded stays a plain local copy: it has no gradients to average."""
-    if dist.world_size == 1 or not (shard or trainable):
-        return module
+_WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole state, gathered to rank 0's CPU
+
+
+class Policy:
+    """A log-probs module (loss.TokenLogprobs) as every rank's update uses it. On one process it is
+    the module itself and each method below is the obvious one-process step; under torchrun it is
+    replicated by DistributedDataParallel or, with `shard`, sharded by FSDP2 (each of `blocks`, then
+    the rest). All that only a run of several processes needs is here, so the trainer reads as one:
+
+    - `parts`: as many micro-batches on every rank; a rank short of rollouts forwards `padding`,
+      which weighs nothing, since every rank must join every forward (FSDP2's all-gathers) and backward;
+    - `accumulating`: DDP's no_sync for every micro-batch but the step's last;
+    - `gathered`: FSDP2's weights whole on every rank, for sampling and evaluation;
+    - `clip_gradients`: the global norm, over every shard;
+    - `weights`, `optimizer_state`, `load_optimizer_state`: whole state for checkpoints.
+
+    A frozen module (`trainable=False`, the reference) that is not sharded stays a plain local copy."""
+
+    def __init__(self, module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainable: bool = True,
+                 padding=None, warm_up=None):
+        self.dist, self.padding = dist, padding
+        self.module = module if dist.world_size == 1 or not (shard or trainable) else _wrap(module, dist, shard, blocks, trainable)
+        self.sharded = isinstance(self.module, FSDPModule)
+        if self.sharded and trainable:
+            # FSDP2 sets itself up in the root's first forward, and the sampler calls the blocks directly:
+            # one forward (every rank) first. The root then keeps its weights whole until a backward: reshard.
+            with torch.no_grad():
+                warm_up(self.module)
+            self.module.reshard()
+
+    def __call__(self, *args):
+        return self.module(*args)
+
+    def parts(self, items: list, chunks: list[list[int]]) -> list[list]:
+        """Each chunk's items, then [padding] up to the most chunks any rank has."""
+        most = int(self.dist.max([len(chunks)])[0])
+        return [[items[i] for i in chunk] for chunk in chunks] + [[self.padding]] * (most - len(chunks))
+
+    def accumulating(self, last: bool):
+        """No all-reduce in the backward of any micro-batch but the last (DDP). FSDP2 reduce-scatters every
+        micro-batch's gradients: postponing that would keep whole gradients on every rank, the memory it saves."""
+        if last or not isinstance(self.module, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.module.no_sync()
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """Every FSDP2-sharded parameter whole on every rank until the block ends, and no resharding after
+        each block's forward: the sampler runs without collectives, so ranks may take different numbers of
+        decode steps. Nothing happens when not sharded. Every rank must enter it (an all-gather)."""
+        sharded = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in sharded:
+            m.unshard()
+            if m is not self.module:
+                m.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for m in sharded:
+                m.reshard()
+                if m is not self.module:
+                    m.set_reshard_after_forward(True, recurse=False)
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """Clip the gradients' global norm to max_norm (0: no clipping); the norm before clipping."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
+
+    def weights(self) -> dict | None:
+        """The model's whole state dict on rank 0 (other ranks: empty) when sharded; None when the
+        model's own state_dict is whole."""
+        if not self.sharded:
+            return None
+        whole = get_model_state_dict(self.module, options=_WHOLE)  # gathered from the root FSDP2 was applied to
+        return {name.removeprefix("model."): t for name, t in whole.items()}
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The optimizer's state keyed by parameter names, whole: a checkpoint written by one process, by
+        DDP or by FSDP2 resumes under any of them. None before the first AdamW step (asked for an empty
+        optimizer's state, torch takes a step with lr 0 to create it, shifting AdamW's bias correction)."""
+        if not optimizer.state:
+            return None
+        return get_optimizer_state_dict(self.module, optimizer, options=_WHOLE)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
+        if state is None:  # saved before the first step: a fresh AdamW is the same
+            return
+        if isinstance(state["param_groups"][0]["params"][0], int):  # minigrpo 0.1 wrote ids, in parameter order
+            state = _by_name(self.module, state)
+        set_optimizer_state_dict(self.module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _wrap(module: torch.nn.Module, dist: Dist, shard: bool, blocks, trainable: bool) -> torch.nn.Module:
     if shard:
         mesh = init_device_mesh(dist.device.type, (dist.world_size,))
         for block in blocks:
@@ -161,75 +251,6 @@ def wrap(module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainab
         return module
     device_ids = [dist.device.index] if dist.device.type == "cuda" else None
     return DistributedDataParallel(module, device_ids=device_ids)  # Qwen3 has no buffers: no forward syncs any
-
-
-def accumulating(module: torch.nn.Module, last: bool):
-    """Gradient accumulation under DDP: no all-reduce in the backward of any micro-batch but the
-    step's last. FSDP2 instead reduce-scatters every micro-batch's gradients: postponing it would
-    keep whole gradients on every rank until the last one, the memory sharding is there to save."""
-    if last or not isinstance(module, DistributedDataParallel):
-        return contextlib.nullcontext()
-    return module.no_sync()
-
-
-@contextlib.contextmanager
-def gathered(module: torch.nn.Module):
-    """Every FSDP2-sharded parameter of `module` whole on every rank until the block ends, and no
-    resharding after each block's forward: the sampler runs the model without collectives, so ranks
-    may take different numbers of decode steps. A no-op for a module that is not sharded. Every
-    rank must enter it (the unshard is an all-gather)."""
-    sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    for m in sharded:
-        m.unshard()
-        if m is not module:
-            m.set_reshard_after_forward(False, recurse=False)
-    try:
-        yield
-    finally:
-        for m in sharded:
-            m.reshard()
-            if m is not module:
-                m.set_reshard_after_forward(True, recurse=False)
-
-
-def is_sharded(module: torch.nn.Module) -> bool:
-    return isinstance(module, FSDPModule)
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value (a collective); any other tensor as it is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-# -- whole state for checkpoints: collectives under FSDP2, where every rank holds a shard ----------------
-_WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered to rank 0's CPU
-
-
-def full_weights(wrapper: torch.nn.Module) -> dict | None:
-    """The whole state dict of the model inside `wrapper` (TokenLogprobs, sharded), on rank 0; other
-    ranks get an empty one. None when it is not sharded: the model's own state_dict is whole."""
-    if not isinstance(wrapper, FSDPModule):
-        return None
-    whole = get_model_state_dict(wrapper, options=_WHOLE)  # FSDP2 gathers from the root it was applied to
-    return {name.removeprefix("model."): t for name, t in whole.items()}
-
-
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-    """The optimizer's state keyed by parameter names, whole: a checkpoint written by one process,
-    by DDP or by FSDP2 resumes under any of them. None before the first AdamW step (asked for an
-    empty optimizer's state, torch takes a step with lr 0 to create it, which would shift AdamW's
-    bias correction by one step)."""
-    if not optimizer.state:
-        return None
-    return get_optimizer_state_dict(model, optimizer, options=_WHOLE)
-
-
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
-    if state is None:  # saved before the first step: a fresh AdamW is the same
-        return
-    if isinstance(state["param_groups"][0]["params"][0], int):  # minigrpo 0.1 wrote ids, in parameter order
-        state = _by_name(model, state)
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def _by_name(model: torch.nn.Module, state: dict) -> dict:

@@ -75,7 +75,7 @@ class Trace:
 
     def _logprobs(self, trainer) -> torch.Tensor:
         batch = collate(self.group, trainer.pad_id, trainer.model.device)
-        with torch.no_grad(), trainer.gathered():
+        with torch.no_grad(), trainer.policy.gathered():
             logprobs, _ = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask,
                                          batch.completion_start, trainer.grpo.temperature)
         return logprobs.cpu()  # (G, Tc)

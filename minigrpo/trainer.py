@@ -80,12 +80,11 @@ class Trainer:
         self.reference = self.reference_logprobs = None  # a frozen reference only when the KL needs one
         if grpo.beta > 0:
             self.reference = _frozen_copy(reference if reference is not None else model)
-            self.reference_logprobs = distributed.wrap(TokenLogprobs(self.reference), self.dist, shard=config.fsdp,
-                                                       blocks=self.reference.layers, trainable=False)
-        # The policy's log-probs as a module: DDP averages its gradients, or FSDP2 shards it (config.fsdp).
-        self.policy_logprobs = distributed.wrap(TokenLogprobs(model), self.dist, shard=config.fsdp, blocks=model.layers)
-        if distributed.is_sharded(self.policy_logprobs):
-            self._first_forward()
+            self.reference_logprobs = distributed.Policy(TokenLogprobs(self.reference), self.dist, shard=config.fsdp,
+                                                         blocks=self.reference.layers, trainable=False, padding=self._padding)
+        # The policy's log-probs as a module: one process, or DDP copies, or FSDP2 shards (config.fsdp).
+        self.policy = distributed.Policy(TokenLogprobs(model), self.dist, shard=config.fsdp, blocks=model.layers,
+                                         padding=self._padding, warm_up=lambda module: self._forward(module, [self._padding]))
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_epsilon,
             weight_decay=config.weight_decay
@@ -100,7 +99,8 @@ class Trainer:
         with the step, e.g. a held-out evaluation every few steps. The first step is shown to
         `observer` if one is given."""
         if self.dist.is_main:  # rank 0 alone writes; the stats it logs are already reduced over ranks
-            logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar)
+            logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar,
+                                   self.config.report_to)
         else:
             logger = NullLogger()
         first_step = self.step
@@ -187,15 +187,11 @@ class Trainer:
         rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
         seed = random.Random(f"{self.config.seed}-{self.step}-{round_}{rank}").getrandbits(62)
         self.model.eval()
-        with self.gathered():  # FSDP2: every rank all-gathers the weights, then samples on its own
+        with self.policy.gathered():  # FSDP2: every rank all-gathers the weights, then samples on its own
             if not indices:  # dynamic sampling may leave a rank nothing to sample this round
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
-            return generate(
-                self.model, [self.prompt_ids[i] for i in indices],
-                max_new_tokens=self.grpo.max_completion_length, temperature=self.grpo.temperature,
-                top_p=self.grpo.top_p, top_k=self.grpo.top_k, num_samples=self.grpo.num_generations,
-                eos_token_ids=self.eos_ids, seed=seed,
-            )
+            return generate(self.model, [self.prompt_ids[i] for i in indices], self.grpo.sampling_config(),
+                            eos_token_ids=self.eos_ids, seed=seed)
 
     def score(self, rollouts: list[Rollout], rows: list[dict]) -> None:
         """Stage 2: decode each completion and score it with every reward of the task, plus DAPO's overlong penalty."""
@@ -246,52 +242,51 @@ class Trainer:
         rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
         self.model.train()
         if self.grpo.num_iterations > 1:
-            self._store_logprobs(rollouts, self.policy_logprobs, "old_logprobs")
+            self._store_logprobs(rollouts, self.policy, "old_logprobs")
         if self.reference_logprobs is not None:
             self._store_logprobs(rollouts, self.reference_logprobs, "ref_logprobs")
         passes = [self._one_pass(rollouts, totals, k) for k in range(self.grpo.num_iterations)]
         return _mean_of_passes(passes)
 
     def _one_pass(self, rollouts: list[Rollout], totals: dict, k: int) -> dict[str, float]:
+        """One AdamW step over every micro-batch of this rank's rollouts, gradients accumulated; its stats."""
         generator = torch.Generator().manual_seed(random.Random(f"{self.config.seed}-{self.step}-pass{k}").getrandbits(62))
-        started, weighted, peaks = time.perf_counter(), {"loss": 0.0, "tokens": 0.0}, {}
+        started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         chunks = self._micro_batches(rollouts, generator)
-        padding = padding_fraction(rollouts, chunks, self._group_size)
-        for n, chunk in enumerate(chunks):
-            part = [rollouts[i] for i in chunk] or [self._padding]
-            with distributed.accumulating(self.policy_logprobs, last=n == len(chunks) - 1):  # no_sync but the last
-                stats = self._micro_step(part, totals)
-            for key, value in stats.items():
-                if key in SHARES:  # shares of the step's totals: they add up
-                    weighted[key] = weighted.get(key, 0.0) + value
-                elif key.endswith("_max"):
-                    peaks[key] = max(peaks.get(key, value), value)
-                else:  # token means: weighted by the micro-batch's tokens
-                    weighted[key] = weighted.get(key, 0.0) + value * stats["tokens"]
-        weighted = dict(zip(sorted(weighted), self.dist.sum([weighted[k] for k in sorted(weighted)])))  # all ranks
-        peaks = dict(zip(sorted(peaks), self.dist.max([peaks[k] for k in sorted(peaks)])))
-        grad_norm = self._clip_gradients()
-        skipped = not (math.isfinite(weighted["loss"]) and math.isfinite(grad_norm))
+        parts = self.policy.parts(rollouts, chunks)
+        micro_stats = []
+        for n, part in enumerate(parts):
+            with self.policy.accumulating(last=n == len(parts) - 1):
+                micro_stats.append(self._micro_step(part, totals))
+        out = self._combine(micro_stats)
+        grad_norm = self.policy.clip_gradients(self.config.max_grad_norm)
+        skipped = not (math.isfinite(out["loss"]) and math.isfinite(grad_norm))
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
         else:
             self.optimizer.step()
-        tokens = weighted.pop("tokens")
-        out = {k: v if k in SHARES else v / max(tokens, 1.0) for k, v in weighted.items()}
-        out.update(peaks)
-        seconds = time.perf_counter() - started
-        out.update(grad_norm=grad_norm, skipped=float(skipped),
-                   **{"training/tokens_per_s": tokens / max(seconds, 1e-9), "update/padding_frac": padding})
-        return out
+        tokens_per_s = out.pop("tokens") / max(time.perf_counter() - started, 1e-9)
+        return {**out, "grad_norm": grad_norm, "skipped": float(skipped), "training/tokens_per_s": tokens_per_s,
+                "update/padding_frac": padding_fraction(rollouts, chunks, self._group_size)}
+
+    def _combine(self, micro_stats: list[dict]) -> dict[str, float]:
+        """One pass's stats from its micro-batches' on every rank: shares of the step's totals add up,
+        maxima (names ending in _max) take the largest, token means are weighted by tokens."""
+        weighted, peaks = {"loss": 0.0, "tokens": 0.0}, {}
+        for stats in micro_stats:
+            for key, value in stats.items():
+                if key.endswith("_max"):
+                    peaks[key] = max(peaks.get(key, value), value)
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + (value if key in SHARES else value * stats["tokens"])
+        weighted = dict(zip(sorted(weighted), self.dist.sum([weighted[k] for k in sorted(weighted)])))  # all ranks
+        peaks = dict(zip(sorted(peaks), self.dist.max([peaks[k] for k in sorted(peaks)])))
+        tokens = max(weighted["tokens"], 1.0)
+        return {**{k: v if k in SHARES else v / tokens for k, v in weighted.items()}, **peaks}
 
     def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
-        batch = collate(rollouts, self.pad_id, self.model.device)
-        with self._autocast():
-            logprobs, entropies = self.policy_logprobs(
-                batch.input_ids, batch.attention_mask, batch.completion_start, self.grpo.temperature,
-                self._rows_per_prompt(rollouts),
-            )
+        batch, logprobs, entropies = self._forward(self.policy, rollouts)
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
         loss, stats = grpo_loss(
             logprobs, old, batch.advantages, batch.completion_mask,
@@ -312,36 +307,34 @@ class Trainer:
         (loss * self.dist.world_size).backward()
         return stats
 
-    def _store_logprobs(self, rollouts: list[Rollout], module, attribute: str) -> None:
+    def _store_logprobs(self, rollouts: list[Rollout], policy, attribute: str) -> None:
         with torch.no_grad():
-            for chunk in self._micro_batches(rollouts):
-                part = [rollouts[i] for i in chunk] or [self._padding]
-                batch = collate(part, self.pad_id, self.model.device)
-                with self._autocast():
-                    logprobs, _ = module(batch.input_ids, batch.attention_mask, batch.completion_start,
-                                         self.grpo.temperature, self._rows_per_prompt(part))
-                store_logprobs(part, logprobs, attribute)
+            for part in policy.parts(rollouts, self._micro_batches(rollouts)):
+                store_logprobs(part, self._forward(policy, part)[1], attribute)
+
+    def _forward(self, policy, rollouts: list[Rollout]):
+        """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling temperature."""
+        batch = collate(rollouts, self.pad_id, self.model.device)
+        with self._autocast():
+            logprobs, entropies = policy(batch.input_ids, batch.attention_mask, batch.completion_start,
+                                         self.grpo.temperature, self._rows_per_prompt(rollouts))
+        return batch, logprobs, entropies
 
     def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
-        """Micro-batches of this rank's rollouts (by rows, or by a token budget over rollouts of similar
-        length), then empty ones up to the most any rank has: every rank must join every forward (FSDP2
-        all-gathers weights) and backward (gradients)."""
+        """Micro-batches of this rank's rollouts: by rows, or by a token budget over rollouts of similar length."""
         lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
         if self._group_size > 1:  # whole groups, for the shared-prompt forward
-            chunks = group_batches(lengths, self._group_size, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
-        elif self.config.micro_batch_tokens:
-            chunks = token_budget_batches(lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
-        else:
-            chunks = micro_batches(len(rollouts), self.config.micro_batch_size, generator)
-        most = int(self.dist.max([len(chunks)])[0])
-        return chunks + [[] for _ in range(most - len(chunks))]
+            return group_batches(lengths, self._group_size, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
+        if self.config.micro_batch_tokens:
+            return token_budget_batches(lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
+        return micro_batches(len(rollouts), self.config.micro_batch_size, generator)
 
     @property
     def _group_size(self) -> int:
         """Rows that share one prompt in the update's forward passes: G with shared_prompt, else 1.
         FSDP2 shards each block, and a block runs twice in a shared-prompt forward (prompts, then
         completions), which FSDP2's backward does not follow: sharded runs take the plain path."""
-        shared = self.config.shared_prompt and not distributed.is_sharded(self.policy_logprobs)
+        shared = self.config.shared_prompt and not self.policy.sharded
         return self.grpo.num_generations if shared else 1
 
     def _rows_per_prompt(self, part: list[Rollout]) -> int:
@@ -354,23 +347,6 @@ class Trainer:
         return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], finish_reason="length",
                        in_loss=False, sampler_logprobs=zeros, old_logprobs=zeros, ref_logprobs=zeros)
 
-    def _first_forward(self) -> None:
-        """FSDP2 sets itself up in the root module's first forward, and the sampler calls the blocks
-        directly: run one forward (one token, every rank) before it does. The root keeps its weights
-        whole after a forward, until the backward; with none to follow, reshard it by hand."""
-        batch = collate([self._padding], self.pad_id, self.model.device)
-        with torch.no_grad():
-            self.policy_logprobs(batch.input_ids, batch.attention_mask, batch.completion_start, 1.0)
-        self.policy_logprobs.reshard()
-
-    def _clip_gradients(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, limit)  # gradients are whole (DDP) or sharded (FSDP2)
-        return float(distributed.full_tensor(norm))
-
     def _autocast(self):
         if self.model.device.type != "cuda":
             return contextlib.nullcontext()  # CPU: fp32, where bf16 matmuls are ~4x slower
@@ -380,7 +356,7 @@ class Trainer:
     def save(self) -> str:
         """Write a checkpoint (rank 0) of the state every rank holds (whole weights and optimizer state
         gathered first under FSDP2); returns its directory on every rank."""
-        weights, state = distributed.full_weights(self.policy_logprobs), self.state_dict()
+        weights, state = self.policy.weights(), self.state_dict()
         path = None
         if self.dist.is_main:
             path = training_state.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer, state,
@@ -391,7 +367,7 @@ class Trainer:
         """Everything but the weights; every rank must call it (it gathers)."""
         return {
             "step": self.step,
-            "optimizer": distributed.full_optimizer_state(self.policy_logprobs, self.optimizer),
+            "optimizer": self.policy.optimizer_state(self.optimizer),
             "data": self.stream.state(),
             "rng": self.dist.gather(training_state.rng_states()),  # one per rank
             "model_path": self.model_path,
@@ -400,7 +376,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step = state["step"]
-        distributed.load_optimizer_state(self.policy_logprobs, self.optimizer, state["optimizer"])
+        self.policy.load_optimizer_state(self.optimizer, state["optimizer"])
         for group in self.optimizer.param_groups:  # this run's settings, not the checkpoint's (lr is set per step)
             group.update(betas=self.config.adam_betas, eps=self.config.adam_epsilon, weight_decay=self.config.weight_decay)
         self.stream.load_state(state["data"])
@@ -411,19 +387,14 @@ class Trainer:
             self.dist.print(f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
                             f"{self.dist.world_size}: global RNGs start afresh")
 
-    # -- across ranks ---------------------------------------------------------------------------
-    def gathered(self):
-        """A context in which self.model holds whole weights on every rank (FSDP2 all-gathers them;
-        otherwise nothing happens): for sampling and evaluation. Every rank must enter it."""
-        return distributed.gathered(self.policy_logprobs)
-
+    # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self, problems, template, rewards=None, **settings) -> Evaluation:
         """evaluate.evaluate on held-out problems, each rank taking a block of them; every rank gets
         the result over all of them. Greedy results do not depend on the number of ranks; sampled
         ones (temperature > 0) do, as each rank seeds its own block."""
         mine = problems[self.dist.block(len(problems))]
         self.model.eval()
-        with self.gathered():
+        with self.policy.gathered():
             results = evaluate(self.model, self.tokenizer, mine, template, rewards, **settings).results
         return summarize(sum(self.dist.gather(results), []), settings.get("samples", 1), settings.get("ks", ()))
 
@@ -516,7 +487,7 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
 # -- small pure helpers ---------------------------------------------------------------------------
 def _note_changed_settings(saved: dict, current: dict) -> None:
     """Resuming with other settings is allowed (a longer run, say) but never silent."""
-    ignored = {"resume", "stop_at_step", "progress_bar", "log_completions_every", "save_every", "output_dir"}
+    ignored = {"resume", "stop_at_step", "progress_bar", "log_completions_every", "save_every", "output_dir", "report_to"}
     for section, values in current.items():
         for key, value in values.items():
             old = saved.get(section, {}).get(key, value)
