@@ -362,9 +362,9 @@ def test_a_check_that_gets_no_worker_in_time_fails_closed():
 
 
 def test_a_batch_larger_than_the_pool_is_answered_in_turn():
-    """In a batch, a check's clock restarts with each answer the batch gets: 8 checks of ~0.2 s
-    each, in flight 8 at a time on one worker, are all answered, though the last one is sent after
-    more than TIME_LIMIT."""
+    """A batch's job i, with n in flight (here 1: the pool has one worker, whatever `parallel` asks),
+    has (i // n + 1) * TIME_LIMIT from the call: 8 checks of ~0.2 s each on one worker are all
+    answered, though the last one is sent after more than TIME_LIMIT."""
     sums = [rf"\sum_{{k=1}}^{{500}} \sin(k/{d})" for d in (2, 3, 5, 7, 11, 13, 17, 19)]  # no cache shared
     pool = WorkerPool(1)
     try:

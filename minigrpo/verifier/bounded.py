@@ -9,8 +9,8 @@ oversized work from estimates, so kills are rare.
 
 One pool of workers serves every caller in the process. A check takes a free worker from a shared
 list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
-deadline counts from the call (in a batch, from the later of the call and the batch's last
-answer), so waiting for a worker is part of it: a check that gets no worker in time fails closed
+deadline counts from the call (a batch's job i, of n in flight, gets i // n + 1 times TIME_LIMIT),
+so waiting for a worker is part of it: a check that gets no worker in time fails closed
 ("not equal"), and a worker that a check gets late has only what is left of the deadline. Under
 many concurrent hostile checks this gives up answers to keep the bound, never the other way round.
 
@@ -136,29 +136,31 @@ class WorkerPool:
     def run(self, jobs: list, failed, parallel: int = 1, work_limit: float = WORK_LIMIT) -> list:
         """The result of each job, in order; `failed` for one that ran out of time, got no worker or crashed.
 
-        At most `parallel` of the jobs are in flight at once. Each is answered within TIME_LIMIT of
-        the later of the call and the call's previous answer (a single check: of the call), waiting
-        for a worker included; a worker may spend at most `work_limit` of that on it."""
+        At most `parallel` of the jobs are in flight at once (and no more than the pool's workers),
+        and job i is answered within (i // in_flight + 1) * TIME_LIMIT of the call, waiting for a
+        worker included: a single check, or a batch no larger than what is in flight, within
+        TIME_LIMIT. A worker may spend at most `work_limit` of that on a job."""
         results = [failed] * len(jobs)
         waiting = collections.deque(range(len(jobs)))  # jobs not yet sent
         busy = {}  # worker -> index of the job it holds
-        progress = time.monotonic()  # the call, then each answer or kill
+        in_flight = max(1, min(parallel, self.max_workers))
+        deadlines = [time.monotonic() + (i // in_flight + 1) * TIME_LIMIT for i in range(len(jobs))]  # from the call
         try:
             while waiting or busy:
-                self._dispatch(jobs, waiting, busy, parallel, progress + TIME_LIMIT, work_limit)
-                if self._collect(busy, results, poll=bool(waiting) and len(busy) < parallel):
-                    progress = time.monotonic()
+                self._dispatch(jobs, waiting, busy, parallel, deadlines, work_limit)
+                self._collect(busy, results, poll=bool(waiting) and len(busy) < parallel)
         except BaseException:  # interrupted: no answer may arrive late into the next call
             for worker in busy:
                 self._discard(worker)
             raise
         return results
 
-    def _dispatch(self, jobs, waiting, busy, parallel, deadline, work_limit) -> None:
+    def _dispatch(self, jobs, waiting, busy, parallel, deadlines, work_limit) -> None:
         """Send waiting jobs to free workers, in order, up to `parallel` in flight. With nothing in
-        flight, wait for a worker until `deadline` (a job that gets none keeps `failed`); otherwise
-        take only workers that are free now."""
+        flight, wait for a worker until the next job's deadline (a job that gets none keeps
+        `failed`); otherwise take only workers that are free now."""
         while waiting and len(busy) < parallel:
+            deadline = deadlines[waiting[0]]
             worker = self._take(deadline if not busy else 0.0)
             if worker is None:
                 if busy:
@@ -172,15 +174,13 @@ class WorkerPool:
                 continue
             busy[worker] = waiting.popleft()
 
-    def _collect(self, busy: dict, results: list, poll: bool) -> bool:
+    def _collect(self, busy: dict, results: list, poll: bool) -> None:
         """Wait until some busy worker answers or passes its deadline (at most POLL_SECONDS when
-        `poll`: jobs wait for a free worker); record what happened, give the workers back, and say
-        whether anything did happen."""
+        `poll`: jobs wait for a free worker); record what happened and give the workers back."""
         if not busy:
-            return False
+            return
         timeout = max(min(w.deadline for w in busy) - time.monotonic(), 0.0)
         ready = select.select([w.process.stdout for w in busy], [], [], min(timeout, POLL_SECONDS) if poll else timeout)[0]
-        done = False
         for worker in list(busy):
             if worker.process.stdout in ready:
                 result = worker.receive()
@@ -190,12 +190,9 @@ class WorkerPool:
                 else:
                     results[index] = result
                     self._give_back(worker)
-                done = True
             elif time.monotonic() >= worker.deadline:
                 busy.pop(worker)
                 self._discard(worker)
-                done = True
-        return done
 
     # -- the free list --------------------------------------------------------------------------
     def _take(self, deadline: float):
