@@ -29,7 +29,7 @@ def transformers_twin(model: minigrpo.Qwen3):
         twin = Qwen3ForCausalLM(config)
     twin = twin.to_empty(device=model.device).to(model.dtype)
     twin.model.rotary_emb = type(twin.model.rotary_emb)(config).to(model.device)  # to_empty left its buffers blank
-    state = minigrpo.checkpoint.to_hf_state_dict(model)
+    state = minigrpo.weights.to_hf_state_dict(model)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     twin.load_state_dict(state, strict=True)

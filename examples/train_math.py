@@ -25,7 +25,7 @@ import time
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed
-from minigrpo.checkpoint import resolve_checkpoint
+from minigrpo.weights import resolve_checkpoint
 from minigrpo.config import add_fields, from_args
 from minigrpo.plots import plot_curves
 from minigrpo.tasks import load_problems, to_task

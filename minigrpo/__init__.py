@@ -8,9 +8,9 @@ import importlib
 import importlib.util
 
 _EXPORTS = {
-    "CheckpointError": "checkpoint",
-    "load_pretrained": "checkpoint",
-    "save_pretrained": "checkpoint",
+    "CheckpointError": "weights",
+    "load_pretrained": "weights",
+    "save_pretrained": "weights",
     "ConfigError": "qwen3",
     "KVCache": "qwen3",
     "Qwen3": "qwen3",
@@ -23,7 +23,7 @@ _EXPORTS = {
     "grpo_loss": "loss",
     "GRPOConfig": "config",
     "TrainConfig": "config",
-    "Task": "task",
+    "Task": "tasks",
     "Trainer": "trainer",
     "train": "trainer",
     "RewardSpec": "verifier",
@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name not in _EXPORTS:
-        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: minigrpo.checkpoint, ...
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: minigrpo.weights, ...
             return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'minigrpo' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .sampler import generate
-from .tasks import Problem
+from .tasks import Problem, to_task
 from .tasks.prompts import Template
 from .verifier import RewardSpec, compute_rewards, extract_answer
 from .verifier.normalize import normalize
@@ -35,17 +35,14 @@ def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewa
     One sampler call for every problem: at most `max_batch_rows` rows decode at once (the KV cache
     holds that many), and a finished row is refilled with the next waiting one.
     """
-    rewards = rewards or [RewardSpec("accuracy")]
     if not problems:  # a rank whose block of the held-out set is empty
         return summarize([], samples, ks)
-    prompts = tokenizer.encode_all([template.render(p.question, tokenizer) for p in problems], "held-out prompts")
+    task = to_task(problems, template, rewards or [RewardSpec("accuracy")], tokenizer)
+    prompts = tokenizer.encode_all([row["prompt"] for row in task.rows], "held-out prompts")
     out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                    num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed, max_batch_rows=max_batch_rows)
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
-    columns = {"answer": [p.answer for p in problems for _ in range(samples)]}
-    for key in problems[0].extra:
-        columns[key] = [p.extra[key] for p in problems for _ in range(samples)]
-    scores = compute_rewards(texts, columns, rewards).total
+    scores = compute_rewards(texts, task.columns(task.rows, samples), task.rewards).total
     results = []
     for i, p in enumerate(problems):
         mine = slice(i * samples, (i + 1) * samples)

@@ -1,7 +1,7 @@
 """The policy: a Qwen3 dense decoder written by hand, with an optional static KV cache.
 
 Token ids (B, T) go in; logits (B, T, vocab) or final hidden states (B, T, hidden) come out.
-It knows tensors only: not text (tokenizer.py), not files on disk (checkpoint.py), not sampling.
+It knows tensors only: not text (tokenizer.py), not files on disk (weights.py), not sampling.
 Numerically it is the same function as transformers' Qwen3ForCausalLM; the tests hold them equal.
 Parameter names are Hugging Face's without the "model." prefix. q/k/v and gate/up stay separate
 matrices: fusing them was measured slower on the project's CPUs (benchmarks/README.md).

@@ -126,7 +126,8 @@ def generate(model: Qwen3, prompts: list[list[int]], config: SamplingConfig | No
         return Engine(model, prompts, config, seed).run()
 
 
-def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int) -> None:
+def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int, what: str = "") -> None:
+    """Token-id lists the model can continue by max_new_tokens; `what` names them in an error ("task's prompts")."""
     if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of token-id lists")
     for i, prompt in enumerate(prompts):
@@ -138,8 +139,8 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
         if len(prompt) + config.max_new_tokens > context:
             raise ValueError(
-                f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} that exceeds "
-                f"the model's context of {context} (max_position_embeddings)"
+                f"{f'row {i} of the {what}' if what else f'prompt {i}'} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} (max_completion_length) "
+                f"that exceeds the model's context of {context} (max_position_embeddings)"
             )
 
 

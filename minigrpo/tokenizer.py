@@ -69,9 +69,6 @@ class Tokenizer:
                              f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)")
         return ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
-
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
@@ -81,9 +78,6 @@ class Tokenizer:
         if ids and ids[-1] in self.eos_token_ids:
             ids = ids[:-1]
         return self.decode(ids)
-
-    def decode_batch(self, batch, skip_special_tokens: bool = False) -> list[str]:
-        return self.backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

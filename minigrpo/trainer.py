@@ -1,7 +1,7 @@
 """The GRPO loop: the only module that combines the stages, numbered as in the README's diagram.
 
 In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
-TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, training_state. One step:
+TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, checkpoint. One step:
 
   1. sample      P prompts x G completions (sampler.generate)             -> rollout buffer
   2. verify      decode, score every reward, weight and sum (verifier)    -> reward per completion
@@ -42,16 +42,16 @@ import time
 import torch
 
 from . import distributed
-from . import state as training_state
+from . import checkpoint
 from .advantages import group_advantages, zero_variance_groups
-from .checkpoint import load_pretrained, parse_device
+from .weights import load_pretrained, parse_device
 from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
 from .loss import TokenLogprobs, grpo_loss, sampler_mismatch
 from .metrics import MetricsLogger, NullLogger
 from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
-from .sampler import Samples, generate
-from .task import PromptStream, Task
+from .sampler import Samples, check_prompts, generate
+from .tasks import PromptStream, Task
 from .verifier import Rewards, compute_rewards
 
 
@@ -359,7 +359,7 @@ class Trainer:
         weights, state = self.policy.weights(), self.state_dict()
         path = None
         if self.dist.is_main:
-            path = training_state.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer, state,
+            path = checkpoint.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer, state,
                                                   self.config.save_total_limit, weights=weights)
         return self.dist.broadcast(path)  # no rank goes on before the checkpoint is complete
 
@@ -369,7 +369,7 @@ class Trainer:
             "step": self.step,
             "optimizer": self.policy.optimizer_state(self.optimizer),
             "data": self.stream.state(),
-            "rng": self.dist.gather(training_state.rng_states()),  # one per rank
+            "rng": self.dist.gather(checkpoint.rng_states()),  # one per rank
             "model_path": self.model_path,
             "configs": as_dict(self.grpo, self.config),
         }
@@ -382,7 +382,7 @@ class Trainer:
         self.stream.load_state(state["data"])
         rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # one per rank; older: one
         if len(rng) == self.dist.world_size:
-            training_state.set_rng_states(rng[self.dist.rank])
+            checkpoint.set_rng_states(rng[self.dist.rank])
         else:  # nothing in the loop draws from them (its seeds derive from seed and step), so go on
             self.dist.print(f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
                             f"{self.dist.world_size}: global RNGs start afresh")
@@ -404,13 +404,8 @@ class Trainer:
 
     def check_context(self, prompt_ids: list[list[int]], what: str) -> None:
         """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens."""
-        longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-        context = self.model.config.max_position_embeddings
-        if len(prompt_ids[longest]) + self.grpo.max_completion_length > context:
-            raise ValueError(
-                f"row {longest} of the {what} has {len(prompt_ids[longest])} tokens; with max_completion_length="
-                f"{self.grpo.max_completion_length} that exceeds the model's context of {context} tokens"
-            )
+        check_prompts(prompt_ids, self.grpo.sampling_config(), self.model.config.vocab_size,
+                      self.model.config.max_position_embeddings, what)
 
     def _set_learning_rate(self) -> None:
         for group in self.optimizer.param_groups:
@@ -451,7 +446,7 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     parse_device(device)  # an unknown device, or a GPU this machine lacks, is refused before anything starts
     dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
     config.check_against(grpo, dist.world_size)
-    latest = dist.broadcast(training_state.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
+    latest = dist.broadcast(checkpoint.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
     if latest and config.resume and not os.path.isdir(latest):
         raise ValueError(f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
                          "output_dir must be on a file system that every node sees")
@@ -461,10 +456,10 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     if config.resume and not latest:
         dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
     if config.resume and dist.is_main:  # what a killed save or prune left: a resume with no step to take saves nothing
-        training_state.remove_leftovers(config.output_dir)
+        checkpoint.remove_leftovers(config.output_dir)
     resume_from = None
     if config.resume and latest:  # the newest checkpoint that reads back; rank 0 checks, and says what it skips
-        resume_from = dist.broadcast(training_state.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
+        resume_from = dist.broadcast(checkpoint.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
         if resume_from is None:
             raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume")
     device = dist.device  # each rank's own GPU under torchrun
@@ -476,7 +471,7 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
         reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
     trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist)
     if resume_from is not None:
-        saved = training_state.load_state(resume_from)
+        saved = checkpoint.load_state(resume_from)
         if dist.is_main:
             _note_changed_settings(saved["configs"], as_dict(grpo, config))
         trainer.load_state_dict(saved)

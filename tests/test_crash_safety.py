@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import minigrpo
 from helpers import tiny_model, tiny_tokenizer
 from killed_run import Server
-from minigrpo.state import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
+from minigrpo.checkpoint import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
 
 ARGS = ["--template", "tiny", "--rewards", "killed_run_vowels", "--steps", "3", "--save_every", "1",  # 2 checkpoints kept
         "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2", "--max_completion_length", "6",

@@ -16,7 +16,7 @@ import minigrpo
 from helpers import tiny_model, tiny_tokenizer
 from minigrpo import distributed
 from minigrpo.config import GRPOConfig, TrainConfig
-from minigrpo.state import latest_checkpoint, load_state
+from minigrpo.checkpoint import latest_checkpoint, load_state
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

@@ -14,7 +14,7 @@ ATOL = 1e-4
 def hf_twin(model: minigrpo.Qwen3) -> Qwen3ForCausalLM:
     """transformers' Qwen3 holding the same weights (no disk involved)."""
     hf = Qwen3ForCausalLM(HFConfig(**model.config.to_dict())).eval()
-    missing, unexpected = hf.load_state_dict(minigrpo.checkpoint.to_hf_state_dict(model), strict=False)
+    missing, unexpected = hf.load_state_dict(minigrpo.weights.to_hf_state_dict(model), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     return hf
 

@@ -14,7 +14,7 @@ import torch
 import minigrpo
 from helpers import tiny_model, tiny_tokenizer
 from minigrpo.evaluate import evaluate
-from minigrpo.state import latest_checkpoint
+from minigrpo.checkpoint import latest_checkpoint
 from minigrpo.tasks import load_problems
 from minigrpo.tasks.prompts import template
 

@@ -14,7 +14,7 @@ import torch
 import minigrpo
 from helpers import tiny_model, tiny_tokenizer
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
-from minigrpo.state import latest_checkpoint, load_state
+from minigrpo.checkpoint import latest_checkpoint, load_state
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
@@ -198,7 +198,7 @@ def test_bad_configuration_fails_with_a_clear_message(make, message):
 
 
 def test_completions_beyond_the_context_fail_at_start(checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="with max_completion_length=90 that exceeds the model's context of 96"):
+    with pytest.raises(ValueError, match=r"with max_new_tokens=90 \(max_completion_length\) that exceeds the model's context of 96"):
         make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=90))
 
 
@@ -274,7 +274,7 @@ def test_the_stage_functions_are_public():
 
 def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_path):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
-    minigrpo.state.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
+    minigrpo.checkpoint.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
     config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
     with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
         minigrpo.trainer.build_trainer(checkpoint, Task(ROWS, [RewardSpec("test_count_x")]),
@@ -321,11 +321,11 @@ def test_a_checkpoint_loads_as_data_only_and_a_crafted_one_runs_nothing(checkpoi
     trainer = make_trainer(checkpoint, tmp_path)
     trainer.train_step()
     saved = trainer.save()
-    state = torch.load(os.path.join(saved, minigrpo.state.STATE_FILE), weights_only=True)
+    state = torch.load(os.path.join(saved, minigrpo.checkpoint.STATE_FILE), weights_only=True)
     assert state["step"] == 1 and set(state["rng"][0]) >= {"python", "numpy", "torch"}
     draws = []
     for _ in range(2):
-        minigrpo.state.set_rng_states(state["rng"][0])
+        minigrpo.checkpoint.set_rng_states(state["rng"][0])
         draws.append((random.random(), float(np.random.rand()), float(torch.rand(1))))
     assert draws[0] == draws[1], draws
 
@@ -333,9 +333,9 @@ def test_a_checkpoint_loads_as_data_only_and_a_crafted_one_runs_nothing(checkpoi
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
-    torch.save({"step": 1, "payload": Payload()}, os.path.join(saved, minigrpo.state.STATE_FILE))
+    torch.save({"step": 1, "payload": Payload()}, os.path.join(saved, minigrpo.checkpoint.STATE_FILE))
     with pytest.raises(ValueError, match="holds more than tensors and plain data"):
-        minigrpo.state.load_state(saved)
+        minigrpo.checkpoint.load_state(saved)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -361,7 +361,7 @@ def test_trimming_metrics_on_resume_never_truncates_the_file_in_place(tmp_path, 
 
 @pytest.mark.parametrize("damaged", ["model.safetensors", "trainer_state.pt", "config.json"])
 def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(checkpoint, tmp_path, damaged):
-    from minigrpo.state import latest_intact_checkpoint, save_checkpoint
+    from minigrpo.checkpoint import latest_intact_checkpoint, save_checkpoint
 
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     out = str(tmp_path / "run")
@@ -377,7 +377,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(checkpoint, tmp
 
 
 def test_a_prune_killed_midway_leaves_no_half_checkpoint(checkpoint, tmp_path):
-    from minigrpo.state import save_checkpoint
+    from minigrpo.checkpoint import save_checkpoint
 
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     out = tmp_path / "run"

@@ -6,7 +6,8 @@
 - `datasets`: GSM8K- and MATH-format JSONL files, local or fetched from the Hugging Face Hub;
 - `prompts`: templates for base models and for chat models (Qwen3's chat format).
 `load_problems(name_or_path, split)` picks among them; `to_task` turns problems and a template
-into the trainer's `Task`. It knows text, not tokens or the model.
+into the trainer's `Task` (task.py: rows, reward specs, the order prompts are drawn in).
+It knows text, not tokens or the model.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ class Problem:
 
 def to_task(problems: list[Problem], template, rewards, tokenizer=None):
     """The trainer's Task: each problem's question rendered by `template`, its answer and extra columns."""
-    from ..task import Task
-
     rows = [{"prompt": template.render(p.question, tokenizer), "answer": p.answer, **p.extra} for p in problems]
     return Task(rows, rewards)
 
 
 from .datasets import load_problems  # noqa: E402  (datasets imports Problem from this module)
+from .task import PromptStream, Task  # noqa: E402
 
-__all__ = ["Problem", "load_problems", "to_task"]
+__all__ = ["Problem", "PromptStream", "Task", "load_problems", "to_task"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a task names its rewards; scoring them is the verifier's stage, to the right
-    from .verifier import RewardSpec
+    from ..verifier import RewardSpec
 
 
 @dataclass
