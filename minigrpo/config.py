@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import io
+import math
 import tokenize
 import typing
 from dataclasses import asdict, dataclass, fields
@@ -124,6 +125,31 @@ class TrainConfig:
         _require((self.batch_size // G) % world_size == 0, f"batch_size={self.batch_size} completions are "
                  f"{self.batch_size // G} prompts per step, which do not split evenly across {world_size} processes; "
                  f"use a batch_size that is a multiple of {G * world_size}")
+
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate of GRPO step `step` (1, 2, ...): a linear warm-up over warmup_steps, then
+        constant or cosine to 0 at max_steps (one value per GRPO step, not per AdamW step)."""
+        done, warmup = step - 1, self.warmup_steps  # steps before this one
+        if done < warmup:
+            return self.learning_rate * (done + 1) / (warmup + 1)
+        if self.lr_schedule == "constant":
+            return self.learning_rate
+        progress = min((done - warmup) / max(self.max_steps - warmup, 1), 1.0)
+        return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def changed_settings(saved: dict, current: dict) -> list[str]:
+    """What a resumed run changed from its checkpoint's settings (as_dict of both), a note each: allowed
+    (a longer run, say) but never silent. Settings of the process rather than of the training are skipped."""
+    ignored = {"resume", "stop_at_step", "progress_bar", "log_completions_every", "save_every", "output_dir", "report_to"}
+    notes = []
+    for section, values in current.items():
+        for key, value in values.items():
+            old = saved.get(section, {}).get(key, value)
+            if key not in ignored and old != value and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value)):
+                notes.append(f"note: resuming with {section}.{key} = {value!r}; the checkpoint was trained with {old!r}")
+    return notes
 
 
 def _require(condition: bool, message: str) -> None:

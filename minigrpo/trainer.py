@@ -45,7 +45,7 @@ from . import distributed
 from . import checkpoint
 from .advantages import group_advantages, zero_variance_groups
 from .weights import load_pretrained, parse_device
-from .config import GRPOConfig, TrainConfig, as_dict
+from .config import GRPOConfig, TrainConfig, as_dict, changed_settings
 from .evaluate import Evaluation, evaluate, summarize
 from .loss import TokenLogprobs, grpo_loss, sampler_mismatch
 from .metrics import MetricsLogger, NullLogger
@@ -409,17 +409,7 @@ class Trainer:
 
     def _set_learning_rate(self) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = self.config.learning_rate * self._lr_factor(self.step - 1)
-
-    def _lr_factor(self, step: int) -> float:
-        """Multiplier of learning_rate before GRPO step step + 1: linear warm-up, then constant or cosine."""
-        warmup, total = self.config.warmup_steps, self.config.max_steps
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if self.config.lr_schedule == "constant":
-            return 1.0
-        progress = (step - warmup) / max(total - warmup, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+            group["lr"] = self.config.learning_rate_at(self.step)
 
     def _examples(self, rollouts: list[Rollout], count: int = 2) -> list[dict]:
         """The first completion of the first `count` groups, with its prompt and rewards."""
@@ -472,24 +462,14 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist)
     if resume_from is not None:
         saved = checkpoint.load_state(resume_from)
-        if dist.is_main:
-            _note_changed_settings(saved["configs"], as_dict(grpo, config))
+        for note in changed_settings(saved["configs"], as_dict(grpo, config)):
+            dist.print(note)
         trainer.load_state_dict(saved)
         dist.print(f"resuming from {resume_from} (step {trainer.step})")
     return trainer
 
 
 # -- small pure helpers ---------------------------------------------------------------------------
-def _note_changed_settings(saved: dict, current: dict) -> None:
-    """Resuming with other settings is allowed (a longer run, say) but never silent."""
-    ignored = {"resume", "stop_at_step", "progress_bar", "log_completions_every", "save_every", "output_dir", "report_to"}
-    for section, values in current.items():
-        for key, value in values.items():
-            old = saved.get(section, {}).get(key, value)
-            if key not in ignored and old != value and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value)):
-                print(f"note: resuming with {section}.{key} = {value!r}; the checkpoint was trained with {old!r}")
-
-
 def _frozen_copy(model):
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
