@@ -55,7 +55,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .qwen3 import logit_dtype
+from .layers import logit_dtype
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")

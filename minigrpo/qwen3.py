@@ -4,7 +4,8 @@ Token ids (B, T) go in; logits (B, T, vocab) or final hidden states (B, T, hidde
 It knows tensors only: not text (tokenizer.py), not files on disk (weights.py), not sampling.
 Numerically it is the same function as transformers' Qwen3ForCausalLM; the tests hold them equal.
 Parameter names are Hugging Face's without the "model." prefix. q/k/v and gate/up stay separate
-matrices: fusing them was measured slower on the project's CPUs (benchmarks/README.md).
+matrices: fusing them was measured slower on the project's CPUs (benchmarks/README.md). The
+pieces that hold no cache (products, RMSNorm, rotary, masks) are in layers.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+
+from .layers import (PACK_MIN_ELEMENTS, Linear, RMSNorm, apply_rotary, linear, logit_dtype, packed_linear, real_positions,
+                     rotary_cos_sin, visibility_mask)
 
 
 class ConfigError(ValueError):
@@ -91,97 +95,13 @@ class Qwen3Config:
         return d
 
 
-SKINNY_ROWS = 64  # at or below this many rows, CPU matmuls go through the transposed product
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias), computed as (weight @ x.T).T when x has few rows on CPU.
-
-    Same maths, another order of the loops: on the project's CPUs (MKL on AMD EPYC) the plain
-    product with 2-64 rows, i.e. a decode step, ran 1.2-2.9x slower than the transposed one
-    (benchmarks/README.md); from a few hundred rows on they are equal, so training is unaffected.
-    """
-    rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu" or rows > SKINNY_ROWS:
-        return F.linear(x, weight, bias)
-    if rows == 1:
-        y = torch.mv(weight, x.reshape(-1))  # (out,): gemv, ~20% faster than a 1-row gemm here
-    else:
-        y = (weight @ x.reshape(rows, -1).t()).t()  # (rows, out), column-major
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def logit_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Logits are kept in fp32 whatever the weights (bf16, fp16), or fp64 for an fp64 model."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-PACK_MIN_ELEMENTS = 2**17  # weights this large multiply faster through oneDNN when packed (sampling only)
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x @ weight.T (+ bias) with the weight pre-packed for oneDNN (`Qwen3.packed_for_decoding`)."""
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
-    return y.reshape(*x.shape[:-1], out_features)
-
-
-class Linear(nn.Linear):
-    """nn.Linear through `linear` above, or through a packed copy of the weight while one is set."""
-
-    packed: torch.Tensor | None = None  # set only inside Qwen3.packed_for_decoding
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return packed_linear(x, self.packed, self.bias, self.out_features)
-        return linear(x, self.weight, self.bias)
-
-
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 (fp64 for fp64) and cast back before the weight, as Qwen3 does."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin of shape (*positions.shape, head_dim) for integer positions; angles in fp32.
-
-    sin comes with the sign of the rotation folded in (-sin on the first half, +sin on the second),
-    so that rotating is two products and a roll (`apply_rotary`).
-    """
-    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / theta**exponents  # (head_dim/2,)
-    angles = positions[..., None].float() * inv_freq  # (..., head_dim/2)
-    cos, sin = angles.cos(), angles.sin()
-    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)  # (..., head_dim) each
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x_i, x_{i+D/2}) of x (B, H, T, D) by the position angles.
-
-    The textbook form is x * cos + cat(-x2, x1) * sin; rolling x by D/2 gives cat(x2, x1), and the
-    minus sign lives in `signed_sin`: the same numbers with one op instead of three.
-    """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
-
-
 class KVCache:
     """Preallocated keys and values, one (B, kv_heads, max_len, head_dim) tensor each per layer, and per-row lengths.
 
-    Row b holds `lengths[b]` tokens in slots 0 .. lengths[b]-1, with no padding between them, so a
-    token's slot is also its rotary position. Rows may differ in length (prompts of other sizes, a
-    row refilled with a new prompt mid-call); the next token of row b goes to slot lengths[b].
-    The rotary tables of every slot are made once, with the cache. Shapes never change. (One tensor
-    per layer, not one for all: torch.compile then writes a token in place, where a write into a
-    slice of a larger tensor made it copy that whole tensor every step.)
+    Row b holds `lengths[b]` tokens in slots 0 .. lengths[b]-1, so a token's slot is also its rotary
+    position, and rows may differ in length; the next token of row b goes to slot lengths[b]. The
+    rotary tables of every slot are made once, with the cache. One tensor per layer, not one for
+    all: torch.compile copied a whole shared tensor to write one token into a slice of it.
     """
 
     def __init__(self, config: Qwen3Config, batch_size: int, max_len: int, *, dtype, device):
@@ -242,11 +162,11 @@ class KVCache:
 class SharedPrompt:
     """Training with the G completions of a prompt in G consecutive rows: the prompt runs once.
 
-    Passed to the blocks as their cache, twice. While the prompts (P rows) run, each block's prompt
-    keys and values are kept, with their graph. Then the completions (P * G rows) run, and each of
-    their blocks attends to its prompt's keys and values followed by its own. The prompt's keys and
-    values are copied into each row for attention (a (G, kv_heads, Lp, D) copy per prompt and
-    layer); its projections, MLP and activations exist once, and autograd sums the G rows' gradients.
+    Passed to the blocks as their cache, twice: while the prompts (P rows) run, each block keeps
+    their keys and values, with their graph; then each block of the completions (P * G rows)
+    attends to its prompt's keys and values followed by its own. Only those keys and values are
+    copied per row; the prompt's projections, MLP and activations exist once, and autograd sums
+    the G rows' gradients.
     """
 
     def __init__(self, group_size: int):
@@ -255,8 +175,8 @@ class SharedPrompt:
         self.completions = False  # False while the prompts run, True once the completions do
 
     def write_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """What the block attends to: the prompts' own k, v (kept), or, for completions k, v
-        (P * G, kv_heads, Tc, D), their prompt's followed by theirs, (P * G, kv_heads, Lp + Tc, D)."""
+        """The prompts' own k, v (kept), or for completions k, v (P * G, kv_heads, Tc, D) their
+        prompt's followed by theirs, (P * G, kv_heads, Lp + Tc, D)."""
         if not self.completions:
             self.keys[layer], self.values[layer] = k, v
             return k, v
@@ -266,19 +186,6 @@ class SharedPrompt:
         P, G = prompt.shape[0], self.group_size
         grouped = own.view(P, G, *own.shape[1:])  # (P, G, kv_heads, Tc, D)
         return torch.cat((prompt[:, None].expand(-1, G, -1, -1, -1), grouped), dim=3).flatten(0, 1)
-
-
-def visibility_mask(valid: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T) bool for a padded batch without a cache: a query sees earlier real tokens.
-
-    A query always sees itself, so that padding queries get a finite (unused) output instead of a
-    softmax over nothing.
-    """
-    T = valid.shape[1]
-    slots = torch.arange(T, device=valid.device)
-    causal = slots[None, :] <= slots[:, None]  # (T, T)
-    own = slots[None, :] == slots[:, None]  # (T, T)
-    return ((causal & valid[:, None, :]) | own)[:, None]  # (B, 1, T, T)
 
 
 class Attention(nn.Module):
@@ -364,92 +271,74 @@ class Qwen3(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.apply(_init_weights)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
-        return self.logits(self.hidden_states(input_ids, attention_mask, position_ids))
+    def forward(self, input_ids, attention_mask=None) -> torch.Tensor:
+        return self.logits(self.hidden_states(input_ids, attention_mask))
 
-    def hidden_states(self, input_ids, attention_mask=None, position_ids=None):
+    def hidden_states(self, input_ids, attention_mask=None):
         """Final-normed hidden states (B, T, hidden) of a whole batch, without a cache (training).
-
-        input_ids (B, T). attention_mask (B, T): 1 for real tokens, 0 for padding (left or right).
-        position_ids (B, T): defaults to each token's index among its row's real tokens.
-        """
-        mask = None if attention_mask is None else visibility_mask(attention_mask.bool())  # None: plain causal
-        if position_ids is None:
-            if attention_mask is None:
-                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
-            else:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        cos, sin = rotary_cos_sin(position_ids[:, None], self.config.head_dim, self.config.rope_theta, self.dtype)
-        x = self.embed_tokens(input_ids)  # (B, T, hidden)
-        for block in self.layers:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
-            else:
-                x = block(x, cos, sin, mask)
-        return self.norm(x)
+        input_ids (B, T); attention_mask (B, T): 1 for real tokens, 0 for padding (left or right)."""
+        if attention_mask is None:  # plain causal
+            mask, positions = None, torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
+        else:
+            mask, positions = visibility_mask(attention_mask.bool()), real_positions(attention_mask)  # (B, T)
+        return self.norm(self._blocks(self.embed_tokens(input_ids), self._rotary(positions), mask,
+                                      checkpointed=self._checkpointing))
 
     def shared_prompt_hidden_states(self, input_ids, attention_mask, completion_start: int, group_size: int):
-        """The hidden states that predict each completion token, (B, Tc, hidden), as
-        `hidden_states(input_ids, attention_mask)[:, completion_start - 1 : -1]` gives them, but with
-        each prompt run once for its `group_size` completions (see SharedPrompt).
-
-        input_ids, attention_mask (B, Lp + Tc): left-padded prompts, then right-padded completions,
-        the rows of a group consecutive and with the same prompt.
-        """
+        """`hidden_states(input_ids, attention_mask)[:, completion_start - 1 : -1]`, (B, Tc, hidden), with
+        each prompt run once for its `group_size` completions (SharedPrompt). input_ids, attention_mask
+        (B, Lp + Tc): left-padded prompts, then right-padded completions, a group's rows consecutive."""
         B, Lp, G = input_ids.shape[0], completion_start, group_size
         if B % G or not all(torch.equal(t[:, :Lp].view(B // G, G, Lp), t[::G, None, :Lp].expand(-1, G, -1))
                             for t in (input_ids, attention_mask)):
             raise ValueError(f"a shared-prompt batch needs groups of {G} consecutive rows with the same prompt")
         prompt_ids, prompt_mask = input_ids[::G, :Lp], attention_mask[::G, :Lp]  # (P, Lp)
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, Lp + Tc)
+        positions = real_positions(attention_mask)  # (B, Lp + Tc)
         shared = SharedPrompt(G)
         # The prompts are never checkpointed: the blocks keep their keys and values in `shared`.
-        x = self._run_blocks(self.embed_tokens(prompt_ids), positions[::G, :Lp], visibility_mask(prompt_mask.bool()), shared)
+        x = self._blocks(self.embed_tokens(prompt_ids), self._rotary(positions[::G, :Lp]),
+                         visibility_mask(prompt_mask.bool()), shared)
         last_prompt = self.norm(x[:, -1])  # (P, hidden): predicts each completion's first token
         shared.completions = True
         completion_rows = visibility_mask(attention_mask.bool())[:, :, Lp:]  # (B, 1, Tc, Lp + Tc)
-        x = self._run_blocks(self.embed_tokens(input_ids[:, Lp:]), positions[:, Lp:], completion_rows, shared,
-                             checkpointed=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
+        x = self._blocks(self.embed_tokens(input_ids[:, Lp:]), self._rotary(positions[:, Lp:]), completion_rows,
+                         shared, checkpointed=self._checkpointing)
         first = last_prompt.repeat_interleave(G, 0)[:, None]  # (B, 1, hidden)
         return torch.cat((first, self.norm(x[:, :-1])), dim=1)  # (B, Tc, hidden)
 
-    def _run_blocks(self, x, positions, mask, cache, checkpointed: bool = False):
-        cos, sin = rotary_cos_sin(positions[:, None], self.config.head_dim, self.config.rope_theta, self.dtype)
+    @property
+    def _checkpointing(self) -> bool:
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
+    def _rotary(self, positions: torch.Tensor):
+        """cos, sin (B, 1, T, D) for positions (B, T), broadcast over the heads."""
+        return rotary_cos_sin(positions[:, None], self.config.head_dim, self.config.rope_theta, self.dtype)
+
+    def _blocks(self, x, rotary, mask, cache=None, decoding: bool = False, checkpointed: bool = False):
         for block in self.layers:
             if checkpointed:
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, cache, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, *rotary, mask, cache, use_reentrant=False)
             else:
-                x = block(x, cos, sin, mask, cache)
+                x = block(x, *rotary, mask, cache, decoding)
         return x
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Prompts into an empty cache; the final hidden state at each prompt's last token, (B, hidden).
-
-        input_ids (B, T): prompts padded on the right, `lengths` (B,) real tokens each. Causal
-        attention alone is exact here: a real token never sees the padding that follows it, and the
-        padded slots are overwritten by the first decoded tokens before anything reads them.
-        """
+        """Prompts (B, T), right-padded, `lengths` (B,) real tokens each, into an empty cache; the final
+        hidden state at each prompt's last token, (B, hidden). Plain causal attention is exact: a real
+        token never sees the padding after it, and decoded tokens overwrite the padded slots first."""
         B, T = input_ids.shape
-        cos, sin = cache.cos[:T], cache.sin[:T]  # (T, D): slot = position
-        x = self.embed_tokens(input_ids)  # (B, T, hidden)
-        for block in self.layers:
-            x = block(x, cos, sin, None, cache)
+        x = self._blocks(self.embed_tokens(input_ids), (cache.cos[:T], cache.sin[:T]), None, cache)  # slot = position
         cache.lengths.copy_(lengths)
         return self.norm(x[torch.arange(B, device=x.device), lengths - 1])  # (B, hidden)
 
     def decode(self, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
         """One token per row (B,) appended at slot cache.lengths[b]; final hidden states (B, hidden).
-
-        Attention reads slots [0, span) of every row (span > every row's length; the unwritten slots
-        are masked), so a caller may round span up to reuse one compiled graph for many steps.
-        """
-        B = tokens.shape[0]
+        Attention reads slots [0, span) (span > every row's length, the unwritten slots masked), so a
+        caller may round span up to reuse one compiled graph for many steps."""
         positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
-        cos, sin = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D)
+        rotary = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D) each
         mask = (cache.slots[:span] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
-        x = self.embed_tokens(tokens[:, None])  # (B, 1, hidden)
-        for block in self.layers:
-            x = block(x, cos, sin, mask, cache, decoding=True)
+        x = self._blocks(self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True)  # (B, 1, hidden)
         cache.lengths.add_(1)
         return self.norm(x[:, 0])  # (B, hidden)
 
@@ -465,13 +354,9 @@ class Qwen3(nn.Module):
 
     @contextlib.contextmanager
     def packed_for_decoding(self, batch_size: int):
-        """Inside, every weight of >= PACK_MIN_ELEMENTS multiplies through oneDNN with a packed copy.
-
-        fp32 on CPU only. Measured here (benchmarks/README.md) against MKL's skinny products: 1.2-4x
-        faster for 3072 x 1024 and larger at 1-256 rows, slower for the small matrices that stay
-        unpacked. The copies (one more set of the large weights) are made on entry and dropped on
-        exit, so they always hold the current weights; training never sees them.
-        """
+        """Inside, every weight of >= PACK_MIN_ELEMENTS multiplies through oneDNN with a packed copy
+        (fp32 on CPU only; benchmarks/README.md measured it). The copies are made on entry and
+        dropped on exit, so they always hold the current weights; training never sees them."""
         packable = self.device.type == "cpu" and self.dtype == torch.float32 and torch.backends.mkldnn.is_available()
         plain = lambda w: w.numel() >= PACK_MIN_ELEMENTS and type(w.detach()) is torch.Tensor  # noqa: E731  (not a DTensor)
         large = [m for m in self.modules() if isinstance(m, Linear) and plain(m.weight)]
@@ -499,10 +384,10 @@ class Qwen3(nn.Module):
         return self.embed_tokens.weight.device
 
 
-def _init_weights(module: nn.Module, std: float = 0.02):
+def _init_weights(module: nn.Module):
     """transformers' initialisation: N(0, 0.02) weights, zero biases, unit norms."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, std=std)
+        nn.init.normal_(module.weight, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, RMSNorm):

@@ -1,0 +1,102 @@
+"""The pieces of the Qwen3 decoder (qwen3.py) that hold no cache: the products (skinny on CPU, or
+through weights packed for oneDNN while sampling), RMSNorm, rotary embeddings and the padding mask.
+Tensors in, tensors out: nothing here knows the model's config, its caches or the loop.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SKINNY_ROWS = 64  # at or below this many rows, CPU matmuls go through the transposed product
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), computed as (weight @ x.T).T when x has few rows on CPU.
+
+    Same maths, another order of the loops: with MKL on the project's CPUs the plain product with
+    2-64 rows, i.e. a decode step, ran up to 2.9x slower; from a few hundred rows on they are equal.
+    """
+    rows = x.numel() // x.shape[-1]
+    if x.device.type != "cpu" or rows > SKINNY_ROWS:
+        return F.linear(x, weight, bias)
+    if rows == 1:
+        y = torch.mv(weight, x.reshape(-1))  # (out,): gemv, ~20% faster than a 1-row gemm here
+    else:
+        y = (weight @ x.reshape(rows, -1).t()).t()  # (rows, out), column-major
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def logit_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Logits are kept in fp32 whatever the weights (bf16, fp16), or fp64 for an fp64 model."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+PACK_MIN_ELEMENTS = 2**17  # weights this large multiply faster through oneDNN when packed (sampling only)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x @ weight.T (+ bias) with the weight pre-packed for oneDNN (`Qwen3.packed_for_decoding`)."""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+class Linear(nn.Linear):
+    """nn.Linear through `linear` above, or through a packed copy of the weight while one is set."""
+
+    packed: torch.Tensor | None = None  # set only inside Qwen3.packed_for_decoding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias, self.out_features)
+        return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 (fp64 for fp64) and cast back before the weight, as Qwen3 does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin of shape (*positions.shape, head_dim) for integer positions; angles in fp32.
+
+    sin comes with the sign of the rotation folded in (-sin on the first half, +sin on the second),
+    so that rotating is two products and a roll (`apply_rotary`).
+    """
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / theta**exponents  # (head_dim/2,)
+    angles = positions[..., None].float() * inv_freq  # (..., head_dim/2)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)  # (..., head_dim) each
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+D/2}) of x (B, H, T, D): the textbook x * cos + cat(-x2, x1) * sin, with
+    cat(x2, x1) a roll of x by D/2 and the minus sign in `signed_sin` (one op instead of three)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def visibility_mask(valid: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool for a padded batch without a cache: a query sees earlier real tokens, and
+    always itself, so that padding queries get a finite (unused) output, not a softmax over nothing."""
+    T = valid.shape[1]
+    slots = torch.arange(T, device=valid.device)
+    causal = slots[None, :] <= slots[:, None]  # (T, T)
+    own = slots[None, :] == slots[:, None]  # (T, T)
+    return ((causal & valid[:, None, :]) | own)[:, None]  # (B, 1, T, T)
+
+
+def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T): each token's index among its row's real tokens (0 on left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
