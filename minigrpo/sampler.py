@@ -4,54 +4,43 @@ In: prompts as lists of token ids, and the sampling settings. Out: `Samples` (co
 the log-prob of each under the temperature-scaled full distribution, finish reasons, timings).
 It knows token ids and the model, not text, rewards or training.
 
-How a call runs. The P x G requested rows decode together in one batch of at most
-`max_batch_rows` rows, over one KV cache allocated once. Each distinct prompt is prefilled once
-and its cache copied into its rows. A decode step feeds one token per row; every row has its own
-length, so rows need not start together. At a check (every step on CPU, where it is a read of host
-memory; every 8 on a GPU) a finished row is refilled with a waiting request, prefilled into the
-freed row; once nothing waits, finished rows are dropped from the batch when they are half of it.
+A call decodes the P x G requested rows in one batch of at most `max_batch_rows` rows, over one
+KV cache. Each distinct prompt is prefilled once and copied into its rows; every row has its own
+length. At a check (every step on CPU, where it is a read of host memory; every 8 on a GPU) a
+finished row is refilled with a waiting request; once nothing waits, finished rows are dropped
+from the batch when they are half of it. The LM head runs on the last position only, attention
+over the slots written so far; each row's next token is drawn by next_token.py.
 
-Where the speed comes from: the LM head on the last position only; attention over the cache slots
-written so far (eager) or over a length bucket of 64, 128, 256, ... slots (compiled); rotary
-tables made once per call; on CPU, top-p by rejection instead of a sort of the whole vocabulary
-(exact; see `nucleus_by_rejection`); random numbers from a counter-based hash of (row seed, step),
-so that a row's draws do not depend on which batch row it decodes in or what else runs beside it.
+Compiled decode (`compile=True`, or chosen by `use_compiled`): one graph per (batch rows, span),
+spans from length buckets of 64, 128, 256, ... slots and batch rows from the call's first batch
+size and the powers of two below it (compaction pads with finished rows, masked); graphs live for
+the process. The slow reference, the whole sequence recomputed per token, lives in the tests.
 
-Compiled decode (`compile=True`): one graph per (batch rows, span) pair, both from small fixed
-sets: spans are the length buckets up to the cache size (at most log2(max_len / 64) + 1 of them)
-and batch rows are the call's first batch size and the powers of two below it (compaction pads to
-the next one with finished rows, masked). Graphs live for the process, so a trainer that samples
-the same shapes every step compiles once per run. `compile=None`, the default, picks by the
-measurements behind COMPILE_MAX_ROWS below (`use_compiled`). The slow reference, one prompt at a
-time with the whole sequence recomputed per token, lives in the tests.
-
-Departure from the usual recipe (transformers, vLLM): no torch.Generator. A counter-based hash
-makes a row's random numbers a function of its seed and step alone, which also lets refill and
-compaction move rows around without changing a single draw.
+Departure from the usual recipe (transformers, vLLM): no torch.Generator. A counter-based hash of
+(row seed, step) makes a row's random numbers independent of the batch row it decodes in and of
+what runs beside it, so refill and compaction move rows around without changing a single draw.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
-import random
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
+from .next_token import draw_counters, row_keys, sample, uniform
 from .qwen3 import KVCache, Qwen3
 
 SPAN_BUCKET = 64  # compiled steps read 64, 128, 256, ... cache slots
-# compile=None: measured on these 2-core CPUs (benchmarks/README.md), a compiled step beats the eager
-# one clearly only with one row (tiny shape 0.8 vs 2.8 ms, Qwen3-0.6B shape 62 vs 120 ms); at 8 rows
-# it is 1.3x faster on the tiny shape but 2x slower on the 0.6B one (eager steps use oneDNN-packed
-# weights, compiled ones MKL), and from 32 rows up no faster; each graph takes 15-75 s to compile.
-# So one-row batches switch to compiled steps once this process has spent that long on them eagerly.
+# compile=None (benchmarks/README.md): a compiled step clearly beats the eager one only with one row
+# (tiny 0.8 vs 2.8 ms, Qwen3-0.6B 62 vs 120 ms); at 8 rows the 0.6B one is 2x slower (eager steps use
+# oneDNN-packed weights), from 32 rows up no faster; each graph takes 15-75 s to compile. So one-row
+# batches switch to compiled steps once this process has spent that long on them eagerly.
 COMPILE_MAX_ROWS = 1
 COMPILE_AFTER_SECONDS = 60.0
 _eager_small_batch_seconds = 0.0  # eager decode time so far, in this process, of calls with <= COMPILE_MAX_ROWS rows
-TRIES = 8  # draws per token that top-p by rejection may use before it sorts
 
 
 @dataclass
@@ -275,20 +264,14 @@ class Engine:
     def to_samples(self, decode_seconds: float) -> Samples:
         tokens, logprobs = self.tokens[:, : self.N], self.logprobs[:, : self.N]
         lengths = completion_lengths(tokens, self.eos, self.N).tolist()
-        tokens, logprobs = tokens.tolist(), logprobs.tolist()
-        out_tokens = [row[:n] for row, n in zip(tokens, lengths)]
+        tokens = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
         eos = set(self.config.eos_token_ids)
         return Samples(
-            tokens=out_tokens,
-            logprobs=[row[:n] for row, n in zip(logprobs, lengths)],
-            finish_reasons=["stop" if row and row[-1] in eos else "length" for row in out_tokens],
+            tokens, [row[:n] for row, n in zip(logprobs.tolist(), lengths)],
+            finish_reasons=["stop" if row and row[-1] in eos else "length" for row in tokens],
             prompt_indices=[r // self.G for r in range(self.requests)],
-            prefill_seconds=self.prefill_seconds,
-            decode_seconds=decode_seconds,
-            decode_steps=self.decode_steps,
-            batch_rows=self.batch_rows,
-            compiled=self.compiled,
-            kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
+            prefill_seconds=self.prefill_seconds, decode_seconds=decode_seconds, decode_steps=self.decode_steps,
+            batch_rows=self.batch_rows, compiled=self.compiled, kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
         )
 
 
@@ -345,124 +328,3 @@ def completion_lengths(tokens: torch.Tensor, eos: torch.Tensor, limit: int) -> t
     hits = torch.isin(tokens, eos)  # (R, N)
     first = hits.to(torch.int8).argmax(-1)  # (R,): first True, or 0 if none
     return torch.where(hits.any(-1), first + 1, limit)
-
-
-# --- random numbers: a counter-based stream per row ----------------------------------------------
-MASK32 = 0xFFFFFFFF
-
-
-def row_keys(seed: int, rows: int, device) -> torch.Tensor:
-    """(rows,) 32-bit keys, one per requested row, from the call's seed."""
-    rng = random.Random(seed)
-    return torch.tensor([rng.getrandbits(32) for _ in range(rows)], dtype=torch.long, device=device)
-
-
-def draw_counters(max_new_tokens: int, attempt: int, device) -> torch.Tensor:
-    """(1, N+1) counters of draw `attempt` for token steps 0 .. N (step N: done rows' draws, unused)."""
-    return torch.arange(max_new_tokens + 1, device=device)[None] * TRIES + attempt
-
-
-def uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """Floats in (0, 1], one per (key, counter) pair (broadcast): hash32(key ^ hash32(counter)).
-
-    A counter-based generator: the number a row draws at a step is a function of its key and the
-    step alone, never of the batch it sits in. 24 bits, as torch.rand's float32.
-    """
-    h = hash32(keys ^ hash32(counters))
-    return ((h >> 8) + 1).float() * 2.0**-24
-
-
-def hash32(x: torch.Tensor) -> torch.Tensor:
-    """Chris Wellons' "lowbias32" integer hash, on int64 tensors holding 32-bit values."""
-    x = x ^ (x >> 16)
-    x = mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for 32-bit x, without leaving int64's range: c split into 16-bit halves."""
-    high = ((x * (c >> 16)) & 0xFFFF) << 16
-    return (high + x * (c & 0xFFFF)) & MASK32
-
-
-# --- choosing a token ----------------------------------------------------------------------------
-def sample(logits, config: SamplingConfig, noise, steps, keys) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its log-prob under softmax(logits / temperature); (B,) each.
-
-    noise (B, N+1): each row's first uniform draw per step; keys (B,) make further draws (top-p).
-    """
-    if config.temperature == 0:
-        token = logits.argmax(-1)  # (B,)
-        return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-    scaled = logits / config.temperature if config.temperature != 1 else logits  # (B, V)
-    probs = scaled.softmax(-1)  # (B, V)
-    u = noise.gather(1, steps[:, None])  # (B, 1)
-    more = lambda attempt, rows: uniform(keys[rows, None], steps[rows, None] * TRIES + attempt)  # noqa: E731
-    token = sample_filtered(scaled, probs, config.top_k, config.top_p, u, more)  # (B,)
-    return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # a drawn token's probability is never 0
-
-
-def sample_filtered(scaled, probs, top_k: int, top_p: float, u, more) -> torch.Tensor:
-    """Draw from the top-k / nucleus-filtered distribution; top-p applies after top-k, as in transformers.
-
-    probs (B, V) = softmax(scaled). u (B, 1): a uniform draw per row; more(attempt, rows) gives
-    further ones for those rows (top-p by rejection).
-    """
-    if top_k and top_k < scaled.shape[-1]:
-        values, indices = scaled.topk(top_k, dim=-1)  # (B, k) each, most likely first
-        kept = values.softmax(-1)  # (B, k), renormalised over the k tokens
-        if top_p < 1:
-            mass_before = kept.cumsum(-1) - kept  # (B, k)
-            kept = kept.masked_fill(mass_before >= top_p, 0.0)  # the most likely token always stays
-        return indices.gather(-1, invert_cdf(kept.cumsum(-1), u)).squeeze(-1)
-    if top_p >= 1:
-        return invert_cdf(probs.cumsum(-1), u).squeeze(-1)
-    if probs.device.type == "cpu":
-        token = nucleus_by_rejection(probs, top_p, u, more)
-        if token is not None:
-            return token
-    return nucleus_by_sorting(probs, top_p, u)
-
-
-def invert_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """(B, 1) indices drawn by inverting each row's unnormalised cumulative weights (B, K) at u (B, 1).
-
-    One uniform number per row: far cheaper on CPU than torch.multinomial or exponential noise,
-    which both draw a random number per vocabulary entry. Zero-weight entries are never drawn.
-    """
-    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=cdf.shape[-1] - 1)
-
-
-def nucleus_by_sorting(probs, top_p: float, u) -> torch.Tensor:
-    """Top-p the textbook way: sort (B, V), keep the shortest prefix holding top_p of the mass, draw."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    kept = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-    return order.gather(-1, invert_cdf(kept.cumsum(-1), u)).squeeze(-1)
-
-
-def nucleus_by_rejection(probs, top_p: float, u, more, tries: int = TRIES) -> torch.Tensor | None:
-    """Top-p without sorting: draw from the full distribution until the draw lies in the nucleus.
-
-    A token is in the nucleus when the tokens more likely than it hold less than top_p of the mass
-    (tokens tied at the boundary are all kept). Accepting only such draws samples exactly from the
-    renormalised nucleus; a draw is accepted with probability >= top_p. Each try is one pass over
-    the rows still pending instead of a sort, and checks them on the host: free on CPU, which is why
-    only the CPU path uses it. None if some row missed `tries` times (chance <= (1 - top_p)^tries):
-    the caller then sorts, which keeps every row exact.
-    """
-    cdf = probs.cumsum(-1)  # (B, V)
-    token = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (B,)
-    pending = torch.arange(probs.shape[0], device=probs.device)  # (b,): rows without a token yet
-    for attempt in range(tries):
-        p, draw = (probs, u) if attempt == 0 else (probs[pending], more(attempt, pending))  # (b, V), (b, 1)
-        candidate = invert_cdf(cdf if attempt == 0 else cdf[pending], draw)  # (b, 1)
-        mass_above = torch.where(p > p.gather(-1, candidate), p, 0.0).sum(-1)  # (b,)
-        accepted = mass_above < top_p
-        token[pending[accepted]] = candidate.squeeze(-1)[accepted]
-        pending = pending[~accepted]
-        if len(pending) == 0:
-            return token
-    return None

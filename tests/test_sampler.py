@@ -6,7 +6,7 @@ from helpers import TINY, tiny_model
 from reference_sampler import naive_generate, next_token_distribution
 
 import minigrpo
-from minigrpo import sampler
+from minigrpo import next_token
 
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
 
@@ -140,7 +140,7 @@ def test_top_k_then_top_p_renormalises_over_k():
 @pytest.mark.parametrize("path", ["rejection", "sorting"])
 def test_both_top_p_paths_sample_the_renormalised_nucleus(monkeypatch, path):
     if path == "sorting":  # what a GPU, or a row that misses the nucleus four times, goes through
-        monkeypatch.setattr(sampler, "nucleus_by_rejection", lambda *args, **kwargs: None)
+        monkeypatch.setattr(next_token, "nucleus_by_rejection", lambda *args, **kwargs: None)
     tokens = draw(fixed_logits_model(LOGITS), n_rows=256, steps=16, top_p=0.75)
     assert set(tokens.tolist()) == {0, 1, 2, 3}  # 0.30 + 0.25 + 0.15 < 0.75 <= 0.80
     observed = torch.bincount(tokens, minlength=8).float() / tokens.numel()
@@ -153,8 +153,8 @@ def test_rejection_gives_up_and_sorting_takes_over_when_draws_keep_missing():
     rigged = torch.Generator().manual_seed(0)
     u = torch.rand(1, 1, generator=rigged)
     # top_p 0.01 keeps only token 0; with 0 tries allowed the rejection path must give up
-    assert sampler.nucleus_by_rejection(probs, 0.01, u, lambda attempt, rows: u[rows], tries=0) is None
-    assert sampler.nucleus_by_sorting(probs, 0.01, u).tolist() == [0]
+    assert next_token.nucleus_by_rejection(probs, 0.01, u, lambda attempt, rows: u[rows], tries=0) is None
+    assert next_token.nucleus_by_sorting(probs, 0.01, u).tolist() == [0]
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=2.0), dict(temperature=0.7, top_k=6, top_p=0.8),
@@ -175,13 +175,13 @@ def test_sampling_frequencies_follow_the_renormalised_softmax(settings):
 
 def test_row_streams_are_uniform_and_independent_of_the_batch():
     """The counter-based draws: uniform on (0, 1], and a row's numbers depend on its key alone."""
-    keys = sampler.row_keys(seed=11, rows=4096, device="cpu")
-    u = sampler.uniform(keys[:, None], sampler.draw_counters(15, 0, "cpu"))  # (4096, 16)
+    keys = next_token.row_keys(seed=11, rows=4096, device="cpu")
+    u = next_token.uniform(keys[:, None], next_token.draw_counters(15, 0, "cpu"))  # (4096, 16)
     assert u.min() > 0 and u.max() <= 1
     deciles = torch.bincount((u.flatten() * 10).long().clamp(max=9), minlength=10).double()
     chi2 = ((deciles - u.numel() / 10) ** 2 / (u.numel() / 10)).sum()
     assert torch.special.gammaincc(torch.tensor(4.5), chi2 / 2) > 1e-3
-    assert torch.equal(sampler.uniform(keys[7:9, None], sampler.draw_counters(15, 0, "cpu")), u[7:9])
+    assert torch.equal(next_token.uniform(keys[7:9, None], next_token.draw_counters(15, 0, "cpu")), u[7:9])
     assert torch.corrcoef(torch.stack([u[:, 0], u[:, 1]]))[0, 1].abs() < 0.05  # one row's consecutive steps
 
 
