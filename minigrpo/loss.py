@@ -63,24 +63,21 @@ SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncat
 CISPO_EPSILON_HIGH = 4.0  # cispo's default epsilon_high: the weight is capped at 5 (see the docstring)
 
 
-# completion tokens per chunk of LM-head logits: (512, V) fp32 is 311 MB at V = 151,936. Measured at that
-# vocabulary, one block, 4 x (64 + 512) tokens, forward + backward (benchmarks/README.md): full logits 24.8 s
-# and 5.4 GB of growth; chunks of 1024 / 512 / 256 / 128 rows 20.6 / 23.2 / 22.2 / 35.5 s, 1.6 GB each (the
-# peak is then the tied embedding's two (V, H) gradients, not the chunk); under 256 rows each chunk's
-# (V, H) weight-gradient update costs more than the smaller chunk saves
+# completion tokens per chunk of LM-head logits: (512, V) fp32 is 311 MB at V = 151,936; chunks of 128 to 1024
+# rows peak alike (the tied embedding's two (V, H) gradients set the peak), under 256 rows they are slower
+# (benchmarks/README.md, bench_update.py's vocab case)
 LOGPROB_CHUNK_ROWS = 512
 
 
 def token_logprobs(model, input_ids, attention_mask, completion_start: int, temperature: float,
                    chunk_rows: int = LOGPROB_CHUNK_ROWS, group_size: int = 1):
     """(logprobs, entropies), both (B, Tc): each completion token's log-prob, and the entropy of the
-    distribution it was drawn from, under softmax(logits / temperature).
+    distribution it was drawn from, under softmax(logits / temperature); temperature 0 (greedy) means 1.
 
-    input_ids, attention_mask (B, Lp + Tc): left-padded prompts then right-padded completions,
-    the completions starting at column `completion_start` = Lp. Temperature 0 (greedy) means 1.
-    The LM head runs `chunk_rows` completion tokens at a time (`ChunkedLogprobs`): the (B, Tc, V)
-    logits are never held, in forward or backward. With `group_size` G > 1, rows come in groups of
-    G consecutive completions of one prompt, and each prompt runs once (Qwen3.shared_prompt_hidden_states).
+    input_ids, attention_mask (B, Lp + Tc): left-padded prompts then right-padded completions from
+    column `completion_start` = Lp. The LM head runs `chunk_rows` tokens at a time (`ChunkedLogprobs`),
+    never holding the (B, Tc, V) logits. With `group_size` G > 1, rows come in groups of G completions
+    of one prompt, and each prompt runs once (Qwen3.shared_prompt_hidden_states).
     """
     if group_size > 1:
         predicting = model.shared_prompt_hidden_states(input_ids, attention_mask, completion_start, group_size)
@@ -96,8 +93,8 @@ def token_logprobs(model, input_ids, attention_mask, completion_start: int, temp
 
 
 def full_vocabulary_logprobs(model, input_ids, attention_mask, completion_start: int, temperature: float):
-    """The slow, obvious path `token_logprobs` is tested against (and the path before the chunked head):
-    (B, Tc, V) logits, their log-softmax, a gather; the same outputs, holding every logit."""
+    """The slow, obvious path `token_logprobs` is tested against: (B, Tc, V) logits, their log-softmax,
+    a gather; the same outputs, holding every logit."""
     hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
     logits = model.logits(hidden[:, completion_start - 1 : -1]) / (temperature or 1.0)  # (B, Tc, V)
     logp_all = torch.log_softmax(logits, dim=-1)  # (B, Tc, V)
@@ -109,12 +106,11 @@ class ChunkedLogprobs(torch.autograd.Function):
     """Log-probs of target tokens through the LM head, `chunk` rows at a time, with recompute.
 
     forward(hidden (N, H), weight (V, H), targets (N,), scale, chunk) -> logprobs (N,), entropies (N,)
-    under softmax(scale * hidden @ weight.T), logits in fp32 (fp64 for fp64 weights). Per chunk it
-    keeps only the log-normaliser; backward recomputes the chunk's logits and forms
-    d logp / d z = scale * (onehot(target) - softmax), then the gradients of the hidden states and
-    of the head's weight. Entropies carry no gradient. Each chunk works in one (chunk, V) buffer,
-    in place, so the peak is that buffer and the (V, H) gradient of the head, instead of several
-    (N, V) tensors.
+    under softmax(scale * hidden @ weight.T), logits in fp32 (fp64 for fp64 weights); entropies carry
+    no gradient. Per chunk it keeps only the log-normaliser; backward recomputes the chunk's logits,
+    forms d logp / d z = scale * (onehot(target) - softmax), then the hidden states' and the head's
+    gradients. Each chunk works in place in one (chunk, V) buffer: the peak is that buffer and the
+    head's (V, H) gradient, not several (N, V) tensors.
     """
 
     @staticmethod

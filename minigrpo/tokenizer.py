@@ -69,8 +69,8 @@ class Tokenizer:
                              f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)")
         return ids
 
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)  # the backend drops them by default
 
     def decode_completion(self, ids) -> str:
         """A sampled completion as text: a final EOS left out, other special tokens (<think>) kept."""

@@ -23,11 +23,9 @@ from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
-# The files a checkpoint needs; used to fetch only these from the Hub.
+# the files a checkpoint needs, the only ones fetched from the Hub
 CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "*.safetensors", INDEX_FILE]
-
-# Tensors some checkpoints carry that hold nothing we need.
-IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
 
 
 class CheckpointError(ValueError):
