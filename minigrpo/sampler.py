@@ -251,11 +251,10 @@ class Engine:
         """Move the running rows to the front and shrink the batch (to a batch bucket when compiled)."""
         size = running if not self.compiled else min(b for b in self.batch_sizes if b >= running)
         order = torch.argsort(self.done.to(torch.int8), stable=True)[:size]  # running rows first, in order
-        host = order.tolist()
         self.cache = self.cache.keep_rows(order, self.span(), fresh=self.compiled)
         self.rows, self.steps, self.done = self.rows[order], self.steps[order], self.done[order]
         self.token, self.noise = self.token[order], self.noise[order]
-        self.row_keys, self.reach = self.row_keys[order], [self.reach[i] for i in host]
+        self.row_keys, self.reach = self.row_keys[order], [self.reach[i] for i in order.tolist()]
 
     def span(self) -> int:
         """Cache slots the next step reads: one more than the longest row will then hold (host-side bound)."""
@@ -316,10 +315,7 @@ def batch_buckets(rows: int) -> list[int]:
 
 def right_pad(prompts, device):
     """(P, T) token ids, each prompt from column 0 and padded with 0 on the right, and (P,) lengths."""
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(p, dtype=torch.long) for p in prompts], batch_first=True)
     return ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
 
 
