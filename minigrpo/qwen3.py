@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from .layers import (PACK_MIN_ELEMENTS, Linear, RMSNorm, apply_rotary, linear, logit_dtype, packed_linear, real_positions,
-                     rotary_cos_sin, visibility_mask)
+from .layers import (PACK_MIN_ELEMENTS, Linear, RMSNorm, apply_rotary, linear, logit_dtype, packed_linear,
+                     real_positions, rotary_cos_sin, visibility_mask)
 
 
 class ConfigError(ValueError):

@@ -270,7 +270,8 @@ class Engine:
             finish_reasons=["stop" if row and row[-1] in eos else "length" for row in tokens],
             prompt_indices=[r // self.G for r in range(self.requests)],
             prefill_seconds=self.prefill_seconds, decode_seconds=decode_seconds, decode_steps=self.decode_steps,
-            batch_rows=self.batch_rows, compiled=self.compiled, kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
+            batch_rows=self.batch_rows, compiled=self.compiled,
+            kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
         )
 
 
