@@ -1,0 +1,167 @@
+"""Stage 4 of the loop, update: a step's rollouts in, num_iterations AdamW steps and their stats out.
+
+In: rollouts with advantages (stage 3). Per step: their old log-probs (num_iterations > 1) and
+reference log-probs (beta > 0), then each pass cuts them into micro-batches (by rows, by a budget
+of padded tokens, or whole groups for the shared-prompt forward), takes grpo_loss of each with
+gradient accumulation, clips the gradient and makes one AdamW step. A non-finite loss or gradient
+skips the pass and leaves weights and AdamW state as they were. It knows rollouts, tensors and the
+configs, not text, rewards or where the rollouts came from; distributed.Policy hides the ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+
+import torch
+
+from . import distributed
+from .config import GRPOConfig, TrainConfig
+from .loss import TokenLogprobs, grpo_loss, sampler_mismatch
+from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
+
+# Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
+# ranks); the others are token means, or maxima (names ending in _max).
+SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean"})
+
+
+class Updater:
+    """The policy's optimizer step from rollouts; holds the policy (and reference) as every rank uses them."""
+
+    def __init__(self, model, reference, grpo: GRPOConfig, config: TrainConfig, dist: distributed.Dist, padding: Rollout,
+                 pad_id: int):
+        self.model, self.grpo, self.config, self.dist, self.pad_id = model, grpo, config, dist, pad_id
+        self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
+        # The log-probs as modules: one process, or DDP copies, or FSDP2 shards (config.fsdp).
+        self.policy = distributed.Policy(TokenLogprobs(model), dist, shard=config.fsdp, blocks=model.layers,
+                                         padding=padding, warm_up=lambda module: self._forward(module, [padding]))
+        self.reference = None if reference is None else distributed.Policy(
+            TokenLogprobs(reference), dist, shard=config.fsdp, blocks=reference.layers, trainable=False, padding=padding)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=config.adam_betas,
+                                           eps=config.adam_epsilon, weight_decay=config.weight_decay)
+
+    def __call__(self, rollouts: list[Rollout], step: int) -> dict[str, float]:
+        """num_iterations AdamW steps on the whole batch's rollouts at GRPO step `step`, each rank
+        training its share of the groups; stats averaged over tokens and passes, and over ranks."""
+        if not rollouts:
+            return {"skipped": 1.0, "update/no_groups": 1.0}
+        # The step's totals, for exact shares of the loss on every rank and in every micro-batch.
+        totals = {"sequences": len(rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts if r.in_loss)}
+        G = self.grpo.num_generations
+        groups = self.dist.block(len(rollouts) // G)
+        rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
+        self.model.train()
+        if self.grpo.num_iterations > 1:
+            self._store_logprobs(rollouts, self.policy, "old_logprobs")
+        if self.reference is not None:
+            self._store_logprobs(rollouts, self.reference, "ref_logprobs")
+        passes = [self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}") for k in range(self.grpo.num_iterations)]
+        return _mean_of_passes(passes)
+
+    def _one_pass(self, rollouts: list[Rollout], totals: dict, seed: str) -> dict[str, float]:
+        """One AdamW step over every micro-batch of this rank's rollouts, gradients accumulated; its stats.
+        `seed` (from TrainConfig.seed, the step and the pass) shuffles the micro-batches."""
+        generator = torch.Generator().manual_seed(random.Random(seed).getrandbits(62))
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = self._micro_batches(rollouts, generator)
+        parts = self.policy.parts(rollouts, chunks)
+        micro_stats = []
+        for n, part in enumerate(parts):
+            with self.policy.accumulating(last=n == len(parts) - 1):
+                micro_stats.append(self._micro_step(part, totals))
+        out = self._combine(micro_stats)
+        grad_norm = self.policy.clip_gradients(self.config.max_grad_norm)
+        skipped = not (math.isfinite(out["loss"]) and math.isfinite(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
+        else:
+            self.optimizer.step()
+        tokens_per_s = out.pop("tokens") / max(time.perf_counter() - started, 1e-9)
+        return {**out, "grad_norm": grad_norm, "skipped": float(skipped), "training/tokens_per_s": tokens_per_s,
+                "update/padding_frac": padding_fraction(rollouts, chunks, self._group_size)}
+
+    def _combine(self, micro_stats: list[dict]) -> dict[str, float]:
+        """One pass's stats from its micro-batches' on every rank: shares of the step's totals add up,
+        maxima (names ending in _max) take the largest, token means are weighted by tokens."""
+        weighted, peaks = {"loss": 0.0, "tokens": 0.0}, {}
+        for stats in micro_stats:
+            for key, value in stats.items():
+                if key.endswith("_max"):
+                    peaks[key] = max(peaks.get(key, value), value)
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + (value if key in SHARES else value * stats["tokens"])
+        weighted = dict(zip(sorted(weighted), self.dist.sum([weighted[k] for k in sorted(weighted)])))  # all ranks
+        peaks = dict(zip(sorted(peaks), self.dist.max([peaks[k] for k in sorted(peaks)])))
+        tokens = max(weighted["tokens"], 1.0)
+        return {**{k: v if k in SHARES else v / tokens for k, v in weighted.items()}, **peaks}
+
+    def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
+        batch, logprobs, entropies = self._forward(self.policy, rollouts)
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
+        loss, stats = grpo_loss(
+            logprobs, old, batch.advantages, batch.completion_mask,
+            ref_logprobs=batch.ref_logprobs, beta=self.grpo.beta, epsilon=self.grpo.epsilon,
+            epsilon_high=self.grpo.epsilon_high, loss_type=self.grpo.loss_type,
+            importance_sampling_level=self.grpo.importance_sampling_level, sampler_logprobs=batch.sampler_logprobs,
+            sampler_correction=self.grpo.sampler_correction, sampler_correction_cap=self.grpo.sampler_correction_cap,
+            max_completion_length=self.grpo.max_completion_length, num_sequences=totals["sequences"],
+            num_tokens=totals["tokens"], entropies=entropies,
+        )
+        # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart in fp32.
+        if batch.sampler_logprobs is not None:
+            stats.update(sampler_mismatch(old, batch.sampler_logprobs, batch.completion_mask, totals["sequences"]))
+        # Every rank runs every backward, even of a non-finite loss, so that the gradient collectives
+        # match; a non-finite loss or gradient on any rank then skips the step on all of them.
+        # DDP and FSDP2 average gradients over ranks, while the loss shares above already add up over
+        # every rank's micro-batches: scaling by the world size turns that average back into the sum.
+        (loss * self.dist.world_size).backward()
+        return stats
+
+    def _store_logprobs(self, rollouts: list[Rollout], policy, attribute: str) -> None:
+        with torch.no_grad():
+            for part in policy.parts(rollouts, self._micro_batches(rollouts)):
+                store_logprobs(part, self._forward(policy, part)[1], attribute)
+
+    def _forward(self, policy, rollouts: list[Rollout]):
+        """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling temperature."""
+        batch = collate(rollouts, self.pad_id, self.model.device)
+        with self._autocast():
+            logprobs, entropies = policy(batch.input_ids, batch.attention_mask, batch.completion_start,
+                                         self.grpo.temperature, self._rows_per_prompt(rollouts))
+        return batch, logprobs, entropies
+
+    def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
+        """Micro-batches of this rank's rollouts: by rows, or by a token budget over rollouts of similar length."""
+        lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
+        if self._group_size > 1:  # whole groups, for the shared-prompt forward
+            return group_batches(lengths, self._group_size, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
+        if self.config.micro_batch_tokens:
+            return token_budget_batches(lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
+        return micro_batches(len(rollouts), self.config.micro_batch_size, generator)
+
+    @property
+    def _group_size(self) -> int:
+        """Rows that share one prompt in the update's forward passes: G with shared_prompt, else 1.
+        FSDP2 shards each block, and a block runs twice in a shared-prompt forward (prompts, then
+        completions), which FSDP2's backward does not follow: sharded runs take the plain path."""
+        shared = self.config.shared_prompt and not self.policy.sharded
+        return self.grpo.num_generations if shared else 1
+
+    def _rows_per_prompt(self, part: list[Rollout]) -> int:
+        """The group size a micro-batch's forward shares prompts over: 1 for the padding rollout."""
+        return 1 if part[0] is self.padding else self._group_size
+
+    def _autocast(self):
+        if self.model.device.type != "cuda":
+            return contextlib.nullcontext()  # CPU: fp32, where bf16 matmuls are ~4x slower
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16)
+
+
+def _mean_of_passes(passes: list[dict]) -> dict[str, float]:
+    keys = set().union(*passes)
+    out = {k: sum(p.get(k, 0.0) for p in passes) / len(passes) for k in keys}
+    out["skipped"] = max(p["skipped"] for p in passes)
+    return out
