@@ -22,6 +22,7 @@ from .rollout import collate
 from .verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 16  # per completion in the token table
+BRIEF = ("loss", "ratio/mean", "clip/region_frac", "kl", "entropy", "grad_norm")  # the update stats shown, in order
 
 
 class Trace:
@@ -61,7 +62,7 @@ class Trace:
         for i, shown in enumerate(self.record["completions"]):
             cells = [f"{token!r}:{b:.2f}->{a:.2f}(x{math.exp(a - b):.3f})" for token, b, a in shown["tokens"][:MAX_TOKENS_SHOWN]]
             w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(cells) + (" ..." if len(shown["tokens"]) > MAX_TOKENS_SHOWN else ""))
-        brief = {k: round(v, 5) for k, v in stats.items() if k in ("loss", "ratio/mean", "clip/region_frac", "kl", "entropy", "grad_norm")}
+        brief = {k: round(stats[k], 5) for k in BRIEF if k in stats}  # in BRIEF's order: stats' own order varies by run
         w(f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss")
         w("                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)")
         if self.html_path and trainer.dist.is_main:
