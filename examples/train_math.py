@@ -220,14 +220,12 @@ if __name__ == "__main__":
         initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
         if main:
             os.makedirs(args.output_dir, exist_ok=True)
-            if trainer.step == 0:  # step 0 of the held-out curve
-                with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
-                    f.write(json.dumps({"step": 0, "eval/accuracy": initial["initial_accuracy"]}) + "\n")
             write_json(start_file, initial)
     trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
-    trainer.train(on_step=every_few_steps, observer=Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None)
+    trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
+    trainer.train(on_step=every_few_steps, observer=trace, start_stats={"eval/accuracy": initial["initial_accuracy"]})
 
     # After: the same evaluation, and a summary to compare runs by.
     final_accuracy = held_out_accuracy()

@@ -33,20 +33,27 @@ CONSOLE = [  # (key, label, format) of the console line, in order; missing keys 
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str, max_steps: int, start_step: int, progress_bar: bool = True, report_to: str = "none"):
+    def __init__(self, output_dir: str, max_steps: int, start_step: int, progress_bar: bool = True, report_to: str = "none",
+                 start_stats: dict | None = None):
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        _drop_lines_after(self.path, start_step)  # a resumed run rewrites the steps after its checkpoint
+        first = start_stats if start_step == 0 else None  # step 0's line, written by this logger like every other
+        _drop_lines_after(self.path, start_step if first is None else -1)  # a resume rewrites what followed its checkpoint
         self.file = open(self.path, "a", encoding="utf-8")
         self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar)
         check_report_to(report_to)
-        self.reporter = REPORTERS[report_to](output_dir, start_step) if report_to != "none" else None
+        self.reporter = REPORTERS[report_to](output_dir, start_step if first is None else -1) if report_to != "none" else None
+        if first:
+            self._write(0, first)
 
-    def log(self, step: int, stats: dict[str, float]) -> None:
+    def _write(self, step: int, stats: dict[str, float]) -> None:
         self.file.write(json.dumps({"step": step, **stats}) + "\n")
         self.file.flush()
         if self.reporter:
             self.reporter.log(step, stats)
+
+    def log(self, step: int, stats: dict[str, float]) -> None:
+        self._write(step, stats)
         self.bar.update(1)
         self.bar.write(console_line(step, stats))
 

@@ -80,13 +80,14 @@ class Trainer:
         model.gradient_checkpointing = config.gradient_checkpointing
 
     # -- the loop -------------------------------------------------------------------------------
-    def train(self, on_step=None, observer=None) -> None:
+    def train(self, on_step=None, observer=None, start_stats: dict | None = None) -> None:
         """Steps up to max_steps (or stop_at_step). on_step(trainer) may return extra stats to log
         with the step, e.g. a held-out evaluation every few steps. The first step is shown to
-        `observer` if one is given."""
+        `observer` if one is given. `start_stats` (the accuracy before training, say) are logged as
+        step 0 when the run starts from step 0."""
         if self.dist.is_main:  # rank 0 alone writes; the stats it logs are already reduced over ranks
             logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar,
-                                   self.config.report_to)
+                                   self.config.report_to, start_stats)
         else:
             logger = NullLogger()
         first_step = self.step
