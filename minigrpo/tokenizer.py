@@ -136,16 +136,20 @@ class Tokenizer:
 
 
 def _read_json_if_exists(path: str) -> dict:
-    """The JSON object in `path` ({} if there is no such file); anything else is a ValueError naming it."""
-    if not os.path.exists(path):
-        return {}
+    """The JSON object in `path`, {} if there is no such file."""
+    return read_json_object(path, "the tokenizer's settings") if os.path.exists(path) else {}
+
+
+def read_json_object(path: str, holding: str) -> dict:
+    """The JSON object in `path`; anything else (bad JSON, null, a list) is a ValueError naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__}")
+        shown = json.dumps(value)
+        raise ValueError(f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object with {holding}")
     return value
 
 

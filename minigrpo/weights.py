@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, read_json_object
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # the files a checkpoint needs, the only ones fetched from the Hub
@@ -184,16 +184,11 @@ def _open_safetensors(path: str):
 
 
 def _read_json(path: str, holding: str) -> dict:
-    """The JSON object in `path`; anything else (bad JSON, null, a list) is a CheckpointError naming the file."""
+    """tokenizer.read_json_object, its errors as CheckpointError."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        shown = json.dumps(value)
-        raise CheckpointError(f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object with {holding}")
-    return value
+        return read_json_object(path, holding)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _few(names: list[str], n: int = 5) -> str:

@@ -230,7 +230,7 @@ def test_error_damaged_safetensors_names_the_file(good, damage, message):
     ("model.safetensors.index.json", '{"weight_map": null}', "model.safetensors.index.json has no weight_map"),
     ("tokenizer.json", "{not json", "tokenizer.json is not a tokenizer file the tokenizers library can read"),
     ("tokenizer_config.json", "{not json", "tokenizer_config.json is not valid JSON"),
-    ("generation_config.json", "[1]", "generation_config.json must hold a JSON object, not list"),
+    ("generation_config.json", "[1]", r"generation_config.json holds \[1\], not a JSON object"),
 ])
 def test_error_bad_side_file_names_it(tmp_path, file, text, message):
     minigrpo.save_pretrained(tiny_model(vocab_size=300), tiny_tokenizer(str(tmp_path / "tokenizer")), tmp_path / "ckpt")
