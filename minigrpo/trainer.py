@@ -311,22 +311,7 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     parse_device(device)  # an unknown device, or a GPU this machine lacks, is refused before anything starts
     dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
     config.check_against(grpo, dist.world_size)
-    latest = dist.broadcast(checkpoint.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
-    if latest and config.resume and not os.path.isdir(latest):
-        raise ValueError(f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
-                         "output_dir must be on a file system that every node sees")
-    if latest and not config.resume:
-        raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run (latest: {latest}); "
-                         "resume it (resume=True, --resume) or choose another output directory")
-    if config.resume and not latest:
-        dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
-    if config.resume and dist.is_main:  # what a killed save or prune left: a resume with no step to take saves nothing
-        checkpoint.remove_leftovers(config.output_dir)
-    resume_from = None
-    if config.resume and latest:  # the newest checkpoint that reads back; rank 0 checks, and says what it skips
-        resume_from = dist.broadcast(checkpoint.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
-        if resume_from is None:
-            raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume")
+    resume_from = _resume_point(config, model_path, dist)
     device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:
@@ -345,6 +330,30 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
 
 
 # -- small pure helpers ---------------------------------------------------------------------------
+def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) -> str | None:
+    """The checkpoint to resume from (None: start from model_path); an earlier run's checkpoints without
+    config.resume are refused, and what a killed save or prune left is removed."""
+    latest = dist.broadcast(checkpoint.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
+    if latest and not config.resume:
+        raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run (latest: {latest}); "
+                         "resume it (resume=True, --resume) or choose another output directory")
+    if not config.resume:
+        return None
+    if latest and not os.path.isdir(latest):
+        raise ValueError(f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
+                         "output_dir must be on a file system that every node sees")
+    if dist.is_main:  # a resume with no step left to take saves nothing, so clean up here
+        checkpoint.remove_leftovers(config.output_dir)
+    if not latest:
+        dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
+        return None
+    # the newest checkpoint that reads back; rank 0 checks, and says what it skips
+    resume_from = dist.broadcast(checkpoint.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
+    if resume_from is None:
+        raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume")
+    return resume_from
+
+
 def _frozen_copy(model):
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
