@@ -133,17 +133,18 @@ class Trainer:
         were all equal, up to max_sampling_rounds rounds; without it one round is the batch."""
         G, wanted = self.grpo.num_generations, self.config.batch_size // self.grpo.num_generations
         drop_flat = self.grpo.dynamic_sampling or self.grpo.drop_zero_variance_groups
-        sampled, trained = [], []
+        sampled, trained, flat_groups = [], [], 0
         for round_ in range(self.grpo.max_sampling_rounds if self.grpo.dynamic_sampling else 1):
             more = wanted - len(trained) // G if self.grpo.dynamic_sampling else wanted
             new = self.sample_and_score(self.stream.next(more), round_, clock)  # stages 1-2
             flat = zero_variance_groups(torch.tensor([r.reward for r in new]), G).tolist()  # (groups,)
-            sampled += new
+            sampled, flat_groups = sampled + new, flat_groups + sum(flat)
             trained += [r for g, is_flat in enumerate(flat) if not (drop_flat and is_flat) for r in new[g * G : (g + 1) * G]]
             if len(trained) >= wanted * G:
                 break
         self.advantages(trained)  # 3. advantages, over the batch that is trained on
-        return sampled, trained, {**reward_stats(sampled), **self._sampling_stats(sampled, trained, clock)}
+        clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]  # the step waits for the slowest rank
+        return sampled, trained, {**reward_stats(sampled), **self._sampling_stats(sampled, trained, flat_groups, clock)}
 
     def sample_and_score(self, indices: list[int], round_: int, clock) -> list[Rollout]:
         """Stages 1-2 for these prompts: each rank samples and scores its own block of them, then every
@@ -203,13 +204,10 @@ class Trainer:
         for r, a in zip(rollouts, advantages.tolist()):
             r.advantage = a
 
-    def _sampling_stats(self, sampled: list[Rollout], trained: list[Rollout], clock) -> dict[str, float]:
-        G = self.grpo.num_generations
-        clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]  # the step waits for the slowest rank
-        seconds = max(clock.seconds["sample"], 1e-9)
-        flat = zero_variance_groups(torch.tensor([r.reward for r in sampled]), G) if sampled else torch.zeros(0)
+    def _sampling_stats(self, sampled: list[Rollout], trained: list[Rollout], flat_groups: int, clock) -> dict[str, float]:
+        G, seconds = self.grpo.num_generations, max(clock.seconds["sample"], 1e-9)
         return {
-            "groups/zero_variance_frac": float(flat.float().mean()) if len(flat) else 0.0,
+            "groups/zero_variance_frac": flat_groups / max(len(sampled) // G, 1),
             "groups/trained": len(trained) // G,
             "groups/sampled": len(sampled) // G,
             "sampling/samples_per_s": len(sampled) / seconds,
