@@ -24,7 +24,7 @@ import sys
 import time
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed
+from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed
 from minigrpo.weights import resolve_checkpoint
 from minigrpo.config import add_fields, from_args
 from minigrpo.plots import plot_curves
@@ -155,16 +155,6 @@ def check_output_dir(path: str) -> None:
         sys.exit(f"train_math.py: --output_dir {path} cannot be written: no write permission in {existing}")
 
 
-def write_json(path: str, data: dict) -> None:
-    """All of `data` or the file as it was (a temporary file renamed over it): a kill mid-write must
-    not leave an empty initial_eval.json, which --resume reads."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-
-
 if __name__ == "__main__":
     args = parse_args()
     check_output_dir(args.output_dir)
@@ -198,29 +188,15 @@ if __name__ == "__main__":
             return {"eval/accuracy": held_out_accuracy()}
         return {}
 
-    # Before: held-out greedy accuracy of the starting policy (kept across --resume). Rank 0 alone writes.
+    # Before: held-out greedy accuracy of the starting policy, kept in output_dir across --resume.
     main = trainer.dist.is_main
     if not synthetic and not args.eval_data:
         trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
-    start_file = os.path.join(args.output_dir, "initial_eval.json")
     started = time.time()
-    held_out = {"eval_data": eval_source, "eval_count": len(eval_problems)}  # what the accuracy was measured on
-    initial = {}
-    if main and args.resume and os.path.exists(start_file):
-        with open(start_file) as f:
-            initial = json.load(f)
-    initial = trainer.dist.broadcast(initial)  # every rank takes the same branch below (it evaluates together)
-    if initial.get("held_out") != held_out and trainer.step > 0:  # the policy is no longer the starting one
-        was = initial.get("held_out")
-        measured = f"{was['eval_count']} problems of {was['eval_data']}" if was else "problems not recorded"
-        sys.exit(f"train_math.py: this run's accuracy before GRPO was measured on {measured}, not on "
-                 f"{held_out['eval_count']} of {held_out['eval_data']}: resume with the same --eval_data and "
-                 "--eval_count (or start a new --output_dir), so that before and after count the same problems")
-    if initial.get("held_out") != held_out:  # a fresh run
-        initial = {"initial_accuracy": held_out_accuracy(), "wall_seconds_before": 0.0, "held_out": held_out}
-        if main:
-            os.makedirs(args.output_dir, exist_ok=True)
-            write_json(start_file, initial)
+    try:  # what the accuracy is measured on must stay the same from start to end
+        initial = trainer.initial_evaluation(held_out_accuracy, {"eval_data": eval_source, "eval_count": len(eval_problems)})
+    except ValueError as error:
+        sys.exit(f"train_math.py: {error}")
     trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
@@ -245,8 +221,8 @@ if __name__ == "__main__":
         "processes": trainer.dist.world_size,
         "args": vars(args),
     }
-    write_json(os.path.join(args.output_dir, "summary.json"), summary)
-    write_json(start_file, {**initial, "wall_seconds_before": wall})
+    checkpoint.write_json(os.path.join(args.output_dir, "summary.json"), summary)
+    checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})  # a later --resume adds on
     plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
     print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
           f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "

@@ -27,6 +27,7 @@ from .weights import replace_dir, write_files
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
+INITIAL_EVALUATION = "initial_eval.json"  # in output_dir: the starting policy's score, kept across resumes
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
@@ -96,6 +97,34 @@ def load_state(checkpoint: str) -> dict:
     except pickle.UnpicklingError as error:
         raise ValueError(f"{path} holds more than tensors and plain data (written by minigrpo before 0.2, or "
                          f"not by minigrpo), so it is not loaded: {str(error).splitlines()[0]}") from None
+
+
+def read_initial_evaluation(output_dir: str) -> dict:
+    """output_dir/initial_eval.json as written by `save_initial_evaluation`; {} when there is none."""
+    path = os.path.join(output_dir, INITIAL_EVALUATION)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); move it away to measure the start again") from None
+
+
+def save_initial_evaluation(output_dir: str, record: dict) -> None:
+    """Write output_dir/initial_eval.json whole or not at all (see write_json): --resume reads it."""
+    write_json(os.path.join(output_dir, INITIAL_EVALUATION), record)
+
+
+def write_json(path: str, data: dict) -> None:
+    """All of `data` in `path`, or the file as it was: written to path.tmp, fsynced, renamed over it.
+    A kill mid-write never leaves a file truncated in place."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
 
 
 def rng_states() -> dict:

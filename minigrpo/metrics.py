@@ -4,15 +4,17 @@ In: a flat dict of floats per step, named with slashes (reward/mean, clip/low_fr
 now and then a few completions with their rewards. Out: one JSON line per step in
 output_dir/metrics.jsonl, one console line, a tqdm progress bar, and with report_to the same
 names as TensorBoard scalars or a wandb run (offline) in output_dir. It writes what it is handed,
-unchanged, and knows nothing of how the numbers were made.
+unchanged, and knows nothing of how the numbers were made (but for `Clock`, which times the stages).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import tempfile
+import time
 
 from tqdm import tqdm
 
@@ -112,6 +114,22 @@ def check_report_to(report_to: str) -> None:
     if report_to != "none" and importlib.util.find_spec(report_to) is None:
         raise ValueError(f"report_to={report_to} needs the {report_to} package: pip install {report_to} "
                          f"(or pip install 'minigrpo[{report_to}]')")
+
+
+class Clock:
+    """Seconds per stage of one step, for the logger: `with clock("sample"):` adds to time/sample."""
+
+    def __init__(self):
+        self.seconds, self.started = {"sample": 0.0, "verify": 0.0}, time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    def stats(self) -> dict[str, float]:
+        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.started}
 
 
 class NullLogger:

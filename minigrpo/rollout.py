@@ -141,6 +141,15 @@ def padding_fraction(rollouts: list[Rollout], batches: list[list[int]], group_si
     return 1.0 - real / padded if padded else 0.0
 
 
+def completion_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    """Length stats of the logger over (non-empty) rollouts: mean, longest, share cut at the budget."""
+    lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float32)  # (N,)
+    return {
+        "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
+        "completion/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+    }
+
+
 def store_logprobs(rollouts: list[Rollout], logprobs: torch.Tensor, attribute: str) -> None:
     """Write each row of a (B, Tc) log-prob tensor back to its rollout, trimmed to its completion."""
     for r, row in zip(rollouts, logprobs.detach().float().cpu()):

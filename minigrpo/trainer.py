@@ -32,11 +32,9 @@ the completions differ with the number of ranks, since each rank seeds its own s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import random
-import time
 
 import torch
 
@@ -46,8 +44,8 @@ from .advantages import group_advantages, zero_variance_groups
 from .weights import load_pretrained, parse_device
 from .config import GRPOConfig, TrainConfig, as_dict, changed_settings
 from .evaluate import Evaluation, evaluate, summarize
-from .metrics import MetricsLogger, NullLogger
-from .rollout import Rollout
+from .metrics import Clock, MetricsLogger, NullLogger
+from .rollout import Rollout, completion_stats
 from .sampler import Samples, check_prompts, generate
 from .tasks import PromptStream, Task
 from .update import Updater
@@ -115,7 +113,7 @@ class Trainer:
         the update's stats after stage 4."""
         self.step += 1
         self._set_learning_rate()
-        clock = _Clock()
+        clock = Clock()
         sampled, trained, stats = self.collect(clock)  # stages 1-3, in as many rounds as dynamic sampling needs
         if observer is not None:
             observer.rollouts(self, sampled)
@@ -261,6 +259,25 @@ class Trainer:
                             f"{self.dist.world_size}: global RNGs start afresh")
 
     # -- evaluation -----------------------------------------------------------------------------
+    def initial_evaluation(self, measure, measured_on: dict) -> dict:
+        """The starting policy's score, measured once per output_dir: a fresh run calls measure() and keeps
+        {"initial_accuracy", "wall_seconds_before", "held_out": measured_on} in initial_eval.json; a resumed
+        run reads it back (its policy is no longer the starting one). Every rank calls it (measure() is an
+        evaluation they run together)."""
+        saved = checkpoint.read_initial_evaluation(self.config.output_dir) if self.config.resume and self.dist.is_main else {}
+        saved = self.dist.broadcast(saved)  # every rank takes the same branch below
+        if saved.get("held_out") == measured_on:
+            return saved
+        if self.step > 0:  # the starting policy is gone: measuring now would compare the run with itself
+            was = _described(saved["held_out"]) if saved.get("held_out") else "problems not recorded"
+            raise ValueError(f"this run's accuracy before GRPO was measured on {was}, not on {_described(measured_on)}: "
+                             "resume with the same held-out problems (or start a new output_dir), so that before and after "
+                             "count the same problems")
+        initial = {"initial_accuracy": measure(), "wall_seconds_before": 0.0, "held_out": measured_on}
+        if self.dist.is_main:
+            checkpoint.save_initial_evaluation(self.config.output_dir, initial)
+        return initial
+
     def evaluate(self, problems, template, rewards=None, **settings) -> Evaluation:
         """evaluate.evaluate on held-out problems, each rank taking a block of them; every rank gets
         the result over all of them. Greedy results do not depend on the number of ranks; sampled
@@ -352,6 +369,10 @@ def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) 
     return resume_from
 
 
+def _described(settings: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in settings.items())
+
+
 def _frozen_copy(model):
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
@@ -368,26 +389,5 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
     """The logger's reward and length stats over rollouts: reward/mean, reward/accuracy/mean, ..."""
     if not rollouts:
         return {}
-    lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float32)  # (N,)
     components = {name: [r.rewards[name] for r in rollouts] for name in rollouts[0].rewards}
-    return {
-        **Rewards([r.reward for r in rollouts], components).stats(),
-        "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
-        "completion/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-    }
-
-
-class _Clock:
-    """Seconds per stage of one step: `with clock("sample"):` adds to time/sample."""
-
-    def __init__(self):
-        self.seconds, self.started = {"sample": 0.0, "verify": 0.0}, time.perf_counter()
-
-    @contextlib.contextmanager
-    def __call__(self, stage: str):
-        start = time.perf_counter()
-        yield
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
-
-    def stats(self) -> dict[str, float]:
-        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.started}
+    return {**Rewards([r.reward for r in rollouts], components).stats(), **completion_stats(rollouts)}

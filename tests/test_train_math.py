@@ -71,7 +71,7 @@ def test_micro_run_with_trace_then_resume(tmp_path):
                              "--output_dir", out, "--resume", *other[:1], "4", *other[2:]],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
-    assert "accuracy before GRPO was measured on 4 problems of arithmetic, not on 3" in result.stderr
+    assert "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, not on eval_data arithmetic, eval_count 3" in result.stderr
     assert json.load(open(os.path.join(out, "initial_eval.json")))["held_out"]["eval_count"] == 4  # untouched
 
 

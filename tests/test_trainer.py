@@ -387,3 +387,24 @@ def test_a_prune_killed_midway_leaves_no_half_checkpoint(checkpoint, tmp_path):
     assert latest_checkpoint(str(out)) is None
     save_checkpoint(str(out), 2, model, tokenizer, {"step": 2}, keep=2)
     assert sorted(os.listdir(parent)) == ["step-000002"]
+
+
+def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpoint, tmp_path):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return 0.25
+
+    fresh = make_trainer(checkpoint, tmp_path)
+    first = fresh.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
+    assert first == {"initial_accuracy": 0.25, "wall_seconds_before": 0.0, "held_out": {"eval_data": "a", "eval_count": 4}}
+    resumed = make_trainer(checkpoint, tmp_path, resume=True)
+    resumed.step = 3  # the policy has trained: its score is read back, never measured again
+    assert resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4}) == first and len(calls) == 1
+    with pytest.raises(ValueError, match="measured on eval_data a, eval_count 4, not on eval_data a, eval_count 3"):
+        resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 3})
+    (tmp_path / "run" / "initial_eval.json").write_text('{"initial_acc')  # not valid JSON: said, with the path
+    with pytest.raises(ValueError, match="initial_eval.json is not valid JSON"):
+        resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
+    assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "run"))
