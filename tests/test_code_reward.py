@@ -387,6 +387,9 @@ def sandbox_with_failing_mount(directory):
     assert hooked != source
     path = directory / "sandbox.py"
     path.write_text(hooked)
+    verifier = os.path.dirname(code_module.sandbox.__file__)
+    for sibling in ("confine.py", "cleanup.py"):  # sandbox.py loads them from its own directory
+        (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 
 

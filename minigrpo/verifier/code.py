@@ -3,16 +3,17 @@
 Runs untrusted, model-generated Python in a sandbox and returns the fraction of tests it passes. It knows
 strings and processes, not tensors or the tokenizer; standard library only (POSIX; Linux for namespaces).
 
-The sandbox itself, the process that runs the program, is `sandbox.py`; its docstring says how a
-run is confined. What it does not prevent, in short: a program can read world-readable files (the
-dataset's answers, if they are on disk and world-readable) and see host processes' command lines in /proc;
-an assert test trusts the objects the program returns (an `__eq__` that always returns True passes
-`assert f(x) == y`); a stdin/stdout test with a fixed input is passed by a program that prints the
-expected output; CPU, memory and disk are limited per process and per test, not per machine. Without
-root there is no uid change and no mount or network namespace (sockets are still refused). For hostile
-workloads (a public endpoint, a model trained to attack its grader) run the trainer's code rewards in a
-throw-away VM or container with no credentials and no data it must not see, keep test data out of
-world-readable paths, and prefer stdin/stdout tests with hidden inputs over asserts.
+The sandbox itself, the process that runs the program, is `sandbox.py` (with `confine.py`, the test's
+process, and `cleanup.py`); its docstring says how a run is confined. What it does not prevent, in
+short: a program can read world-readable files (the dataset's answers, if they are on disk and
+world-readable) and see host processes' command lines in /proc; an assert test trusts the objects the
+program returns (an `__eq__` that always returns True passes `assert f(x) == y`); a stdin/stdout test
+with a fixed input is passed by a program that prints the expected output; CPU, memory and disk are
+limited per process and per test, not per machine. Without root there is no uid change and no mount or
+network namespace (sockets are still refused). For hostile workloads (a public endpoint, a model trained
+to attack its grader) run the trainer's code rewards in a throw-away VM or container with no credentials
+and no data it must not see, keep test data out of world-readable paths, and prefer stdin/stdout tests
+with hidden inputs over asserts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from . import sandbox
+from .cleanup import remove_tree
 from .sandbox import CLEANUP_SECONDS
 
 STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long to start, on top of the tests
@@ -238,7 +240,7 @@ def _sandbox_directory(uid: int | None):
             os.chown(directory, uid, uid)
         yield directory
     finally:
-        sandbox.remove_tree(directory)  # however deep, closed or linked the tree a test left
+        remove_tree(directory)  # however deep, closed or linked the tree a test left
 
 
 def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | None, directory: str) -> list[dict]:

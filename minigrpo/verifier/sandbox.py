@@ -2,7 +2,8 @@
 
 Standard library only and importing nothing of minigrpo (isolated mode puts no package on the path):
 it reads one job (program, test inputs, limits) as JSON on stdin and writes one report per test
-as JSON on stdout; judging the reports against expected outputs happens in the trainer.
+as JSON on stdout; judging the reports against expected outputs happens in the trainer. Its two
+siblings it loads by their paths: `confine.py` (the test's process) and `cleanup.py` (`remove_tree`).
 
 How a run is sandboxed. `run_cases` (code.py) starts `python -I sandbox.py` (this file) in a fresh
 temporary directory with a scrubbed environment. The supervisor, still root if the trainer is, becomes a
@@ -10,12 +11,12 @@ child subreaper and unshares a network namespace (no network, not even 127.0.0.1
 in which /tmp, /var/tmp, /dev/shm and /run/lock are the sandbox directory. Where the OS refuses the
 namespaces (not root, or a container without CAP_SYS_ADMIN) it runs without them and says so in its
 reply (code.py warns once); once it has a mount namespace, a mount that fails ends the run with an error,
-so the shared directories are never silently the host's. Per test it forks a process that sets the
-rlimits, drops to an unprivileged uid, installs a seccomp filter that refuses socket() (no network and no
-filesystem UNIX sockets such as those under /run, namespaces or not) and io_uring, and runs the program,
-then the test; afterwards everything left of the test is killed and reaped, and the directory emptied by
-`remove_tree`, which no depth, permission or symlink stops. The trainer's own backstop only matters if the
-supervisor falls far behind (SIGTERM, SIGKILL).
+so the shared directories are never silently the host's. Per test it forks a process (confine.py) that
+sets the rlimits, drops to an unprivileged uid, installs a seccomp filter that refuses socket() (no network
+and no filesystem UNIX sockets such as those under /run, namespaces or not) and io_uring, and runs the
+program, then the test; afterwards everything left of the test is killed and reaped, and the directory
+emptied by `remove_tree` (cleanup.py), which no depth, permission or symlink stops. The trainer's own
+backstop only matters if the supervisor falls far behind (SIGTERM, SIGKILL).
 
 Privileges. As root, each concurrent sandbox gets a uid of its own (`first_uid`, `first_uid + 1`, ...,
 held by a lock file, so also across processes: two trainers or every rank of a torchrun job on one node)
@@ -37,47 +38,54 @@ until its timeout. Without root it can also read the trainer's /proc/<pid>/envir
 
 from __future__ import annotations
 
-import builtins
 import ctypes
-import errno
-import itertools
+import importlib.util
 import json
 import os
-import resource
 import signal
 import stat
 import sys
 import tempfile
 import time
-import traceback
 import types
 from contextlib import contextmanager
 
 CLEANUP_SECONDS = 1.0  # time per test to kill and reap what the test left
 STDERR_TAIL_BYTES = 4096  # stderr kept per test (its end, where the traceback is)
-PROOF_FD = 3  # the test process writes the nonce here once the test's statements have run
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 22, 36, 38
 SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable directories
-SYSCALLS = {  # machine: (its seccomp ABI id, the numbers of socket() and io_uring_setup())
-    "x86_64": (0xC000003E, 41, 425),
-    "aarch64": (0xC00000B7, 198, 425),
-}
+
+
+def _load_sibling(name: str) -> types.ModuleType:
+    """`name`.py from this file's directory, loaded by its path. This file runs as `python -I sandbox.py`, outside
+    its package: importing minigrpo would pull torch into every sandbox, and the program run here later must
+    find sys.path as Python set it. So neither a package import nor a sys.path entry."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_minigrpo_sandbox_{name}", path)  # a private name
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+confine = _load_sibling("confine")  # the forked test process: rlimits, uid, seccomp, then the program and the test
+cleanup = _load_sibling("cleanup")  # remove_tree, which code.py also runs on the host
 
 
 def main() -> None:
     """Read the job from stdin, run each case in a forked process, write the reports to stdout."""
     job = json.loads(_read_all(0))
-    if os.uname().machine not in SYSCALLS:
-        return _reply({"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(SYSCALLS)})"})
+    if os.uname().machine not in confine.SYSCALLS:
+        return _reply({"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"})
     signal.signal(signal.SIGTERM, _give_up)  # from the trainer's backstop: clean up the running test, then exit
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered only while waiting for a test
     sys.path[:] = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]  # Python 3.10's -I keeps it
-    _prctl(PR_SET_DUMPABLE, 0)  # without root, the tests' (same) uid cannot read our memory or file descriptors
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a test become our children, so we reap them (PID 1 may not)
+    # without root, the tests' (same) uid cannot read our memory or file descriptors
+    confine.prctl(confine.PR_SET_DUMPABLE, 0)
+    # orphans of a test become our children, so we reap them (PID 1 may not)
+    confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
     try:
         isolated = _isolate(expose_python=job["uid"] is not None)
     except OSError as error:  # fail closed: never run tests in a half-made mount namespace
@@ -89,7 +97,7 @@ def main() -> None:
     reports = []
     for case in job["cases"]:
         reports.append(_run_case(job, case))
-        remove_tree(".", keep_top=True)  # each test starts from an empty working directory
+        cleanup.remove_tree(".", keep_top=True)  # each test starts from an empty working directory
     _reply({"reports": reports, "isolated": isolated})
 
 
@@ -160,7 +168,7 @@ def _run_case(job: dict, case: dict) -> dict:
     proof_read, proof_write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _case_process(job, case, nonce, files, proof_write)  # never returns
+        confine.case_process(job, case, nonce, files, proof_write)  # never returns
     os.close(proof_write)
     try:
         with _sigterm_allowed():
@@ -197,7 +205,7 @@ def _check_uid(uid: int) -> str | None:
     pid = os.fork()
     if pid == 0:
         try:
-            _become(uid)
+            confine.become(uid)
             os._exit(0 if os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK) else 2)
         finally:
             os._exit(1)
@@ -224,7 +232,7 @@ def _kill_all_as(uid: int) -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            _become(uid)
+            confine.become(uid)
             try:
                 os.kill(-1, signal.SIGKILL)  # Linux spares the caller itself
             except ProcessLookupError:
@@ -249,237 +257,18 @@ def _reap_children(patience: float) -> None:
             time.sleep(0.001)
 
 
-def remove_tree(path: str, keep_top: bool = False) -> None:
-    """Delete `path` and all below it (only what is below, with `keep_top`); never raises for what a test made.
-
-    Linear and flat whatever a test built: each directory below the top is emptied one level at a time, its
-    subdirectories first renamed up into the top, so neither a recursion nor a path grows with depth
-    (`shutil.rmtree` raised RecursionError on 3,000 nested directories and left them behind). Symlinks are
-    removed, never followed; a directory a test closed (mode 000) is opened again first. Called only once
-    every process of the test is dead, so nothing changes the tree meanwhile."""
-    try:
-        top = _open_to_empty(path, None)
-    except OSError:  # not a directory (or a symlink to one), or already gone
-        return _quietly(os.unlink, path)
-    spare_names = (f".removing-{n}" for n in itertools.count())  # for subdirectories moved up
-    try:
-        while entries := {entry.name: entry.is_dir(follow_symlinks=False) for entry in os.scandir(top)}:
-            for name, is_directory in entries.items():
-                if is_directory:
-                    _empty_into(top, name, spare_names)
-                    _quietly(os.rmdir, name, dir_fd=top)
-                else:
-                    _quietly(os.unlink, name, dir_fd=top)
-            if set(entries) <= {entry.name for entry in os.scandir(top)}:
-                break  # a whole pass removed nothing: what is left cannot be removed by us
-    finally:
-        os.close(top)
-    if not keep_top:
-        _quietly(os.rmdir, path)
-
-
-def _empty_into(top: int, name: str, spare_names) -> None:
-    """Delete the files of directory `name` (in `top`) and move its subdirectories up into `top`."""
-    try:
-        directory = _open_to_empty(name, top)
-    except OSError:
-        return
-    try:
-        for entry in list(os.scandir(directory)):
-            if entry.is_dir(follow_symlinks=False):
-                _move_up(directory, entry.name, top, spare_names)
-            else:
-                _quietly(os.unlink, entry.name, dir_fd=directory)
-    finally:
-        os.close(directory)
-
-
-def _open_to_empty(name: str, parent: int | None) -> int:
-    """A descriptor of directory `name`, never through a symlink, with the owner's rights given back."""
-    handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-    try:
-        _quietly(os.chmod, f"/proc/self/fd/{handle}", 0o700)  # this very inode, not whatever the name is now
-        return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY)
-    finally:
-        os.close(handle)
-
-
-def _move_up(directory: int, name: str, top: int, spare_names) -> None:
-    for _ in range(100):  # a test may have used the spare names itself: take the next one
-        try:
-            return os.rename(name, next(spare_names), src_dir_fd=directory, dst_dir_fd=top)
-        except OSError as error:
-            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                return
-
-
-def _quietly(function, *args, **kwargs) -> None:
-    try:
-        function(*args, **kwargs)
-    except OSError:
-        pass
-
-
-# ---------------------------------------------------------------- inside the forked test process
-
-
-def _case_process(job: dict, case: dict, nonce: bytes, files: list, proof_write: int) -> None:
-    """Confine this process, then run the program and the test; never returns."""
-    exit_now = os._exit  # bound before the program could replace it
-    try:
-        try:
-            _confine(job, files, proof_write)
-        except BaseException:
-            traceback.print_exc()
-            exit_now(125)  # never run the program unconfined
-        run = _run_assert_case if case["kind"] == "assert" else _run_script
-        run(job["program"], case, nonce)
-    finally:
-        exit_now(1)
-
-
-def _confine(job: dict, files: list, proof_write: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    os.setpgid(0, 0)  # a process group per test, for the kill without root
-    for fd, file in enumerate(files):
-        os.dup2(file.fileno(), fd)  # stdin, stdout, stderr
-    os.dup2(proof_write, PROOF_FD)
-    os.closerange(PROOF_FD + 1, os.sysconf("SC_OPEN_MAX"))  # nothing of the supervisor's, e.g. its report pipe
-    try:
-        with open("/proc/self/oom_score_adj", "w") as adj:
-            adj.write("1000")  # under memory pressure the kernel kills a test before the trainer
-    except OSError:
-        pass
-    cpu = job["cpu_seconds"]
-    limits = {  # (soft, hard)
-        resource.RLIMIT_CPU: (cpu, cpu + 1),  # SIGXCPU, then SIGKILL a second later
-        resource.RLIMIT_AS: (job["memory_bytes"],) * 2,
-        resource.RLIMIT_FSIZE: (job["file_size_bytes"],) * 2,
-        resource.RLIMIT_NPROC: (job["max_processes"],) * 2,
-        resource.RLIMIT_CORE: (0, 0),
-    }
-    for kind, (soft, hard) in limits.items():
-        ceiling = resource.getrlimit(kind)[1]  # without root a hard limit cannot be raised: stay under it
-        if ceiling != resource.RLIM_INFINITY:
-            soft, hard = min(soft, ceiling), min(hard, ceiling)
-        resource.setrlimit(kind, (soft, hard))
-    if job["uid"] is not None:
-        _become(job["uid"])  # last: the steps above need root
-        _prctl(PR_SET_DUMPABLE, 1)  # its own /proc/self files as usual; only its own sandbox shares the uid
-    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # set-uid binaries cannot give root back; also lets us install the filter
-    _forbid_sockets()
-    sys.argv = ["solution.py"]
-
-
-class _SockFilter(ctypes.Structure):  # struct sock_filter: one classic BPF instruction
-    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
-
-
-class _SockFprog(ctypes.Structure):  # struct sock_fprog
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def _forbid_sockets() -> None:
-    """A seccomp filter: socket() and io_uring_setup() fail with EPERM, as does every call made through another
-    ABI (32-bit or x32), which has other numbers. Filesystem UNIX sockets (under /run, say) are reachable by
-    path from any namespace, so a network namespace alone does not stop a connect() to a host service.
-    socketpair() stays allowed: its two ends reach only each other (asyncio and multiprocessing use it)."""
-    abi, socket_call, io_uring_setup = SYSCALLS[os.uname().machine]
-    load, jump_if_equal, jump_if_above, give = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
-    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    program = [  # (code, jump if true, jump if false, k): jumps count instructions skipped
-        (load, 0, 0, 4),  # seccomp_data.arch
-        (jump_if_equal, 0, 5, abi),
-        (load, 0, 0, 0),  # seccomp_data.nr
-        (jump_if_above, 3, 0, 0x40000000),  # x32 numbers have this bit set
-        (jump_if_equal, 2, 0, socket_call),
-        (jump_if_equal, 1, 0, io_uring_setup),
-        (give, 0, 0, allow),
-        (give, 0, 0, refuse),
-    ]
-    instructions = (_SockFilter * len(program))(*(_SockFilter(*step) for step in program))
-    filter_program = _SockFprog(len(program), instructions)
-    if _LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0:  # SECCOMP_MODE_FILTER
-        raise OSError(ctypes.get_errno(), "could not install the seccomp filter that forbids sockets")
-
-
-def _become(uid: int) -> None:
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)  # as root this sets the real, effective and saved uid: no way back
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise OSError(f"still running as uid {os.geteuid()}")
-
-
-def _run_assert_case(program: str, case: dict, nonce: bytes) -> None:
-    """The program as module "solution", then the test's statements in it; the nonce only if both ran to the end.
-
-    Printing or exiting early forges nothing: the nonce is in no file, argument or environment variable,
-    only in this process's memory (this frame and its caller's). A program that reads the harness's frames
-    or memory can still find it and write it to PROOF_FD: `sys._getframe(1).f_locals["nonce"]` is enough."""
-    run, write, exit_now = exec, os.write, os._exit  # bound before the program could replace the builtins
-    namespace = _fresh_module("solution")  # not "__main__": an `if __name__ == "__main__":` block does not run
-    try:
-        test_code = compile(case["source"], "<test>", "exec")  # compiled before the program can touch `compile`
-        run(compile(program, "<program>", "exec"), namespace)
-        run(test_code, namespace)
-    except BaseException:  # SystemExit included: a test that did not run to its end did not pass
-        traceback.print_exc()
-        _flush()
-        exit_now(1)
-    _flush()
-    write(PROOF_FD, nonce)
-    exit_now(0)
-
-
-def _run_script(program: str, case: dict, nonce: bytes) -> None:
-    """The program as __main__ with the test's input on stdin; exit status 0 unless it raised or exited non-zero."""
-    exit_now = os._exit
-    try:
-        exec(compile(program, "<program>", "exec"), _fresh_module("__main__"))
-        status = 0
-    except SystemExit as stop:
-        status = 0 if stop.code is None or stop.code == 0 else 1
-    except BaseException:
-        traceback.print_exc()
-        status = 1
-    _flush()
-    exit_now(status)
-
-
-def _fresh_module(name: str) -> dict:
-    module = types.ModuleType(name)
-    module.__builtins__ = builtins
-    sys.modules[name] = module  # `import __main__` finds the program, not the supervisor
-    return module.__dict__
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-
-
 # ---------------------------------------------------------------- small helpers
 
 
 def _unshare(flags: int) -> bool:
-    return getattr(_LIBC, "unshare", lambda _: -1)(flags) == 0
+    return getattr(confine.LIBC, "unshare", lambda _: -1)(flags) == 0
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: bytes | None = None) -> None:
     encode = lambda text: text.encode() if text is not None else None
-    if _LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) != 0:
+    if confine.LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount {source or '(none)'} on {target}: {os.strerror(code)}")
-
-
-def _prctl(option: int, value: int) -> None:
-    if hasattr(_LIBC, "prctl"):
-        _LIBC.prctl(option, ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
 def _read_all(fd: int) -> bytes:
