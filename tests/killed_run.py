@@ -105,7 +105,9 @@ class Server:
 
     def __init__(self):
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model on a busy machine: a second thread only spins
-        self.process = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # runs start where a user would run them
+        self.process = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                        cwd=root)
 
     def train_math(self, args: list[str], kill_point: str | None, log_dir: str, name: str) -> int:
         """examples/train_math.py *args, killed at kill_point; its output in log_dir/name.out and .err."""

@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 
 import minigrpo
 from helpers import tiny_model, tiny_tokenizer
-from killed_run import Server
 from minigrpo.checkpoint import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
 
 ARGS = ["--template", "tiny", "--rewards", "killed_run_vowels", "--steps", "3", "--save_every", "1",  # 2 checkpoints kept
@@ -38,13 +37,6 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    server = Server()
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("policy"))
     tokenizer = tiny_tokenizer(directory)
@@ -53,21 +45,21 @@ def policy(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def straight(server, policy, tmp_path_factory):
+def straight(examples_server, policy, tmp_path_factory):
     """The run that is never killed."""
     tmp = tmp_path_factory.mktemp("straight")
     out = str(tmp / "run")
-    assert server.train_math(["--model", policy, "--output_dir", out, *ARGS], None, str(tmp), "straight") == 0, \
+    assert examples_server.train_math(["--model", policy, "--output_dir", out, *ARGS], None, str(tmp), "straight") == 0, \
         (tmp / "straight.err").read_text()[-3000:]
     return out
 
 
 @pytest.mark.parametrize("kills", CASES, ids=lambda kills: kills[-1][0])
-def test_a_killed_run_resumes_to_the_straight_runs_end(server, policy, straight, tmp_path, kills):
+def test_a_killed_run_resumes_to_the_straight_runs_end(examples_server, policy, straight, tmp_path, kills):
     out = str(tmp_path / "run")
     args = ["--model", policy, "--output_dir", out, *ARGS]
     for run, (kill_point, left, steps) in enumerate(kills):
-        code = server.train_math(args + ["--resume"] * (run > 0), kill_point, str(tmp_path), f"killed-{run}")
+        code = examples_server.train_math(args + ["--resume"] * (run > 0), kill_point, str(tmp_path), f"killed-{run}")
         assert code == -signal.SIGKILL, f"{kill_point}: exit code {code}\n{(tmp_path / f'killed-{run}.err').read_text()[-3000:]}"
         assert checkpoint_entries(out) == left, kill_point
         assert logged_steps(out) == steps, kill_point
@@ -78,7 +70,7 @@ def test_a_killed_run_resumes_to_the_straight_runs_end(server, policy, straight,
         assert state["step"] == int(latest[-6:]) and minigrpo.load_pretrained(latest)[0] is not None
         assert history(out)[: state["step"] + 1] == history(straight)[: state["step"] + 1]  # no step it holds is lost
         states_load_as_data(out)
-    assert server.train_math(args + ["--resume"], None, str(tmp_path), "resumed") == 0, (tmp_path / "resumed.err").read_text()[-3000:]
+    assert examples_server.train_math(args + ["--resume"], None, str(tmp_path), "resumed") == 0, (tmp_path / "resumed.err").read_text()[-3000:]
     assert_same_end(out, straight)
 
 

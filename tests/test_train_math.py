@@ -1,12 +1,11 @@
 """examples/train_math.py end to end, in seconds: the embedded default model on synthetic arithmetic
 (with --trace and --resume), and the Qwen3 path (chat template, MATH-format JSONL) on a tiny random
-Qwen3 with a Qwen-style chat tokenizer. Both run the real command line in a subprocess."""
+Qwen3 with a Qwen-style chat tokenizer. Both run the real command line, in processes forked from
+conftest's examples_server."""
 
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from minigrpo.checkpoint import latest_checkpoint
 from minigrpo.tasks import load_problems
 from minigrpo.tasks.prompts import template
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "2", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2",
          "--max_completion_length", "6", "--eval_count", "4", "--train_count", "20", "--eval_every", "1", "--save_every", "1"]
 # The embedded default (no --model) gets some arithmetic right in 32 tokens: its groups have signal.
@@ -33,22 +31,26 @@ def checkpoint(tmp_path_factory):
     return directory
 
 
-def train_math(*args):
-    result = subprocess.run([sys.executable, "examples/train_math.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+def train_math(server, log_dir, *args, succeed=True) -> tuple[int, str, str]:
+    """`python examples/train_math.py *args` (forked by conftest's server, from the repository's root):
+    its exit status, stdout and stderr (kept in log_dir)."""
+    name = f"train_math-{len(list(log_dir.glob('*.out')))}"
+    code = server.train_math(list(args), None, str(log_dir), name)
+    out, err = ((log_dir / f"{name}.{stream}").read_text() for stream in ("out", "err"))
+    assert code == 0 or not succeed, err[-3000:]
+    return code, out, err
 
 
-def test_micro_run_with_trace_then_resume(tmp_path):
+def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     out = str(tmp_path / "run")
-    printed = train_math("--output_dir", out, "--trace", *MICRO)
+    _, printed, _ = train_math(examples_server, tmp_path, "--output_dir", out, "--trace", *MICRO)
     for stage in ("[task -> prompt]", "[1 sample]", "[2 verify]", "[3 advantages]", "[4 update]", "[4 loss]"):
         assert stage in printed
     assert "class='tok'" in open(os.path.join(out, "trace.html"), encoding="utf-8").read()  # the page (tests/test_trace.py)
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["steps"] == 2 and 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
     assert summary["wall_seconds"] > 0
-    printed = train_math("--output_dir", out, "--resume", *MICRO[:1], "3", *MICRO[2:])
+    _, printed, _ = train_math(examples_server, tmp_path, "--output_dir", out, "--resume", *MICRO[:1], "3", *MICRO[2:])
     assert "resuming from" in printed
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [s["step"] for s in steps] == [0, 1, 2, 3] and all("eval/accuracy" in s for s in steps)  # 0: before GRPO
@@ -67,32 +69,31 @@ def test_micro_run_with_trace_then_resume(tmp_path):
     # Other held-out problems on resume: the trained policy must not pass for the starting one.
     other = list(MICRO)
     other[other.index("--eval_count") + 1] = "3"
-    result = subprocess.run([sys.executable, "examples/train_math.py",
-                             "--output_dir", out, "--resume", *other[:1], "4", *other[2:]],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
-    assert "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, not on eval_data arithmetic, eval_count 3" in result.stderr
+    code, _, err = train_math(examples_server, tmp_path, "--output_dir", out, "--resume", *other[:1], "4", *other[2:],
+                              succeed=False)
+    assert code != 0 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, not on eval_data arithmetic, eval_count 3" in err
     assert json.load(open(os.path.join(out, "initial_eval.json")))["held_out"]["eval_count"] == 4  # untouched
 
 
-def test_qwen_path_on_a_math_jsonl_file(checkpoint, tmp_path):
+def test_qwen_path_on_a_math_jsonl_file(examples_server, checkpoint, tmp_path):
     data = tmp_path / "math.jsonl"
     rows = [{"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$."}, {"problem": "Half of 3?", "answer": "\\frac{3}{2}"},
             {"problem": "What is $2^3$?", "answer": "8"}, {"problem": "Solve $x+1=3$.", "answer": "x = 2"}]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = str(tmp_path / "qwen")
-    train_math("--model", checkpoint, "--data", str(data), "--template", "chat", "--output_dir", out,
+    train_math(examples_server, tmp_path, "--model", checkpoint, "--data", str(data), "--template", "chat", "--output_dir", out,
                "--rewards", "accuracy:1.0,format:0.1", *SMALL)
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [s["step"] for s in steps] == [0, 1, 2] and "reward/format/mean" in steps[1]
     assert json.load(open(os.path.join(out, "summary.json")))["eval_problems"] == 4
 
 
-def test_a_bad_flag_value_is_one_clear_line(checkpoint, tmp_path):
-    result = subprocess.run([sys.executable, "examples/train_math.py", "--model", checkpoint, "--num_generations", "1",
-                             "--output_dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "num_generations must be an integer >= 2" in result.stderr
+def test_a_bad_flag_value_is_one_clear_line(examples_server, checkpoint, tmp_path):
+    code, _, err = train_math(examples_server, tmp_path, "--model", checkpoint, "--num_generations", "1",
+                              "--output_dir", str(tmp_path / "run"), succeed=False)
+    assert code != 0 and "Traceback" not in err
+    assert "num_generations must be an integer >= 2" in err
 
 
 def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
