@@ -43,7 +43,7 @@ class Tokenizer:
     def save(self, directory: str) -> None:
         self.backend.save(os.path.join(directory, "tokenizer.json"))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.tokenizer_config}
-        _write_json(os.path.join(directory, "tokenizer_config.json"), config)
+        write_json(os.path.join(directory, "tokenizer_config.json"), config)
 
     # --- text <-> ids -------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -55,17 +55,16 @@ class Tokenizer:
         a byte fallback drops what its vocabulary lacks (the embedded model's keeps digits and
         operators), and a model trained on what is left learns from other prompts than it is given."""
         ids = [self.encode(text) for text in texts]
-        lost = total = 0
+        lost = 0
         example = None
         for text, row in zip(texts, ids):
             back = self.decode(row)
-            total += len(text)
             if unicodedata.normalize("NFC", back) != unicodedata.normalize("NFC", text):
                 lost += max(1, sum((Counter(text) - Counter(back)).values()))
                 example = example or (text, back)
         if example is not None:
             text, back = (t if len(t) <= 80 else t[:77] + "..." for t in example)
-            raise ValueError(f"the tokenizer of {source} cannot represent {lost / max(total, 1):.0%} of the characters of "
+            raise ValueError(f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} of the characters of "
                              f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)")
         return ids
 
@@ -136,7 +135,6 @@ class Tokenizer:
 
 
 def _read_json_if_exists(path: str) -> dict:
-    """The JSON object in `path`, {} if there is no such file."""
     return read_json_object(path, "the tokenizer's settings") if os.path.exists(path) else {}
 
 
@@ -153,7 +151,8 @@ def read_json_object(path: str, holding: str) -> dict:
     return value
 
 
-def _write_json(path: str, data: dict) -> None:
+def write_json(path: str, data: dict) -> None:
+    """Not atomic, unlike checkpoint.write_json: a save makes its files atomic by renaming their directory."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
         f.write("\n")

@@ -9,7 +9,6 @@ CheckpointError that names the file or tensor at fault; a save never leaves a ha
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
-from .tokenizer import Tokenizer, read_json_object
+from .tokenizer import Tokenizer, read_json_object, write_json
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # the files a checkpoint needs, the only ones fetched from the Hub
@@ -145,7 +144,7 @@ def weight_files(directory: str) -> dict[str, str]:
 
 def _load_weights(model: Qwen3, directory: str) -> None:
     files = weight_files(directory)
-    params = {hf_name(name): param for name, param in model.state_dict().items()}
+    params = to_hf_state_dict(model)
     unexpected = [n for n in files if n not in params and not IGNORED.match(n)]
     if model.config.tie_word_embeddings:
         unexpected = [n for n in unexpected if n != "lm_head.weight"]  # a tied head saved anyway is a copy
@@ -184,7 +183,6 @@ def _open_safetensors(path: str):
 
 
 def _read_json(path: str, holding: str) -> dict:
-    """tokenizer.read_json_object, its errors as CheckpointError."""
     try:
         return read_json_object(path, holding)
     except ValueError as e:
@@ -234,13 +232,13 @@ def write_files(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, ma
     """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
     weights: the model's state dict, if not its own (a sharded model's, gathered)."""
     _write_weights(model, directory, max_shard_bytes, weights)
-    _write_json(os.path.join(directory, "config.json"), {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")})
+    write_json(os.path.join(directory, "config.json"), {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")})
     if tokenizer is not None:
         tokenizer.save(directory)
         generation = {**tokenizer.generation_config, "eos_token_id": list(tokenizer.eos_token_ids)}
         if tokenizer.pad_token_id is not None:
             generation["pad_token_id"] = tokenizer.pad_token_id
-        _write_json(os.path.join(directory, "generation_config.json"), generation)
+        write_json(os.path.join(directory, "generation_config.json"), generation)
 
 
 def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: dict | None) -> None:
@@ -261,7 +259,7 @@ def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: 
         save_file(shard, os.path.join(directory, file), metadata={"format": "pt"})
         weight_map.update({name: file for name in shard})
     total = sum(t.nbytes for t in tensors.values())
-    _write_json(os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_json(os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
 def replace_dir(new: str, target: str) -> None:
@@ -273,9 +271,3 @@ def replace_dir(new: str, target: str) -> None:
     os.rename(new, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_json(path: str, data: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
