@@ -119,7 +119,6 @@ def read_rows(path: str, source: str) -> list[tuple[int, dict]]:
 
 
 def detect_format(row: dict, where: str) -> str:
-    """"math" for rows with a 'problem', "gsm8k" for rows with a 'question' and an 'answer'."""
     if "problem" in row:
         return "math"
     if "question" in row and "answer" in row:

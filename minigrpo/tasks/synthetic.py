@@ -76,11 +76,9 @@ def fractions(rng: random.Random, difficulty: int) -> Problem:
     """p/q + r/s (difficulty 2: or -, 3: or *), answered in lowest terms as \\frac{}{}."""
     p, q, r, s = rng.randint(1, 9), rng.randint(2, 9), rng.randint(1, 9), rng.randint(2, 9)
     op = rng.choice("+-*"[:difficulty])
-    a, b = Fraction(p, q), Fraction(r, s)
-    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    value = _OPERATIONS[op](Fraction(p, q), Fraction(r, s))
     question = f"{p}/{q}{op}{r}/{s}"
-    answer = _latex(value)
-    return Problem(question, answer, f"{question}={_plain(value)};####{_plain(value)}")
+    return Problem(question, _latex(value), f"{question}={_plain(value)};####{_plain(value)}")
 
 
 def linear(rng: random.Random, difficulty: int) -> Problem:
@@ -101,13 +99,12 @@ def countdown(rng: random.Random, difficulty: int) -> Problem:
         expression, target = str(numbers[0]), numbers[0]
         for x in numbers[1:]:
             op = rng.choice("+-*")
-            expression, target = f"({expression}{op}{x})", _INTEGER_OPS[op](target, x)
+            expression, target = f"({expression}{op}{x})", _OPERATIONS[op](target, x)
     shown = ",".join(map(str, numbers))
-    return Problem(f"{shown}->{target}", str(target), f"{expression[1:-1] if len(numbers) > 1 else expression}={target};####{expression}",
-                   extra={"numbers": numbers})
+    return Problem(f"{shown}->{target}", str(target), f"{expression[1:-1]}={target};####{expression}", extra={"numbers": numbers})
 
 
-_INTEGER_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 KINDS = {"arithmetic": arithmetic, "fractions": fractions, "linear": linear, "countdown": countdown}
 
 
