@@ -126,7 +126,6 @@ class TrainConfig:
                  f"{self.batch_size // G} prompts per step, which do not split evenly across {world_size} processes; "
                  f"use a batch_size that is a multiple of {G * world_size}")
 
-
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of GRPO step `step` (1, 2, ...): a linear warm-up over warmup_steps, then
         constant or cosine to 0 at max_steps (one value per GRPO step, not per AdamW step)."""

@@ -58,7 +58,9 @@ class Updater:
         if self.reference is not None:
             self._store_logprobs(rollouts, self.reference, "ref_logprobs")
         passes = [self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}") for k in range(self.grpo.num_iterations)]
-        return _mean_of_passes(passes)
+        out = {k: sum(p.get(k, 0.0) for p in passes) / len(passes) for k in set().union(*passes)}
+        out["skipped"] = max(p["skipped"] for p in passes)  # 1 if any pass was skipped, not a mean
+        return out
 
     def _one_pass(self, rollouts: list[Rollout], totals: dict, seed: str) -> dict[str, float]:
         """One AdamW step over every micro-batch of this rank's rollouts, gradients accumulated; its stats.
@@ -128,9 +130,10 @@ class Updater:
     def _forward(self, policy, rollouts: list[Rollout]):
         """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling temperature."""
         batch = collate(rollouts, self.pad_id, self.model.device)
+        rows_per_prompt = 1 if rollouts[0] is self.padding else self._group_size  # the padding rollout shares no prompt
         with self._autocast():
             logprobs, entropies = policy(batch.input_ids, batch.attention_mask, batch.completion_start,
-                                         self.grpo.temperature, self._rows_per_prompt(rollouts))
+                                         self.grpo.temperature, rows_per_prompt)
         return batch, logprobs, entropies
 
     def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
@@ -150,18 +153,7 @@ class Updater:
         shared = self.config.shared_prompt and not self.policy.sharded
         return self.grpo.num_generations if shared else 1
 
-    def _rows_per_prompt(self, part: list[Rollout]) -> int:
-        """The group size a micro-batch's forward shares prompts over: 1 for the padding rollout."""
-        return 1 if part[0] is self.padding else self._group_size
-
     def _autocast(self):
         if self.model.device.type != "cuda":
             return contextlib.nullcontext()  # CPU: fp32, where bf16 matmuls are ~4x slower
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16)
-
-
-def _mean_of_passes(passes: list[dict]) -> dict[str, float]:
-    keys = set().union(*passes)
-    out = {k: sum(p.get(k, 0.0) for p in passes) / len(passes) for k in keys}
-    out["skipped"] = max(p["skipped"] for p in passes)
-    return out
