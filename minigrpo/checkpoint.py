@@ -48,6 +48,7 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, k
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _prune(parent, keep)
+    remove_leftovers(output_dir)
     return final
 
 
@@ -150,10 +151,7 @@ def set_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available():
-        if isinstance(cuda, list):  # minigrpo 0.1 saved every GPU's
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            torch.cuda.set_rng_state(cuda)
+        torch.cuda.set_rng_state(cuda)
 
 
 def _fsync(path: str) -> None:
@@ -184,21 +182,17 @@ def _checkpoints(parent: str) -> list[tuple[int, str]]:
 
 
 def _prune(parent: str, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints, and what crashed saves left behind."""
+    """Delete all but the newest `keep` checkpoints."""
     for _, directory in _checkpoints(parent)[:-keep]:  # renamed first: a kill mid-delete leaves no half checkpoint
         doomed = os.path.join(parent, f".deleting-{os.path.basename(directory)}")
         os.rename(directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
-    _remove_leftovers(parent)
 
 
 def remove_leftovers(output_dir: str) -> None:
     """Delete what saves, replacements and prunes killed midway left in output_dir's checkpoints (none
     of it is a checkpoint). The next save does it too; a resume with no step left to take saves nothing."""
-    _remove_leftovers(os.path.join(output_dir, CHECKPOINTS))
-
-
-def _remove_leftovers(parent: str) -> None:
+    parent = os.path.join(output_dir, CHECKPOINTS)
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         if name.startswith((".tmp-step-", ".step-", ".deleting-")):  # a save, replacement or prune that crashed midway
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
