@@ -236,8 +236,6 @@ class Policy:
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
         if state is None:  # saved before the first step: a fresh AdamW is the same
             return
-        if isinstance(state["param_groups"][0]["params"][0], int):  # minigrpo 0.1 wrote ids, in parameter order
-            state = _by_name(self.module, state)
         set_optimizer_state_dict(self.module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
@@ -251,13 +249,6 @@ def _wrap(module: torch.nn.Module, dist: Dist, shard: bool, blocks, trainable: b
         return module
     device_ids = [dist.device.index] if dist.device.type == "cuda" else None
     return DistributedDataParallel(module, device_ids=device_ids)  # Qwen3 has no buffers: no forward syncs any
-
-
-def _by_name(model: torch.nn.Module, state: dict) -> dict:
-    """A one-group optimizer state dict keyed by parameter ids made keyed by names (DDP's prefix dropped)."""
-    names = [name.removeprefix("module.") for name, _ in model.named_parameters()]
-    groups = [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]
-    return {"state": {names[i]: value for i, value in state["state"].items()}, "param_groups": groups}
 
 
 def _gpu_for(device: str, local_rank: int) -> torch.device:

@@ -251,7 +251,7 @@ class Trainer:
         for group in self.optimizer.param_groups:  # this run's settings, not the checkpoint's (lr is set per step)
             group.update(betas=self.config.adam_betas, eps=self.config.adam_epsilon, weight_decay=self.config.weight_decay)
         self.stream.load_state(state["data"])
-        rng = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]  # one per rank; older: one
+        rng = state["rng"]  # one per rank
         if len(rng) == self.dist.world_size:
             checkpoint.set_rng_states(rng[self.dist.rank])
         else:  # nothing in the loop draws from them (its seeds derive from seed and step), so go on

@@ -164,14 +164,15 @@ def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
     assert fresh.step == 1 and not fresh.optimizer.state
 
 
-def test_an_optimizer_state_keyed_by_ids_loads_by_name(checkpoint, tmp_path):
-    """Checkpoints of minigrpo 0.1 keyed AdamW's state by parameter ids; it loads onto the same parameters."""
+def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings(checkpoint, tmp_path):
+    """The saved state is keyed by parameter names (Policy.optimizer_state); on resume AdamW's moments come
+    back, and betas, eps and weight decay are this run's, not the checkpoint's."""
     trainer = make_trainer(checkpoint, tmp_path, weight_decay=0.1, adam_epsilon=1e-7)
     trainer.train_step()
-    by_id = trainer.optimizer.state_dict()
-    assert isinstance(by_id["param_groups"][0]["params"][0], int)
-    fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings: the run's own are kept on resume
-    fresh.load_state_dict({**trainer.state_dict(), "optimizer": by_id})
+    saved = trainer.state_dict()
+    assert all(isinstance(name, str) for name in saved["optimizer"]["state"])
+    fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings
+    fresh.load_state_dict(saved)
     for (a, b) in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
     assert fresh.optimizer.param_groups[0]["weight_decay"] == 0.0 and fresh.optimizer.param_groups[0]["eps"] == 1e-8
