@@ -86,16 +86,16 @@ def _wait(pid: int) -> int | None:
 
 
 def serve() -> None:
-    """One job a line on stdin (JSON: args, kill point, log directory, name), each run in a forked
+    """One job a line on stdin (JSON: script, args, kill point, log directory, name), each run in a forked
     child with its stdout and stderr in log_dir/name.out and .err; one answer a line on stdout: its
     exit code, or "timeout"."""
     for line in sys.stdin:
-        args, kill_point, log_dir, name = json.loads(line)
+        script, args, kill_point, log_dir, name = json.loads(line)
         pid = os.fork()
         if pid == 0:
             if kill_point is not None:
                 KILL_POINTS[kill_point]()
-            os._exit(tool_runner.run({"name": name, "script": "train_math.py", "argv": args}, log_dir))
+            os._exit(tool_runner.run({"name": name, "script": script, "argv": args}, log_dir))
         code = _wait(pid)
         print("timeout" if code is None else code, flush=True)
 
@@ -111,11 +111,15 @@ class Server:
 
     def train_math(self, args: list[str], kill_point: str | None, log_dir: str, name: str) -> int:
         """examples/train_math.py *args, killed at kill_point; its output in log_dir/name.out and .err."""
-        self.process.stdin.write(json.dumps([args, kill_point, log_dir, name]) + "\n")
+        return self.run("train_math.py", args, log_dir, name, kill_point)
+
+    def run(self, script: str, args: list[str], log_dir: str, name: str, kill_point: str | None = None) -> int:
+        """`python script *args` (a file of examples/, or a path) as a forked child: its exit code (-9: killed)."""
+        self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name]) + "\n")
         self.process.stdin.flush()
         answer = self.process.stdout.readline().strip()
         if answer in ("", "timeout"):
-            raise RuntimeError(f"train_math {' '.join(args)}: {'ran past the time limit' if answer else 'the server died'}")
+            raise RuntimeError(f"{script} {' '.join(args)}: {'ran past the time limit' if answer else 'the server died'}")
         return int(answer)
 
     def close(self) -> None:

@@ -4,8 +4,6 @@ non-finite steps, and configuration errors."""
 
 import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -111,7 +109,6 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_
 
 
 RUN = """
-import sys
 sys.path.insert(0, {tests!r})
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
@@ -126,16 +123,19 @@ minigrpo.train({checkpoint!r}, task, grpo, config)
 """
 
 
-def run_training(checkpoint, out, steps, resume):
-    script = RUN.format(tests=os.path.dirname(__file__), out=str(out), steps=steps, resume=resume, checkpoint=checkpoint)
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=300, capture_output=True)
+def run_training(server, checkpoint, out, steps, resume):
+    """RUN in a process of its own (forked by conftest's examples_server); the policy it saved last."""
+    script = out.parent / f"{out.name}-{steps}-{resume}.py"
+    script.write_text(RUN.format(tests=os.path.dirname(__file__), out=str(out), steps=steps, resume=resume, checkpoint=checkpoint))
+    code = server.run(str(script), [], str(out.parent), script.stem)
+    assert code == 0, (out.parent / f"{script.stem}.err").read_text()[-3000:]
     return minigrpo.load_pretrained(latest_checkpoint(str(out)))[0]
 
 
-def test_resume_is_exact(checkpoint, tmp_path):
-    straight = run_training(checkpoint, tmp_path / "straight", 4, resume=False)
-    run_training(checkpoint, tmp_path / "stopped", 2, resume=False)  # this process ends after step 2 of 4
-    resumed = run_training(checkpoint, tmp_path / "stopped", 4, resume=True)
+def test_resume_is_exact(examples_server, checkpoint, tmp_path):
+    straight = run_training(examples_server, checkpoint, tmp_path / "straight", 4, resume=False)
+    run_training(examples_server, checkpoint, tmp_path / "stopped", 2, resume=False)  # this process ends after step 2 of 4
+    resumed = run_training(examples_server, checkpoint, tmp_path / "stopped", 4, resume=True)
     original = minigrpo.load_pretrained(checkpoint)[0].state_dict()
     for name, value in straight.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[name]), name

@@ -27,14 +27,15 @@ PARALLEL = 4  # cases running at once
 
 
 def run(case: dict, out_dir: str) -> int:
-    """In the forked process: the script as `python examples/<script> <argv>` runs it; its exit status."""
+    """In the forked process: the script (a file of examples/, or any path) as `python <script> <argv>`
+    runs it; its exit status."""
     for fd, suffix in ((1, "out"), (2, "err")):
         file = os.open(os.path.join(out_dir, f"{case['name']}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(file, fd)
         os.close(file)
-    script = os.path.join(EXAMPLES, case["script"])
+    script = os.path.join(EXAMPLES, case["script"])  # an absolute path stays itself
     sys.argv = [script, *case["argv"]]
-    sys.path[0] = EXAMPLES  # the script's directory, as the interpreter puts it
+    sys.path[0] = os.path.dirname(script)  # the script's directory, as the interpreter puts it
     try:
         runpy.run_path(script, run_name="__main__")
         status = 0
