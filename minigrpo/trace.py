@@ -2,8 +2,9 @@
 
 Pass a `Trace` to `Trainer.train_step(observer=...)` (or `--trace` to examples/train_math.py).
 After stage 3 it prints the first group: the prompt, its G completions, their extracted answers,
-each reward component, the group's mean and std and each advantage. After stage 4 it prints,
-token by token, the log-probs before and after the update and their ratio, then the loss stats.
+each reward component, the group's mean and std and each advantage. After stage 4 it prints, for
+the tokens of each completion the update moved most, their log-probs before and after and the
+ratio, then the loss stats.
 With `html_path` it also writes that group as one self-contained page (`render_html` of
 `self.record`, plain data): every token coloured by how far the update moved its log-prob.
 It only reads: the step it watches is the step that would have run anyway. Under torchrun every
@@ -21,7 +22,7 @@ from .loss import token_logprobs
 from .rollout import collate
 from .verifier import extract_answer
 
-MAX_TOKENS_SHOWN = 16  # per completion in the token table
+MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
 BRIEF = ("loss", "ratio/mean", "clip/region_frac", "kl", "entropy", "grad_norm")  # the update stats shown, in order
 
 
@@ -57,11 +58,10 @@ class Trace:
                                for t, token in enumerate(r.completion_ids)]  # (text, log p before, log p after)
         self.record["stats"] = dict(stats)
         w = self._writer(trainer)
-        w(f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: "
-          "per token, log p before -> after the AdamW step, and ratio p_after / p_before")
+        w(f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: the {MAX_TOKENS_SHOWN} "
+          "tokens of each completion it moved most, position:token log p before -> after the AdamW step (ratio)")
         for i, shown in enumerate(self.record["completions"]):
-            cells = [f"{token!r}:{b:.2f}->{a:.2f}(x{math.exp(a - b):.3f})" for token, b, a in shown["tokens"][:MAX_TOKENS_SHOWN]]
-            w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(cells) + (" ..." if len(shown["tokens"]) > MAX_TOKENS_SHOWN else ""))
+            w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(_most_moved(shown["tokens"])))
         brief = {k: round(stats[k], 5) for k in BRIEF if k in stats}  # in BRIEF's order: stats' own order varies by run
         w(f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss")
         w("                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)")
@@ -95,6 +95,13 @@ def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
     log scale, full at |delta| = scale (the page's largest change), none at scale / 10**decades."""
     alpha = min(max(1 + math.log10(abs(delta) / scale) / decades, 0.0), 1.0) * 0.85 if delta and scale else 0.0
     return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
+
+
+def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:
+    """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after) whose log-prob moved most, in order."""
+    moved = sorted(range(len(tokens)), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
+    return [f"{t}:{tokens[t][0]!r} {tokens[t][1]:.2f}->{tokens[t][2]:.2f}(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
+            for t in sorted(moved)]
 
 
 def render_html(record: dict) -> str:

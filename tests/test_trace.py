@@ -119,3 +119,17 @@ def test_the_page_is_self_contained(traced):
                                                   "div", "span", "b"}  # no script, link, img, iframe
     assert not any(name in ("src", "href") for e in page.elements for name in e)
     assert not re.search(r"https?://|url\(|@import", page.raw)
+
+
+def test_the_console_shows_the_tokens_the_update_moved_most_in_their_order():
+    from minigrpo.trace import MAX_TOKENS_SHOWN, _most_moved
+
+    # (text, log p before, after): token t moves by t / 100, except the three planted large moves
+    tokens = [(f"t{t}", -1.0, -1.0 + t / 100) for t in range(20)]
+    tokens[2], tokens[5], tokens[11] = ("a", -2.0, -1.0), ("b", -1.0, -3.0), ("c", -0.5, -0.4)
+    cells = _most_moved(tokens)
+    positions = [int(cell.split(":")[0]) for cell in cells]
+    largest = sorted(range(20), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
+    assert len(cells) == MAX_TOKENS_SHOWN and positions == sorted(largest) and {2, 5, 19} <= set(positions)
+    assert cells[positions.index(5)] == "5:'b' -1.00->-3.00(x0.135)"  # exp(-2)
+    assert [cell.split(":")[0] for cell in _most_moved(tokens[:3])] == ["0", "1", "2"]  # fewer than the table holds: all
