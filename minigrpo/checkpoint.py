@@ -11,6 +11,7 @@ It knows files and state dicts, not how they are used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -113,16 +114,23 @@ def read_initial_evaluation(output_dir: str) -> dict:
 
 
 def save_initial_evaluation(output_dir: str, record: dict) -> None:
-    """Write output_dir/initial_eval.json whole or not at all (see write_json): --resume reads it."""
+    """Write output_dir/initial_eval.json whole or not at all (`replaced_whole`): --resume reads it."""
     write_json(os.path.join(output_dir, INITIAL_EVALUATION), record)
 
 
 def write_json(path: str, data: dict) -> None:
-    """All of `data` in `path`, or the file as it was: written to path.tmp, fsynced, renamed over it.
-    A kill mid-write never leaves a file truncated in place."""
+    """`data` as JSON in `path`, replaced whole."""
+    with replaced_whole(path) as f:
+        json.dump(data, f, indent=1)
+
+
+@contextlib.contextmanager
+def replaced_whole(path: str):
+    """A text file to write `path`'s new contents into: path.tmp, fsynced and renamed over `path` once
+    the block ends, so that a kill mid-write leaves the old file or the new one, never one cut short."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+        yield f
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from .checkpoint import replaced_whole
 from .loss import token_logprobs
 from .rollout import collate
 from .verifier import extract_answer
@@ -66,7 +67,7 @@ class Trace:
         w(f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss")
         w("                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)")
         if self.html_path and trainer.dist.is_main:
-            with open(self.html_path, "w", encoding="utf-8") as f:
+            with replaced_whole(self.html_path) as f:  # a page of an earlier run stays whole until this one is
                 f.write(render_html(self.record))
             w(f"[trace page]       {self.html_path}")
         w("=" * 92)
