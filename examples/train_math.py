@@ -221,7 +221,7 @@ if __name__ == "__main__":
         "processes": trainer.dist.world_size,
         "args": vars(args),
     }
-    checkpoint.write_json(os.path.join(args.output_dir, "summary.json"), summary)
+    checkpoint.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
     checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})  # a later --resume adds on
     plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
     print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "

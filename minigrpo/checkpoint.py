@@ -115,10 +115,10 @@ def read_initial_evaluation(output_dir: str) -> dict:
 
 def save_initial_evaluation(output_dir: str, record: dict) -> None:
     """Write output_dir/initial_eval.json whole or not at all (`replaced_whole`): --resume reads it."""
-    write_json(os.path.join(output_dir, INITIAL_EVALUATION), record)
+    replace_json(os.path.join(output_dir, INITIAL_EVALUATION), record)
 
 
-def write_json(path: str, data: dict) -> None:
+def replace_json(path: str, data: dict) -> None:
     """`data` as JSON in `path`, replaced whole."""
     with replaced_whole(path) as f:
         json.dump(data, f, indent=1)

@@ -152,7 +152,7 @@ def read_json_object(path: str, holding: str) -> dict:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Not atomic, unlike checkpoint.write_json: a save makes its files atomic by renaming their directory."""
+    """Not atomic, unlike checkpoint.replace_json: a save makes its files atomic by renaming their directory."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
         f.write("\n")
