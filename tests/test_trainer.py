@@ -109,6 +109,7 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_
 
 
 RUN = """
+import sys
 sys.path.insert(0, {tests!r})
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
