@@ -10,7 +10,7 @@ output_dir/summary.json. Besides this script's own flags, every field of GRPOCon
 is a flag of its name (TRL's names where they overlap; --help lists each with its comment), with
 this script's DEFAULTS below; --config takes the same names from a JSON (or YAML) file, flags on
 the command line win. --report_to tensorboard|wandb also sends the metrics there; --trace prints
-the first step's journey through every stage. The stages live in the library (minigrpo/trainer.py).
+the first step's journey through every stage (and output_dir/trace.html). The stages live in the library (minigrpo/trainer.py).
 
 Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); rank 0 writes:
 
@@ -57,7 +57,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]
         add("--difficulty", type=int, default=1, help="synthetic kinds: 1, 2 or 3"),
         add("--template", choices=list(TEMPLATES), help="prompt format; None: chat if the tokenizer has one, else tiny"),
         add("--rewards", help="name:weight,... e.g. accuracy:1.0,format:0.1; None: countdown:1.0 for countdown, else accuracy:1.0"),
-        add("--trace", action=argparse.BooleanOptionalAction, default=False, help="print the first step's journey through every stage"),
+        add("--trace", action=argparse.BooleanOptionalAction, default=False, help="print the first step's journey through every stage, and write it as output_dir/trace.html"),
         add("--device", default="cpu", help="cpu, cuda, cuda:1, ..."),
         add("--dtype", choices=["float32", "bfloat16", "float16"], help="None: float32 on CPU, bfloat16 on GPU"),
     ]}

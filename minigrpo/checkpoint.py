@@ -5,7 +5,10 @@ A checkpoint is `output_dir/checkpoints/step-000012/`: the policy in Hugging Fac
 transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
 configs; the learning rate is a function of the step, so there is no scheduler to save). It is
 written into a temporary sibling directory and renamed into place, so a crash while saving
-leaves the earlier checkpoints as they were and never a partial one.
+leaves the earlier checkpoints as they were and never a partial one. Beside the checkpoints it keeps
+output_dir/initial_eval.json, the starting policy's score that --resume reads back; `replaced_whole`
+(`replace_json`) is its write-then-rename, also used for summary.json and trace.html.
+In: a directory, a step, the model and a state dict. Out: files, and the state read back.
 It knows files and state dicts, not how they are used.
 """
 
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from .tokenizer import read_json_object
 from .weights import replace_dir, write_files
 
 CHECKPOINTS = "checkpoints"
@@ -102,15 +106,15 @@ def load_state(checkpoint: str) -> dict:
 
 
 def read_initial_evaluation(output_dir: str) -> dict:
-    """output_dir/initial_eval.json as written by `save_initial_evaluation`; {} when there is none."""
+    """output_dir/initial_eval.json as written by `save_initial_evaluation`; {} when there is none, and a
+    ValueError naming the file when it is not a JSON object."""
     path = os.path.join(output_dir, INITIAL_EVALUATION)
     if not os.path.exists(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return read_json_object(path, "the starting policy's score")
     except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); move it away to measure the start again") from None
+        raise ValueError(f"{error}; move it away to measure the start again") from None
 
 
 def save_initial_evaluation(output_dir: str, record: dict) -> None:

@@ -1,4 +1,6 @@
-"""Settings of a GRPO run, one dataclass per concern, each checked once, in __post_init__, before any work.
+"""Before the loop: the settings of a GRPO run, one dataclass per concern, each checked once, in __post_init__,
+before any work. In: values (from code, flags or a --config file). Out: checked dataclasses, and the
+flags made from them. It knows settings and their ranges, not what the stages do with them.
 
 GRPOConfig: the rollout and the objective (TRL's names: num_generations, max_completion_length,
 beta, epsilon, loss_type, scale_rewards, num_iterations, ...); it hands the sampler its
@@ -78,7 +80,7 @@ class GRPOConfig:
 class TrainConfig:
     """How the policy is optimised, and where the run writes."""
 
-    output_dir: str = "runs/grpo"  # metrics.jsonl and checkpoints/step-N go here
+    output_dir: str = "runs/grpo"  # metrics.jsonl, initial_eval.json and checkpoints/step-N go here
     max_steps: int = 100  # GRPO steps of the run; the learning-rate schedule spans them
     stop_at_step: int = 0  # end this process after this step, with a checkpoint (time-boxed jobs); 0 = max_steps
     batch_size: int = 64  # completions per step: prompts per step = batch_size / num_generations

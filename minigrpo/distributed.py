@@ -42,7 +42,7 @@ class Dist:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0 alone writes metrics, plots and checkpoints, and prints."""
+        """Rank 0 alone writes metrics, plots, checkpoints, initial_eval.json and trace.html, and prints."""
         return self.rank == 0
 
     def print(self, *args) -> None:

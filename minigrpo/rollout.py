@@ -2,7 +2,7 @@
 
 In: the sampler's completions for a batch of prompts (stage 1); later stages fill in the decoded
 text and rewards (2), advantages (3) and the old / reference log-probs (4). Out: padded tensors for
-the update, in micro-batches. It knows token ids and numbers, not rewards' meaning or the model.
+the update, in micro-batches, and the logger's length stats (`completion_stats`). It knows token ids and numbers, not rewards' meaning or the model.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class Tokenizer:
     def __init__(self, tokenizer: _HFTokenizer, tokenizer_config: dict | None = None, generation_config: dict | None = None):
         self.backend = tokenizer
         self.tokenizer_config = dict(tokenizer_config or {})  # written back unchanged by save()
-        self.generation_config = dict(generation_config or {})  # written back unchanged by save()
+        self.generation_config = dict(generation_config or {})  # written back by weights.write_files, with these EOS/pad ids
         self.eos_token_ids = self._eos_ids()  # every id that ends a completion, first = the canonical one
         self.pad_token_id = self._pad_id()  # id used to fill ragged batches (never attended to)
 

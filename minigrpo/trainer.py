@@ -1,7 +1,8 @@
 """The GRPO loop: the only module that combines the stages, numbered as in the README's diagram.
 
 In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
-TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, checkpoint. One step:
+TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, output_dir/initial_eval.json
+(`initial_evaluation`), checkpoints. It knows the order of the stages, not how any stage works. One step:
 
   1. sample      P prompts x G completions (sampler.generate)             -> rollout buffer
   2. verify      decode, score every reward, weight and sum (verifier)    -> reward per completion
@@ -344,7 +345,7 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, c
     return trainer
 
 
-# -- small pure helpers ---------------------------------------------------------------------------
+# -- helpers of build_trainer and the stages -------------------------------------------------
 def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) -> str | None:
     """The checkpoint to resume from (None: start from model_path); an earlier run's checkpoints without
     config.resume are refused, and what a killed save or prune left is removed."""

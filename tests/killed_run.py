@@ -1,5 +1,5 @@
 """A test-only launcher: examples/train_math.py in a child process that SIGKILLs itself at a chosen
-point of a checkpoint save, a prune or a metrics rewrite. The library has no test hooks: the child
+point of a checkpoint save, a prune, a metrics rewrite or the final rewrite of initial_eval.json. The library has no test hooks: the child
 patches the call it dies in (os.rename, torch.save, ...) before train_math starts.
 
 Children fork from a server (`Server`, this file run as a script) that has imported torch and

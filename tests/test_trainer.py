@@ -409,4 +409,7 @@ def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpo
     (tmp_path / "run" / "initial_eval.json").write_text('{"initial_acc')  # not valid JSON: said, with the path
     with pytest.raises(ValueError, match="initial_eval.json is not valid JSON"):
         resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
+    (tmp_path / "run" / "initial_eval.json").write_text("null")  # JSON, but not the object it must be
+    with pytest.raises(ValueError, match="initial_eval.json holds null, not a JSON object"):
+        resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "run"))

@@ -2,8 +2,8 @@
 
 In: the tokens of a normalised answer. Out: the value of one atom (a number, with its decimals
 recorded; a letter, Greek name or constant; \\frac, \\sqrt, \\binom, \\sum, a function; a bracket,
-set, absolute value, rounding or matrix). The tables below are the whole vocabulary: a command
-not in them raises Unsupported. It knows single atoms, not precedence: what an atom encloses is
+set, absolute value, rounding or matrix). The tables below and `_Atoms.command` are the whole
+vocabulary: any other command raises Unsupported. It knows single atoms, not precedence: what an atom encloses is
 read by `parse`'s grammar, which `_Atoms` calls back.
 """
 

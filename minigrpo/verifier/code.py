@@ -3,8 +3,9 @@
 Runs untrusted, model-generated Python in a sandbox and returns the fraction of tests it passes. It knows
 strings and processes, not tensors or the tokenizer; standard library only (POSIX; Linux for namespaces).
 
-The sandbox itself, the process that runs the program, is `sandbox.py` (with `confine.py`, the test's
-process, and `cleanup.py`); its docstring says how a run is confined. What it does not prevent, in
+The sandbox is `sandbox.py`, a supervisor that forks one process per test (`confine.py`: it confines
+itself, then runs the program and the test) and clears up after each (`cleanup.py`); sandbox.py's
+docstring says how a run is confined. What it does not prevent, in
 short: a program can read world-readable files (the dataset's answers, if they are on disk and
 world-readable) and see host processes' command lines in /proc; an assert test trusts the objects the
 program returns (an `__eq__` that always returns True passes `assert f(x) == y`); a stdin/stdout test
@@ -272,7 +273,7 @@ def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | N
     if not result["isolated"]:  # shown once: Python's default filter reports a warning once per place
         warnings.warn(
             "the code sandbox runs without mount and network namespaces here (they need root with CAP_SYS_ADMIN): "
-            "tests can write to the shared /tmp, /var/tmp and /dev/shm; sockets are still refused",
+            "tests can write to the shared /tmp, /var/tmp, /dev/shm and /run/lock; sockets are still refused",
             RuntimeWarning,
         )
     return result["reports"]

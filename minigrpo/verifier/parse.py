@@ -93,7 +93,7 @@ def _solutions(items: list) -> list:
 
 
 class _Parser(_Atoms):
-    """Recursive descent, loosest binding first: list, relation, union, sum, product, power, atom."""
+    """Recursive descent, loosest binding first: list, relation, ratio, union, sum, product, power, atom."""
 
     # -- grammar ------------------------------------------------------------------------------
     def answer(self):
@@ -103,7 +103,7 @@ class _Parser(_Atoms):
         return items[0] if len(items) == 1 else make_set(items)
 
     def sequence(self) -> list:
-        """Comma-, semicolon- or 'and'-separated items; a ± item counts as its two values."""
+        """Items separated by commas, semicolons, 'and' or 'or'; a ± item counts as its two values."""
         items = self.split_pm(self.relation())
         while self.at(*_SEPARATORS):
             self.next()
