@@ -3,7 +3,8 @@
 Under `torchrun` (RANK, WORLD_SIZE, LOCAL_RANK in the environment) `setup` joins the process
 group, NCCL when the device is a GPU and gloo on CPU, and gives each process its device; without
 torchrun it returns a one-process `Dist` whose collectives return their input, so the trainer has
-a single code path. Gradients are never averaged here: DistributedDataParallel (or FSDP2, with
+a single code path. In: the environment torchrun sets, and the policy. Out: this rank's `Dist` and the
+`Policy` wrapper. Gradients are never averaged here: DistributedDataParallel (or FSDP2, with
 `shard`) does that during backward. It knows tensors, modules and picklable objects, not what
 they mean for GRPO.
 """

@@ -1,4 +1,5 @@
-"""Text <-> token ids: a thin wrapper over a `tokenizers.Tokenizer` read from tokenizer.json.
+"""Between the task and the sampler (and back, before the verifier): text <-> token ids, a thin wrapper
+over a `tokenizers.Tokenizer` read from tokenizer.json.
 
 It adds what a checkpoint's side files say (EOS and padding ids from generation_config.json and
 tokenizer_config.json) and Qwen3's chat format. It knows strings and ids, not tensors or models.

@@ -1,10 +1,11 @@
-"""Model weights in Hugging Face layout: read and write the files transformers and the Hub use.
+"""Before and after the loop, the policy's weights in Hugging Face layout: the files transformers and the Hub use.
 
 (Training checkpoints, which add the optimizer and the run's position to these files, are checkpoint.py.)
 
 In: a local directory or a Hub repo id. Out: a Qwen3 model and its Tokenizer (and back to disk).
 Weights move through safetensors only, never pickle. Every problem with the files is raised as a
 CheckpointError that names the file or tensor at fault; a save never leaves a half-written directory.
+It knows files, names and shapes, not training.
 """
 
 from __future__ import annotations
