@@ -1,4 +1,4 @@
-"""Before and after the loop, the policy's weights in Hugging Face layout: the files transformers and the Hub use.
+"""Before and after the loop, the policy's weights in Hugging Face layout, as transformers and the Hub keep them.
 
 (Training checkpoints, which add the optimizer and the run's position to these files, are checkpoint.py.)
 
