@@ -47,6 +47,14 @@ def tiny_tokenizer(directory: str) -> minigrpo.Tokenizer:
     return minigrpo.Tokenizer.from_directory(directory)
 
 
+def tiny_policy(directory: str, **overrides) -> str:
+    """A tiny Qwen3 (TINY, with `overrides`) and `tiny_tokenizer` saved together in `directory`, a checkpoint
+    load_pretrained and train_math.py read; returns `directory`."""
+    tokenizer = tiny_tokenizer(directory)
+    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, **overrides), tokenizer, directory)
+    return directory
+
+
 def write_json(path, data):
     with open(path, "w") as f:
         json.dump(data, f)

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import minigrpo
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_policy
 from minigrpo.checkpoint import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
 
 ARGS = ["--template", "tiny", "--rewards", "killed_run_vowels", "--steps", "3", "--save_every", "1",  # 2 checkpoints kept
@@ -38,10 +38,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("policy"))
-    tokenizer = tiny_tokenizer(directory)
-    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=128), tokenizer, directory)
-    return directory
+    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=128)
 
 
 @pytest.fixture(scope="module")

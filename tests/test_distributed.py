@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import minigrpo
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_policy
 from minigrpo import distributed
 from minigrpo.config import GRPOConfig, TrainConfig
 from minigrpo.checkpoint import latest_checkpoint, load_state
@@ -41,10 +41,7 @@ OBJECTIVES = {
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("policy"))
-    tokenizer = tiny_tokenizer(directory)
-    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=128), tokenizer, directory)
-    return directory
+    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=128)
 
 
 def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedProcess:

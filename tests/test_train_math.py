@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import minigrpo
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_policy
 from minigrpo.evaluate import evaluate
 from minigrpo.checkpoint import latest_checkpoint
 from minigrpo.tasks import load_problems
@@ -25,10 +25,8 @@ MICRO = [*SMALL, "--max_completion_length", "32", "--template", "tiny"]
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("qwen-style"))
-    tokenizer = tiny_tokenizer(directory)  # Qwen3's special tokens: it has the chat format
-    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=256), tokenizer, directory)
-    return directory
+    # tiny_tokenizer has Qwen3's special tokens: the policy has the chat format
+    return tiny_policy(str(tmp_path_factory.mktemp("qwen-style")), max_position_embeddings=256)
 
 
 def train_math(server, log_dir, *args, succeed=True) -> tuple[int, str, str]:

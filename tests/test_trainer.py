@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import minigrpo
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_policy
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.checkpoint import latest_checkpoint, load_state
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
@@ -34,11 +34,7 @@ for _name, _fn in (("test_count_x", _count_x), ("test_constant", _constant)):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("policy"))
-    tokenizer = tiny_tokenizer(directory)
-    model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=96)
-    minigrpo.save_pretrained(model, tokenizer, directory)
-    return directory
+    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
 
 
 def make_trainer(checkpoint, tmp_path, reward="test_count_x", grpo=None, **train):
