@@ -131,13 +131,20 @@ def replace_json(path: str, data: dict) -> None:
 @contextlib.contextmanager
 def replaced_whole(path: str):
     """A text file to write `path`'s new contents into: path.tmp, fsynced and renamed over `path` once
-    the block ends, so that a kill mid-write leaves the old file or the new one, never one cut short."""
+    the block ends, so that a kill mid-write leaves the old file or the new one, never one cut short.
+    An error removes path.tmp; a kill leaves it, and the next write of `path` replaces it."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        yield f
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def rng_states() -> dict:

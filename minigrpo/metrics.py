@@ -13,10 +13,11 @@ import contextlib
 import importlib.util
 import json
 import os
-import tempfile
 import time
 
 from tqdm import tqdm
+
+from .checkpoint import replaced_whole
 
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
@@ -158,16 +159,11 @@ def console_line(step: int, stats: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-_TRIMMED_PREFIX = ".metrics-"  # the trimmed history's temporary file, in output_dir
-
-
 def _drop_lines_after(path: str, step: int) -> None:
-    """Keep the lines of steps <= `step` (and none cut short by a crash). The file is replaced
-    atomically, never truncated in place: a kill at any moment leaves the old or the new one."""
-    directory = os.path.dirname(path) or "."
-    for name in os.listdir(directory):
-        if name.startswith(_TRIMMED_PREFIX):  # the temporary file of a trim killed before its rename
-            os.remove(os.path.join(directory, name))
+    """Keep the lines of steps <= `step` (and none cut short by a crash). The file is replaced whole
+    (checkpoint.replaced_whole), never truncated in place: a kill at any moment leaves the old or the new one."""
+    if os.path.exists(path + ".tmp"):  # the temporary file of a trim killed before its rename
+        os.remove(path + ".tmp")
     if not os.path.exists(path):
         return
     kept, total = [], 0
@@ -178,16 +174,6 @@ def _drop_lines_after(path: str, step: int) -> None:
                     kept.append(line)
             except (ValueError, KeyError):  # a line cut short by a crash
                 continue
-    if len(kept) == total:
-        return
-    handle, tmp = tempfile.mkstemp(prefix=_TRIMMED_PREFIX, dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
+    if len(kept) < total:
+        with replaced_whole(path) as f:
             f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
