@@ -1,13 +1,17 @@
 """Run by test_distributed.py under torchrun: GRPO runs of a tiny policy, one per entry of the JSON
 job in argv[1], each into its own output_dir. With "fixed": true the sampler is replaced by
 completions that depend only on (prompt, sample, step), never on how prompts are cut across ranks,
-so one process and several must train to the same weights."""
+so one process and several must train to the same weights. Every rank prints where it imported
+minigrpo from, and keeps each AdamW step's gradients in output_dir/gradients.pt (rank 0 writes them)."""
 
 import json
 import os
 import random
 import sys
 
+import torch
+
+import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
 from minigrpo.sampler import Samples
 from minigrpo.trainer import Trainer, build_trainer
@@ -35,16 +39,40 @@ def fixed_sample(self, indices, round_):
                    prompt_indices=[p for p in range(len(indices)) for _ in range(G)])
 
 
+GRADIENTS = []  # one {parameter name: whole gradient} per AdamW step of the run in progress
+
+
+def recording_clip(clip):
+    """distributed.Policy.clip_gradients that first keeps the gradients every rank holds before the
+    clip, whole (FSDP2 gathers its shards: every rank joins) and named as one process names them."""
+
+    def clip_gradients(self, max_norm: float) -> float:
+        GRADIENTS.append({name.removeprefix("module."): _whole(p.grad) for name, p in self.module.named_parameters()
+                          if p.grad is not None})
+        return clip(self, max_norm)
+
+    return clip_gradients
+
+
+def _whole(gradient: torch.Tensor) -> torch.Tensor:
+    return gradient.full_tensor() if hasattr(gradient, "full_tensor") else gradient.detach().clone()  # FSDP2: a DTensor
+
+
 def main(job: dict) -> None:
+    print(f"rank {os.environ.get('RANK', '0')} imports minigrpo from {minigrpo.__file__}", flush=True)
     if job.get("fixed"):
         Trainer._sample = fixed_sample
+    distributed.Policy.clip_gradients = recording_clip(distributed.Policy.clip_gradients)
     for run in job["runs"]:
         train = dict(run["train"])
         if job.get("disagree"):  # each rank asks for another learning rate
             train["learning_rate"] *= 1 + int(os.environ.get("RANK", "0"))
         task = Task(ROWS, [RewardSpec("test_length")])
         trainer = build_trainer(job["checkpoint"], task, GRPOConfig(**run["grpo"]), TrainConfig(**train))
+        GRADIENTS.clear()
         trainer.train()
+        if trainer.dist.is_main:
+            torch.save(GRADIENTS, os.path.join(train["output_dir"], "gradients.pt"))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
-process and two train to the same weights (DDP and FSDP2; grpo, dapo with global statistics,
-dynamic sampling with uneven ranks), resume under two ranks is exact, examples/train_math.py runs
-unchanged with --fsdp, and wrong set-ups fail with one clear line."""
+process and two take the same gradients and train to the same weights (DDP and FSDP2; grpo, dapo
+with global statistics, dynamic sampling with uneven ranks), resume under two ranks is exact,
+examples/train_math.py runs unchanged with --fsdp, and wrong set-ups fail with one clear line.
+Every job imports minigrpo from this checkout, whatever else is installed."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -53,7 +55,8 @@ def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedP
     return result
 
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": TESTS}
+# The checkout first, so that the jobs test this code and not an installed minigrpo; then the tests' helpers.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([ROOT, TESTS])}
 
 
 def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subprocess.CompletedProcess:
@@ -61,7 +64,7 @@ def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subproc
     spec = json.dumps({"checkpoint": checkpoint, "runs": runs, **options})
     if processes == 1:
         return subprocess.run([sys.executable, os.path.join(TESTS, "distributed_job.py"), spec], cwd=ROOT, env=ENV,
-                              check=True, capture_output=True, timeout=300)
+                              check=True, capture_output=True, text=True, timeout=300)
     return torchrun(processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree"))
 
 
@@ -81,12 +84,21 @@ def metrics(out) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def layouts(checkpoint, tmp_path_factory):
-    """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2."""
+    """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2;
+    what the jobs printed is kept in output.txt."""
     base = tmp_path_factory.mktemp("layouts")
-    job(1, checkpoint, [run(base / f"one-{name}", name) for name in OBJECTIVES], fixed=True)
-    job(2, checkpoint, [run(base / f"ddp-{name}", name) for name in OBJECTIVES]
-        + [run(base / f"fsdp-{name}", name, fsdp=True) for name in OBJECTIVES], fixed=True)
+    one = job(1, checkpoint, [run(base / f"one-{name}", name) for name in OBJECTIVES], fixed=True)
+    two = job(2, checkpoint, [run(base / f"ddp-{name}", name) for name in OBJECTIVES]
+              + [run(base / f"fsdp-{name}", name, fsdp=True) for name in OBJECTIVES], fixed=True)
+    (base / "output.txt").write_text(one.stdout + two.stdout)
     return base
+
+
+def test_every_job_imports_minigrpo_from_this_checkout(layouts):
+    imported = re.findall(r"^rank (\d) imports minigrpo from (.+)$", (layouts / "output.txt").read_text(), re.M)
+    assert sorted(rank for rank, _ in imported) == ["0", "0", "1"]  # one plain process, then two ranks
+    for _, path in imported:
+        assert os.path.commonpath([os.path.realpath(path), os.path.realpath(ROOT)]) == os.path.realpath(ROOT), path
 
 
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
@@ -108,6 +120,24 @@ def test_two_ranks_train_to_the_weights_of_one_process(layouts, checkpoint, layo
             assert a[key] == pytest.approx(b[key], rel=1e-6), key
         for key in ("loss", "grad_norm", "clip/region_frac", "entropy", "ratio/mean") + (("kl",) if "kl" in a else ()):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+@pytest.mark.parametrize("objective", ["grpo", "dapo", "dynamic"])
+def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective):
+    """Every AdamW step's gradients before the clip, whole: AdamW's update hardly depends on the
+    gradient's scale, so a loss off by a factor (not scaled by the world size, say) shows here and
+    not in the weights. Past the first step the weights already differ by fp32 rounding."""
+    one = torch.load(layouts / f"one-{objective}" / "gradients.pt")
+    two = torch.load(layouts / f"{layout}-{objective}" / "gradients.pt")
+    grpo, batch = OBJECTIVES[objective]
+    assert len(one) == len(two) == {**TRAIN, **batch}["max_steps"] * grpo.get("num_iterations", 1)
+    for step, (a, b) in enumerate(zip(one, two)):
+        assert a.keys() == b.keys() and len(a) > 0
+        for name, gradient in a.items():
+            scale = float(gradient.abs().max())
+            assert scale > 0, (step, name)
+            torch.testing.assert_close(b[name], gradient, rtol=1e-3, atol=1e-3 * scale, msg=f"step {step}, {name}")
 
 
 def test_two_nodes_train_to_the_weights_of_one_process(layouts, checkpoint, tmp_path):
