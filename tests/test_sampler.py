@@ -185,6 +185,37 @@ def test_row_streams_are_uniform_and_independent_of_the_batch():
     assert torch.corrcoef(torch.stack([u[:, 0], u[:, 1]]))[0, 1].abs() < 0.05  # one row's consecutive steps
 
 
+def test_no_two_draws_of_a_row_share_a_counter_across_steps_and_retries(monkeypatch):
+    """A row's first draw at step s and each top-p retry there (attempts 1 .. TRIES - 1) are its own
+    numbers: over 2 x TRIES steps no value comes twice, so no retry reuses a later step's draw or
+    another retry's. A retry's draws depend on the row, not on which rows retry with it."""
+    keys = next_token.row_keys(seed=5, rows=3, device="cpu")
+    N, tries = 2 * next_token.TRIES, next_token.TRIES  # past TRIES steps: a counter without a stride per step collides
+    noise = next_token.uniform(keys[:, None], next_token.draw_counters(N, 0, "cpu"))  # (3, N+1): the sampler's
+    retries = []  # per step, sample()'s source of further draws
+    monkeypatch.setattr(next_token, "sample_filtered", lambda *args: retries.append(args[-1]) or torch.zeros(3, dtype=torch.long))
+    config = minigrpo.SamplingConfig(temperature=1.0, top_p=0.5)
+    for step in range(N + 1):
+        next_token.sample(torch.zeros(3, 5), config, noise, torch.full((3,), step), keys)
+    for row in range(3):
+        draws = [float(noise[row, step]) for step in range(N + 1)]
+        for more in retries:
+            draws += [float(more(attempt, torch.tensor([row]))) for attempt in range(1, tries)]
+        assert len(draws) == (N + 1) * tries and len(set(draws)) == len(draws), row
+    together = retries[3](2, torch.arange(3))  # (3, 1): rows 0-2 retrying at once
+    assert torch.equal(together[1:], retries[3](2, torch.tensor([1, 2])))
+
+
+def test_a_prompt_that_exactly_fills_the_context_is_sampled_and_one_token_more_is_refused():
+    model = tiny_model(seed=3, max_position_embeddings=16)
+    prompt = [5, 9, 2, 77, 31, 8]  # 6 tokens + 10 new = the context of 16
+    filled = minigrpo.generate(model, [prompt], max_new_tokens=10, temperature=0)
+    naive, _ = naive_generate(model, [prompt], max_new_tokens=10, temperature=0)
+    assert filled.tokens == naive and len(filled.tokens[0]) == 10
+    with pytest.raises(ValueError, match=r"prompt 0 has 7 tokens; with max_new_tokens=10 .* exceeds the model's context of 16"):
+        minigrpo.generate(model, [prompt + [64]], max_new_tokens=10, temperature=0)
+
+
 # --- bad input -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "prompts, settings, message",
