@@ -56,6 +56,7 @@ class GRPOConfig:
     overlong_penalty: float = 1.0  # the reward a completion of max_completion_length tokens loses (linear over the buffer)
 
     def __post_init__(self):
+        _require_finite(self)
         _require(isinstance(self.num_generations, int) and self.num_generations >= 2,
                  f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}")
         _require(isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
@@ -107,6 +108,7 @@ class TrainConfig:
 
     def __post_init__(self):
         self.adam_betas = tuple(self.adam_betas)
+        _require_finite(self)
         for name in ("max_steps", "batch_size", "micro_batch_size"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
@@ -156,6 +158,17 @@ def changed_settings(saved: dict, current: dict) -> list[str]:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _require_finite(config) -> None:
+    """Every float setting (a tuple's items too) is a finite number: inf and nan pass most range checks
+    (inf > 0; every comparison with nan is False, so min() of a list holding one may ignore it) and
+    then turn the loss, the learning rate or the sampling distribution into nan."""
+    for field in fields(config):
+        value = getattr(config, field.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            _require(not isinstance(item, float) or math.isfinite(item),
+                     f"{field.name} must be a finite number, got {value!r}")
 
 
 def as_dict(*configs) -> dict:

@@ -63,8 +63,8 @@ class SamplingConfig:
         self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # inf would make every token equally likely; nan fails too
+            raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

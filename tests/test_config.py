@@ -6,6 +6,7 @@ In-process, on the example's own parser: nothing here trains."""
 import glob
 import importlib.util
 import json
+import math
 import os
 from dataclasses import fields
 
@@ -162,3 +163,22 @@ def test_a_reporter_whose_package_is_missing_is_refused_before_any_work(monkeypa
         TrainConfig(report_to="wandb")
     with pytest.raises(ValueError, match="report_to must be one of none, tensorboard, wandb, got 'mlflow'"):
         TrainConfig(report_to="mlflow")
+
+
+FLOAT_FIELDS = [(cls, field.name) for cls, field in ((c, f) for c in (GRPOConfig, TrainConfig) for f in fields(c))
+                if isinstance(field.default, float) or field.name in ("epsilon_high", "adam_betas")]
+
+
+@pytest.mark.parametrize("cls, name", FLOAT_FIELDS, ids=[name for _, name in FLOAT_FIELDS])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_every_float_setting_must_be_finite(cls, name, bad):
+    """inf and nan pass most range checks (inf > 0; nan compares False both ways) and then reach the loss."""
+    value = (0.9, bad) if name == "adam_betas" else bad
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number, got"):
+        cls(**{name: value})
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_the_sampler_refuses_a_temperature_that_is_not_finite(bad):
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
+        SamplingConfig(temperature=bad)
