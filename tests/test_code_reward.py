@@ -1,6 +1,7 @@
 """The code reward: exact fractions of tests passed, stdin/stdout tests, fence extraction, and the sandbox held
 against hostile programs (loops, fork bombs, memory, files, environment, network, output, forged passes)."""
 
+import ctypes
 import os
 import resource
 import signal
@@ -258,12 +259,13 @@ def test_sandbox_directory_is_removed():
 def test_runs_unprivileged_with_its_limits():
     program = (
         "import os, resource\nprint(os.getuid(), os.getgid(), os.getgroups())\n"
-        "print(*(resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in ('CPU', 'AS', 'FSIZE', 'NPROC', 'CORE')))\n"
+        "names = ('CPU', 'AS', 'FSIZE', 'NPROC', 'NOFILE', 'CORE')\n"
+        "print(*(resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in names))\n"
         "print([line for line in open('/proc/self/status') if line.startswith('NoNewPrivs')])\n"
     )
     config = SandboxConfig(cpu_seconds=3, memory_bytes=300 << 20, file_size_bytes=2 << 20, max_processes=7)
     lines = run_cases(program, [{"input": "", "output": ""}], config)[0].stdout.splitlines()
-    assert lines[1] == f"(3, 4) ({300 << 20}, {300 << 20}) ({2 << 20}, {2 << 20}) (7, 7) (0, 0)"
+    assert lines[1] == f"(3, 4) ({300 << 20}, {300 << 20}) ({2 << 20}, {2 << 20}) (7, 7) (1024, 1024) (0, 0)"
     assert lines[2] == "['NoNewPrivs:\\t1\\n']"
     if ROOT:
         uid = config.first_uid
@@ -273,7 +275,7 @@ def test_runs_unprivileged_with_its_limits():
 @as_root
 def test_concurrent_sandboxes_get_their_own_uids():
     first = SandboxConfig().first_uid
-    with code_module._sandbox_uid(SandboxConfig()) as taken:  # as if another sandbox were running
+    with code_module._sandbox_uid(SandboxConfig()) as (taken, _):  # as if another sandbox were running
         uid = int(run_cases("import os\nprint(os.getuid())", [{"input": "", "output": ""}])[0].stdout)
     assert (taken, uid) == (first, first + 1)
     assert int(run_cases("import os\nprint(os.getuid())", [{"input": "", "output": ""}])[0].stdout) == first
@@ -404,6 +406,310 @@ def test_two_processes_sandboxes_do_not_kill_each_others_tests(tmp_path):
     """)
     runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     assert [run.communicate(timeout=60)[0].strip() for run in runs] == ["[True, True, True, True]"] * 2
+
+
+# ---------------------------------------------------------------- what a test could share with the host
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+SYSCALL = {"x86_64": dict(add_key=248, keyctl=250), "aarch64": dict(add_key=217, keyctl=219)}.get(os.uname().machine)
+SESSION_KEYRING, KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_INVALIDATE = -3, 10, 11, 21
+STDIO = [{"input": "", "output": ""}]  # a test that passes whatever the program prints
+ATTEMPT = (  # program text: raw(number, *args) is a system call; attempt() prints 'ok' or the error's class and errno
+    "import ctypes, os, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "def raw(*args):\n    result = libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))\n"
+    "    if result < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+    "    return result\n"
+    "def attempt(name, call):\n    try:\n        print(name, 'ok', call())\n"
+    "    except OSError as error:\n        print(name, type(error).__name__, error.errno)\n"
+)
+
+
+def raw_syscall(number, *args):
+    return LIBC.syscall(ctypes.c_long(number), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+
+
+@pytest.mark.skipif(SYSCALL is None, reason="add_key's number is known only for x86_64 and aarch64")
+def test_the_trainers_session_keyring_is_out_of_reach():
+    secret = f"hf_secret_{os.getpid()}".encode()
+    description = f"minigrpo-test-token-{os.getpid()}".encode()
+    key = raw_syscall(SYSCALL["add_key"], b"user", description, secret, len(secret), SESSION_KEYRING)
+    if key < 0:
+        pytest.skip(f"add_key failed here: {os.strerror(ctypes.get_errno())} (no keyrings in this kernel?)")
+    keyctl = SYSCALL["keyctl"]
+    program = ATTEMPT + (
+        f"search = lambda: raw({keyctl}, {KEYCTL_SEARCH}, {SESSION_KEYRING}, b'user', {description!r}, 0)\n"
+        f"buffer = ctypes.create_string_buffer(256)\n"
+        f"def read():\n    size = raw({keyctl}, {KEYCTL_READ}, search(), buffer, 256)\n    return buffer.raw[:size]\n"
+        "attempt('search', search)\nattempt('read', read)\nprint(open('/proc/keys').read())\n"
+    )
+    try:
+        assert raw_syscall(keyctl, KEYCTL_SEARCH, SESSION_KEYRING, b"user", description, 0) == key  # here it is found
+        result = run_cases(program, STDIO)[0]
+    finally:
+        raw_syscall(keyctl, KEYCTL_INVALIDATE, key)
+    assert secret.decode() not in result.stdout and description.decode() not in result.stdout, result.stdout
+    assert result.stdout.startswith("search PermissionError 1\nread PermissionError 1\n"), result.stdout + result.stderr
+
+
+IPC_CREAT, IPC_RMID, SHM_RDONLY = 0o1000, 0, 0o10000
+SHM = ATTEMPT + (  # peek(key): the first bytes of SysV segment `key`; leave(key): a segment that outlives the test
+    "libc.shmat.restype = ctypes.c_void_p\n"
+    "def segment(key, size=0, flags=0):\n    shmid = libc.shmget(key, size, flags)\n"
+    "    if shmid < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n    return shmid\n"
+    f"peek = lambda key: ctypes.string_at(libc.shmat(segment(key), None, {SHM_RDONLY}), 5)\n"
+    f"def leave(key):\n    address = libc.shmat(segment(key, 4096, {IPC_CREAT} | 0o666), None, 0)\n"
+    "    ctypes.memmove(address, b'left!', 5)\n"
+)
+
+
+@as_root
+def test_sysv_ipc_is_each_tests_own():
+    """A test sees neither the host's segments nor an earlier test's; what it leaves dies with it, and no
+    segment is larger than scratch_bytes."""
+    host_key, left_key = 0x6D670000 + os.getpid() % 0xFFFF, 0x6D680000 + os.getpid() % 0xFFFF
+    config = SandboxConfig(scratch_bytes=8 << 20, file_size_bytes=1 << 20, max_output_bytes=1 << 20)
+    LIBC.shmat.restype = ctypes.c_void_p
+    host_segment = LIBC.shmget(host_key, 4096, IPC_CREAT | 0o644)
+    huge = f"lambda: segment(0, {(8 << 20) + 4096}, {IPC_CREAT} | 0o600)"  # IPC_PRIVATE, past scratch_bytes
+    tests = [f"attempt('host', lambda: peek({host_key}))\nleave({left_key})\nattempt('huge', {huge})",
+             f"attempt('earlier', lambda: peek({left_key}))"]
+    try:
+        ctypes.memmove(LIBC.shmat(host_segment, None, 0), b"host!", 5)
+        first, second = run_cases(SHM, tests, config)
+        later = run_cases(SHM, tests[1:], config)[0]
+    finally:
+        LIBC.shmctl(host_segment, IPC_RMID, None)
+    assert first.stdout.splitlines() == ["host FileNotFoundError 2", "huge OSError 22"], first.stdout + first.stderr
+    assert second.stdout == later.stdout == "earlier FileNotFoundError 2\n", second.stdout + later.stdout
+    assert LIBC.shmget(left_key, 0, 0) == -1  # nothing left on the host
+
+
+@pytest.fixture
+def datagram_server(tmp_path):
+    """A world-writable UNIX datagram socket on the host where the sandbox sees it: under /run as root (the
+    sandbox covers /tmp), else in tmp_path."""
+    path = f"/run/{PROBE}.dgram" if ROOT else str(tmp_path / "probe.dgram")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.setblocking(False)
+    yield server, path
+    server.close()
+    os.remove(path)
+
+
+def test_no_host_unix_socket_is_reachable_through_a_socketpair(datagram_server):
+    """socket() is refused, so a socketpair is all a test can have: none of its kinds reaches a host path."""
+    server, path = datagram_server
+    program = ATTEMPT + (
+        "pairs = []  # both ends stay open\n"
+        "def end(kind):\n    pairs.append(socket.socketpair(socket.AF_UNIX, kind))\n    return pairs[-1][0]\n"
+        f"attempt('datagram pair', lambda: end(socket.SOCK_DGRAM).sendto(b'pwned', {path!r}))\n"
+        f"attempt('raw pair', lambda: end(socket.SOCK_RAW).sendto(b'pwned', {path!r}))\n"
+        f"attempt('stream sendto', lambda: end(socket.SOCK_STREAM).sendto(b'pwned', {path!r}))\n"
+        f"attempt('stream sendmsg', lambda: end(socket.SOCK_STREAM).sendmsg([b'pwned'], [], 0, {path!r}))\n"
+        f"attempt('seqpacket sendmsg', lambda: end(socket.SOCK_SEQPACKET).sendmsg([b'pwned'], [], 0, {path!r}))\n"
+        f"attempt('connect', lambda: end(socket.SOCK_STREAM).connect({path!r}))\n"
+        "attempt('bind', lambda: end(socket.SOCK_STREAM).bind('\\0minigrpo-probe'))\n"
+    )
+    result = run_cases(program, STDIO)[0]
+    assert result.stdout.splitlines() == [
+        "datagram pair PermissionError 1", "raw pair PermissionError 1", "stream sendto PermissionError 1",
+        "stream sendmsg OSError 106",  # EISCONN: Linux refuses an address on a connected stream socket
+        "seqpacket sendmsg ok 5",  # delivered to its own pair: Linux ignores the address on a seqpacket socket
+        "connect PermissionError 1", "bind PermissionError 1",
+    ], result.stdout + result.stderr
+    with pytest.raises(BlockingIOError):
+        server.recv(16)  # nothing arrived
+
+
+# ---------------------------------------------------------------- uids: locks, stragglers, a trainer that dies
+
+HOLD_A_UID = (
+    "import sys\nfrom minigrpo.verifier import code\n"
+    "with code._sandbox_uid(code.SandboxConfig()) as (uid, _):\n    print(uid, flush=True)\n    sys.stdin.read()\n"
+)
+
+
+@as_root
+def test_uid_locks_do_not_follow_tmpdir(tmp_path):
+    """Two trainers with different TMPDIRs (a per-job TMPDIR, systemd's PrivateTmp) still take different uids."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_UID], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = int(holder.stdout.readline())
+        with code_module._sandbox_uid(SandboxConfig()) as (ours, _):
+            assert ours != theirs
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+
+
+@as_root
+def test_an_unusable_uid_lock_directory_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(code_module, "UID_LOCKS", str(tmp_path / "missing" / "uids"))
+    with pytest.raises(RuntimeError, match="cannot make the sandbox uid lock directory .*: No such file or directory"):
+        run_tests(ADD, ADD_TESTS[:1])
+
+
+@as_root
+def test_a_uid_that_a_process_still_runs_as_is_not_taken():
+    first = SandboxConfig().first_uid
+    become_first = f"import os, sys\nos.setgid({first})\nos.setuid({first})\nprint(flush=True)\nsys.stdin.read()"
+    straggler = subprocess.Popen([sys.executable, "-c", become_first], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        straggler.stdout.readline()  # it runs as `first` now, holding no lock
+        with code_module._sandbox_uid(SandboxConfig()) as (uid, _):
+            assert uid == first + 1
+    finally:
+        straggler.kill()
+        straggler.wait()
+
+
+def process_table():
+    """pid: (parent pid, real uid, state letter) of every process."""
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:
+            continue
+        table[int(pid)] = (int(fields["PPid"]), int(fields["Uid"].split()[0]), fields["State"].split()[0])
+    return table
+
+
+def wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not (result := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return result
+
+
+TRAINER = (  # three tests of a minute each
+    "from minigrpo.verifier.code import SandboxConfig, run_tests\n"
+    "run_tests('pass', ['import time\\ntime.sleep(60)'] * 3, SandboxConfig(timeout=60))\n"
+)
+
+
+@as_root
+def test_the_supervisor_and_its_test_die_with_the_trainer():
+    """A SIGKILLed trainer leaves no supervisor running tests as a uid that is no longer locked."""
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER])
+    children_of = lambda parent: [pid for pid, (ppid, uid, state) in process_table().items() if ppid == parent]
+    supervisor = test = None
+    try:
+        supervisor = wait_for(lambda: next(iter(children_of(trainer.pid)), None), 10)
+        test = wait_for(lambda: next((pid for pid in children_of(supervisor)
+                                      if process_table()[pid][1] >= SandboxConfig().first_uid), None), 10)
+        assert test is not None, "the test never started"
+        trainer.kill()
+        trainer.wait()
+        running = lambda: [pid for pid in (supervisor, test) if process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
+        assert wait_for(lambda: not running(), 3), f"still running: {running()}"
+    finally:
+        trainer.kill()
+        for pid in (supervisor, test):
+            if pid is not None and pid in process_table():
+                os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- the system calls a test is refused, and what it keeps
+
+NUMBERS = {  # system calls the programs below make directly, by machine
+    "x86_64": dict(unshare=272, clone=56, ptrace=101, memfd_secret=447, personality=135, userfaultfd=323),
+    "aarch64": dict(unshare=97, clone=220, ptrace=117, memfd_secret=447, personality=92, userfaultfd=282),
+}
+CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x40000000, 17
+
+
+def test_no_new_namespaces_ptrace_or_unaccounted_memory():
+    program = ATTEMPT + (
+        f"call = {NUMBERS!r}[os.uname().machine]\n"
+        "def clone_into(flags):\n"
+        f"    pid = raw(call['clone'], flags | {SIGCHLD}, 0, 0, 0, 0)\n"
+        "    if pid == 0:\n        os._exit(0)  # the child, had it been made\n"
+        "    return os.waitpid(pid, 0)[1]\n"
+        f"attempt('unshare user', lambda: raw(call['unshare'], {CLONE_NEWUSER}))\n"
+        f"attempt('unshare net', lambda: raw(call['unshare'], {CLONE_NEWNET}))\n"
+        f"attempt('clone user', lambda: clone_into({CLONE_NEWUSER}))\n"
+        "attempt('ptrace traceme', lambda: raw(call['ptrace'], 0, 0, 0, 0))\n"
+        "attempt('memfd_secret', lambda: raw(call['memfd_secret'], 0))\n"
+        "attempt('memfd_create', lambda: os.memfd_create('held'))\n"
+        "attempt('userfaultfd', lambda: raw(call['userfaultfd'], 1))  # UFFD_USER_MODE_ONLY\n"
+        "attempt('personality set', lambda: raw(call['personality'], 0x0040000))  # ADDR_NO_RANDOMIZE\n"
+        "attempt('personality query', lambda: raw(call['personality'], 0xFFFFFFFF) >= 0)\n"
+        "attempt('fork', lambda: clone_into(0))\n"
+    )
+    result = run_cases(program, STDIO)[0]
+    assert result.stdout.splitlines() == [
+        "unshare user PermissionError 1", "unshare net PermissionError 1", "clone user PermissionError 1",
+        "ptrace traceme PermissionError 1", "memfd_secret PermissionError 1",
+        "memfd_create OSError 38",  # ENOSYS, as on a kernel without it
+        "userfaultfd PermissionError 1", "personality set PermissionError 1", "personality query ok True",
+        "fork ok 0",  # clone without a namespace flag is fork
+    ], result.stdout + result.stderr
+
+
+ORDINARY = """
+import asyncio, multiprocessing, subprocess, sys, threading
+results = []
+threads = [threading.Thread(target=results.append, args=(i,)) for i in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(sorted(results))
+print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    print(pool.map(abs, [-1, -2, -3]))
+async def main():
+    await asyncio.sleep(0)
+    return "asyncio"
+print(asyncio.run(main()))
+"""
+
+
+def test_ordinary_programs_still_run():
+    """Threads (clone3 is ENOSYS, so glibc uses clone), subprocesses, a fork pool and asyncio's socketpair."""
+    expected = "[0, 1, 2, 3]\n42\n[1, 2, 3]\nasyncio"
+    result = run_cases(ORDINARY, [{"input": "", "output": expected}])[0]
+    assert result.passed, result.stdout + result.stderr
+
+
+@as_root
+def test_a_host_name_of_its_own_and_nothing_executable_in_its_directories():
+    program = ATTEMPT + (
+        "import subprocess\nprint(socket.gethostname())\n"
+        "attempt('sethostname', lambda: socket.sethostname('host'))\n"
+        "for directory in ('.', '/tmp', '/dev/shm'):\n"
+        "    open(f'{directory}/run.sh', 'w').write('#!/bin/sh\\necho ran\\n')\n"
+        "    os.chmod(f'{directory}/run.sh', 0o755)\n"
+        "    attempt(directory, lambda: subprocess.run([f'{directory}/run.sh']).returncode)\n"
+    )
+    result = run_cases(program, STDIO)[0]
+    assert socket.gethostname() != "sandbox"
+    refused = [". PermissionError 13", "/tmp PermissionError 13", "/dev/shm PermissionError 13"]  # EACCES: noexec
+    assert result.stdout.splitlines() == ["sandbox", "sethostname PermissionError 1", *refused], result.stdout + result.stderr
+
+
+@as_root
+def test_its_directories_hold_at_most_scratch_bytes_and_scratch_inodes():
+    config = SandboxConfig(scratch_bytes=4 << 20, scratch_inodes=200, file_size_bytes=1 << 20, max_output_bytes=1 << 20)
+    program = (
+        "import errno, glob, os\n"
+        "def fill(make):\n    count = 0\n    try:\n        while True:\n"
+        "            make(count)\n            count += 1\n"
+        "    except OSError as error:\n        return count, errno.errorcode[error.errno]\n"
+        "files, error = fill(lambda i: open(f'/tmp/big{i}', 'wb').write(b'x' * (1 << 20)))\n"
+        "print(files <= 4, error)\n"
+        "for name in glob.glob('/tmp/big*'):\n    os.remove(name)\n"
+        "files, error = fill(lambda i: open(f'/dev/shm/f{i}', 'w').close())\n"
+        "print(files <= 200, error)\n"
+    )
+    result = run_cases(program, STDIO, config)[0]
+    assert result.stdout == "True ENOSPC\nTrue ENOSPC\n", result.stdout + result.stderr
 
 
 # ---------------------------------------------------------------- batches and mistakes

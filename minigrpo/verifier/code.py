@@ -5,16 +5,22 @@ strings and processes, not tensors or the tokenizer; standard library only (POSI
 
 The sandbox is `sandbox.py`, a supervisor that forks one process per test (`confine.py`: it confines
 itself, then runs the program and the test) and clears up after each (`cleanup.py`); sandbox.py's
-docstring says how a run is confined. What it does not prevent, in
+docstring says how a run is confined, confine.py's which system calls are refused. As root, what holds:
+no network and no host socket (socket() refused; no datagram socketpair or addressed send); no keyring
+of the trainer's; SysV IPC, host name, network and mounts of the sandbox's own, the IPC per test; no new
+namespaces, ptrace, io_uring, memfd_create or memfd_secret; a uid of its own, taken only when no
+process runs as it, whose supervisor dies with the trainer; a tmpfs of at most scratch_bytes and
+scratch_inodes, noexec, as its directory, /tmp, /var/tmp, /dev/shm and /run/lock; rlimits on CPU,
+memory, file size, processes and open files, and a wall-clock timeout. What it does not prevent, in
 short: a program can read world-readable files (the dataset's answers, if they are on disk and
-world-readable) and see host processes' command lines in /proc; an assert test trusts the objects the
-program returns (an `__eq__` that always returns True passes `assert f(x) == y`); a stdin/stdout test
-with a fixed input is passed by a program that prints the expected output; CPU, memory and disk are
-limited per process and per test, not per machine. Without root there is no uid change and no mount or
-network namespace (sockets are still refused). For hostile workloads (a public endpoint, a model trained
-to attack its grader) run the trainer's code rewards in a throw-away VM or container with no credentials
-and no data it must not see, keep test data out of world-readable paths, and prefer stdin/stdout tests
-with hidden inputs over asserts.
+world-readable) and see the host's /proc (other processes' command lines) and /sys; an assert test
+trusts the objects the program returns (an `__eq__` that always returns True passes `assert f(x) == y`);
+a stdin/stdout test with a fixed input is passed by a program that prints the expected output; CPU and
+memory are limited per process, not per sandbox (no cgroup). Without root there is no uid change, no
+namespace and no tmpfs (the seccomp filter, the fresh keyring and the rlimits still apply). For hostile
+workloads (a public endpoint, a model trained to attack its grader) run the trainer's code rewards in a
+throw-away VM or container with no credentials and no data it must not see, keep test data out of
+world-readable paths, and prefer stdin/stdout tests with hidden inputs over asserts.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long
 MIN_MEMORY_BYTES = 64 << 20  # below this the Python interpreter itself cannot run
 PYTHON_FENCES = ("python", "py", "python3", "")  # info strings of the fenced blocks extract_code takes
 SANDBOX_UIDS = 1024  # as root, uids first_uid .. first_uid + 1023: at most this many sandboxes at once per machine
-UID_LOCKS = os.path.join(tempfile.gettempdir(), "minigrpo-sandbox-uids")  # one lock file per uid in use, root's
+# one lock file per uid in use, root's: a fixed path, machine-wide whatever TMPDIR says (/run is cleared at boot)
+UID_LOCKS = "/run/minigrpo-sandbox-uids"
 
 
 @dataclass
@@ -52,13 +59,17 @@ class SandboxConfig:
     memory_bytes: int = 2 << 30  # RLIMIT_AS: address space per process
     file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a test may write, stdout and stderr included
     max_processes: int = 16  # RLIMIT_NPROC: processes and threads of the sandbox uid (enforced only as root)
+    max_open_files: int = 1024  # RLIMIT_NOFILE: file descriptors per process
+    scratch_bytes: int = 256 << 20  # as root, size of the tmpfs that is the test's directory, /tmp and /dev/shm
+    scratch_inodes: int = 10_000  # as root, files and directories that tmpfs can hold
     max_output_bytes: int = 1 << 20  # stdout kept per test; a stdin/stdout test whose output is longer fails
     first_uid: int = 2_000_000_000  # as root, sandboxes run as uid (and gid) first_uid, first_uid + 1, ...: unused uids
 
     def __post_init__(self):
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e6:
             raise ValueError(f"timeout must be a positive number of seconds (below 1e6), got {self.timeout!r}")
-        for name in ("cpu_seconds", "max_processes", "max_output_bytes", "file_size_bytes"):
+        for name in ("cpu_seconds", "max_processes", "max_open_files", "max_output_bytes", "file_size_bytes",
+                     "scratch_bytes", "scratch_inodes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -72,6 +83,13 @@ class SandboxConfig:
                 f"max_output_bytes ({self.max_output_bytes}) cannot exceed file_size_bytes ({self.file_size_bytes}): "
                 "stdout is a file, so it never grows past file_size_bytes"
             )
+        if self.scratch_bytes < self.file_size_bytes:
+            raise ValueError(
+                f"scratch_bytes ({self.scratch_bytes}) cannot be less than file_size_bytes ({self.file_size_bytes}): "
+                "a test's stdout is a file in that tmpfs"
+            )
+        if self.max_open_files < 16:
+            raise ValueError(f"max_open_files must be at least 16 (Python itself opens a few), got {self.max_open_files}")
         if not isinstance(self.first_uid, int) or not 0 < self.first_uid < 2**32 - SANDBOX_UIDS:
             raise ValueError(
                 f"first_uid must be a uid other than root's, 1 .. {2**32 - SANDBOX_UIDS - 1}, got {self.first_uid!r}"
@@ -155,8 +173,8 @@ def run_cases(code: str, tests: list, config: SandboxConfig | None = None) -> li
     """Run `code` against each test in the sandbox; one CaseResult per test, in order."""
     config = config or SandboxConfig()
     cases = check_tests(tests, config)
-    with _sandbox_uid(config) as uid, _sandbox_directory(uid) as directory:
-        reports = _supervise(code, cases, config, uid, directory)
+    with _sandbox_uid(config) as (uid, lock), _sandbox_directory(uid) as directory:
+        reports = _supervise(code, cases, config, (uid, lock), directory)
     return [_judge(case, report) for case, report in zip(cases, reports)]
 
 
@@ -197,16 +215,22 @@ def code_rewards(
 
 @contextmanager
 def _sandbox_uid(config: SandboxConfig):
-    """A uid no other sandbox on this machine is using; None when not root (no uid change then).
+    """(uid, lock): a uid no other sandbox on this machine is using and the descriptor of its lock; (None,
+    None) when not root (no uid change then).
 
     Held by an exclusive flock on UID_LOCKS/<uid>: across threads and processes (two trainers, the ranks of a
     torchrun job), because the supervisor's kill(-1) as its uid kills whatever else runs as that uid. The
-    kernel drops the lock when its holder dies, so a killed trainer leaves no uid taken."""
+    supervisor inherits the lock, so it stays taken until the supervisor too has exited; the kernel drops it
+    when both are gone. A uid that some process still runs as (a test that outlived a killed trainer) is
+    skipped, locked or not."""
     if os.geteuid() != 0:
-        yield None
+        yield None, None
         return
     locks = _uid_lock_directory()
+    running = _uids_with_processes()
     for uid in range(config.first_uid, config.first_uid + SANDBOX_UIDS):
+        if uid in running:
+            continue
         lock = os.open(os.path.join(locks, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -214,9 +238,9 @@ def _sandbox_uid(config: SandboxConfig):
             os.close(lock)
             continue
         try:
-            yield uid
+            yield uid, lock
         finally:
-            os.close(lock)  # releases the flock
+            os.close(lock)  # releases the flock, once the supervisor's copy is closed too
         return
     raise RuntimeError(f"all {SANDBOX_UIDS} sandbox uids from first_uid={config.first_uid} are in use on this machine")
 
@@ -227,10 +251,25 @@ def _uid_lock_directory() -> str:
         os.mkdir(UID_LOCKS, 0o700)
     except FileExistsError:
         pass
+    except OSError as error:
+        raise RuntimeError(f"cannot make the sandbox uid lock directory {UID_LOCKS}: {error.strerror}") from None
     info = os.lstat(UID_LOCKS)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
         raise RuntimeError(f"{UID_LOCKS} must be a directory owned by root with mode 0700; remove it and retry")
     return UID_LOCKS
+
+
+def _uids_with_processes() -> set[int]:
+    """Every uid (real, effective, saved or filesystem) that a process, zombies included, runs as now."""
+    uids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                uid_line = next(line for line in status if line.startswith("Uid:"))
+        except (OSError, StopIteration):  # exited meanwhile
+            continue
+        uids.update(int(uid) for uid in uid_line.split()[1:])
+    return uids
 
 
 @contextmanager
@@ -244,15 +283,16 @@ def _sandbox_directory(uid: int | None):
         remove_tree(directory)  # however deep, closed or linked the tree a test left
 
 
-def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | None, directory: str) -> list[dict]:
+def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid_lock: tuple, directory: str) -> list[dict]:
     """Run the supervisor on this job; its per-case reports (failures if it ran past the backstop)."""
+    uid, lock = uid_lock
     inputs = [{k: v for k, v in case.items() if k != "output"} for case in cases]  # the expected output stays here
-    job = {"program": code, "cases": inputs, "uid": uid, **asdict(config)}
+    job = {"program": code, "cases": inputs, "uid": uid, "trainer_pid": os.getpid(), **asdict(config)}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # nothing of os.environ
     process = subprocess.Popen(
         [sys.executable, "-I", os.path.abspath(sandbox.__file__)],
         cwd=directory, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True,
+        start_new_session=True, pass_fds=() if lock is None else (lock,),
     )
     backstop = STARTUP_SECONDS + len(cases) * (config.timeout + CLEANUP_SECONDS)
     try:
@@ -272,8 +312,9 @@ def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid: int | N
         raise RuntimeError(f"the code sandbox could not run: {result['error']}")
     if not result["isolated"]:  # shown once: Python's default filter reports a warning once per place
         warnings.warn(
-            "the code sandbox runs without mount and network namespaces here (they need root with CAP_SYS_ADMIN): "
-            "tests can write to the shared /tmp, /var/tmp, /dev/shm and /run/lock; sockets are still refused",
+            "the code sandbox runs without namespaces here (they need root with CAP_SYS_ADMIN): tests can write "
+            "to the shared /tmp, /var/tmp, /dev/shm and /run/lock and share the host's SysV IPC; sockets are still "
+            "refused",
             RuntimeWarning,
         )
     return result["reports"]

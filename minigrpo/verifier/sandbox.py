@@ -6,34 +6,43 @@ as JSON on stdout; judging the reports against expected outputs happens in the t
 siblings it loads by their paths: `confine.py` (the test's process) and `cleanup.py` (`remove_tree`).
 
 How a run is sandboxed. `run_cases` (code.py) starts `python -I sandbox.py` (this file) in a fresh
-temporary directory with a scrubbed environment. The supervisor, still root if the trainer is, becomes a
-child subreaper and unshares a network namespace (no network, not even 127.0.0.1) and a mount namespace
-in which /tmp, /var/tmp, /dev/shm and /run/lock are the sandbox directory. Where the OS refuses the
-namespaces (not root, or a container without CAP_SYS_ADMIN) it runs without them and says so in its
-reply (code.py warns once); once it has a mount namespace, a mount that fails ends the run with an error,
-so the shared directories are never silently the host's. Per test it forks a process (confine.py) that
-sets the rlimits, drops to an unprivileged uid, installs a seccomp filter that refuses socket() (no network
-and no filesystem UNIX sockets such as those under /run, namespaces or not) and io_uring, and runs the
-program, then the test; afterwards everything left of the test is killed and reaped, and the directory
-emptied by `remove_tree` (cleanup.py), which no depth, permission or symlink stops. The trainer's own
-backstop only matters if the supervisor falls far behind (SIGTERM, SIGKILL).
+temporary directory with a scrubbed environment, handing it the lock of its uid. The supervisor, still
+root if the trainer is, asks for SIGTERM when the trainer dies (and exits if it already has), becomes a
+child subreaper and unshares four namespaces: network (no network, not even 127.0.0.1; no abstract
+UNIX socket of the host), UTS (host name "sandbox"), SysV IPC, and mount, in which a tmpfs of at most
+scratch_bytes and scratch_inodes, mounted noexec, nosuid and nodev, covers the working directory and is
+also /tmp, /var/tmp, /dev/shm and /run/lock. Where the OS refuses the namespaces (not root, or a
+container without CAP_SYS_ADMIN) it runs without them and says so in its reply (code.py warns once);
+once it has a mount namespace, a mount that fails ends the run with an error, so the shared directories
+are never silently the host's. Per test it forks a process (confine.py) that joins a fresh session
+keyring and a fresh IPC namespace (its segments die with the test; shared memory at most scratch_bytes),
+sets the rlimits, drops to an unprivileged uid, dies with the supervisor, installs the seccomp filter
+(confine.py's docstring lists what it refuses), and runs the program, then the test; afterwards
+everything left of the test is killed and reaped, and the directory emptied by `remove_tree`
+(cleanup.py), which no depth, permission or symlink stops. The trainer's own backstop only matters if
+the supervisor falls far behind (SIGTERM, SIGKILL).
 
 Privileges. As root, each concurrent sandbox gets a uid of its own (`first_uid`, `first_uid + 1`, ...,
-held by a lock file, so also across processes: two trainers or every rank of a torchrun job on one node)
-rather than the shared `nobody`: RLIMIT_NPROC then counts one sandbox's processes, `kill(-1)` as that uid
-removes all it left (also processes that left the group), sandboxes cannot signal or read one another,
-and `kill(-1)` cannot hit system daemons that run as nobody. The uid owns only the sandbox directory.
-Not root: no uid change and no namespaces; rlimits, timeouts and process-group kills still apply.
+held by a lock file in /run, so also across processes whatever their TMPDIR: two trainers or every rank
+of a torchrun job on one node; the supervisor holds the lock too, and a uid that any process still runs
+as is skipped) rather than the shared `nobody`: RLIMIT_NPROC then counts one sandbox's processes,
+`kill(-1)` as that uid removes all it left (also processes that left the group), sandboxes cannot
+signal or read one another, and `kill(-1)` cannot hit system daemons that run as nobody. The uid owns
+only the sandbox's tmpfs. Not root: no uid change, no namespaces and no tmpfs; the seccomp filter, the
+keyring, rlimits, timeouts and process-group kills still apply.
 
 What a hostile program can still do. Assert tests trust the objects the program returns (an `add` whose
 result compares equal to anything passes `assert add(1, 2) == 3`), and a program that introspects the
 harness (frames, gc, sys.settrace, ctypes) can find the nonce that proves a test ran to its end;
 stdin/stdout tests are judged in the trainer and have neither weakness. A program can read
-world-readable files (a dataset's answers too, if they are world-readable on disk) and /proc entries such
-as command lines, write to world-writable places other than the four above, use CPU and memory up to
-max_processes times the per-process limits, and fill the disk with many files of up to file_size_bytes
-until its timeout. Without root it can also read the trainer's /proc/<pid>/environ, write to the real
-/tmp and other world-writable directories, and leave behind processes that called setsid.
+world-readable files (a dataset's answers too, if they are world-readable on disk), the host's /proc
+(command lines, CPU and memory figures) and /sys, and write to world-writable places other than the
+four above. Memory: max_processes times memory_bytes of address space, plus what no rlimit counts: the
+tmpfs (scratch_bytes), SysV shared memory (scratch_bytes), message queues (32 of 16 KiB) and kernel
+buffers (pipes and socketpairs, bounded per uid and per descriptor), each until the test ends; there is
+no cgroup. Without root it can also read the trainer's /proc/<pid>/environ and /proc/<pid>/mem, write
+to the real /tmp and other world-writable directories, share the host's SysV IPC, and leave behind
+processes that called setsid.
 """
 
 from __future__ import annotations
@@ -53,8 +62,10 @@ from contextlib import contextmanager
 CLEANUP_SECONDS = 1.0  # time per test to kill and reap what the test left
 STDERR_TAIL_BYTES = 4096  # stderr kept per test (its end, where the traceback is)
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+HOSTNAME = b"sandbox"  # the name a test sees in its UTS namespace, instead of the host's
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable directories
 
 
@@ -77,6 +88,10 @@ cleanup = _load_sibling("cleanup")  # remove_tree, which code.py also runs on th
 def main() -> None:
     """Read the job from stdin, run each case in a forked process, write the reports to stdout."""
     job = json.loads(_read_all(0))
+    confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGTERM)  # the trainer's death stops us (see _give_up)
+    if os.getppid() != job["trainer_pid"]:
+        return  # it died before the line above: nobody waits for our reply
+    job["supervisor_pid"] = os.getpid()  # each test checks that we are still its parent
     if os.uname().machine not in confine.SYSCALLS:
         return _reply({"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"})
     signal.signal(signal.SIGTERM, _give_up)  # from the trainer's backstop: clean up the running test, then exit
@@ -87,7 +102,7 @@ def main() -> None:
     # orphans of a test become our children, so we reap them (PID 1 may not)
     confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
     try:
-        isolated = _isolate(expose_python=job["uid"] is not None)
+        job["isolated"] = isolated = _isolate(job)
     except OSError as error:  # fail closed: never run tests in a half-made mount namespace
         return _reply({"error": f"sandbox isolation failed: {error}"})
     if job["uid"] is not None:
@@ -114,22 +129,36 @@ def _sigterm_allowed():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
-def _isolate(expose_python: bool) -> bool:
-    """No network, and the shared writable directories replaced by the working directory (the sandbox's).
+def _isolate(job: dict) -> bool:
+    """Namespaces of our own: no network, no host name, no host SysV IPC, and a mount namespace in which the
+    working directory and the shared writable directories are one small tmpfs (see _mount_scratch).
 
     False if the OS refuses the namespaces (then nothing is changed); OSError if a mount fails after that."""
-    if not (_unshare(CLONE_NEWNET) and _unshare(CLONE_NEWNS)):  # a network namespace: only a loopback, down
+    if not _unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC):  # all four or none
         return False
+    if confine.LIBC.sethostname(HOSTNAME, len(HOSTNAME)) != 0:
+        raise OSError(ctypes.get_errno(), "sethostname in the sandbox's UTS namespace failed")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # private first, or our mounts would show outside
+    _mount_scratch(job)
     # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer resolves
     directory = os.open(".", os.O_PATH | os.O_DIRECTORY)
     for shared in SHARED_DIRECTORIES:
         if os.path.isdir(shared):
-            _mount(f"/proc/self/fd/{directory}", shared, None, MS_BIND)
+            _mount(f"/proc/self/fd/{directory}", shared, None, MS_BIND)  # keeps the tmpfs's size and flags
     os.close(directory)
-    if expose_python:
+    if job["uid"] is not None:
         _expose_python()
     return True
+
+
+def _mount_scratch(job: dict) -> None:
+    """A tmpfs on the working directory, owned by the sandbox uid: at most scratch_bytes and scratch_inodes
+    (its pages are memory that no rlimit counts), nothing in it executable, set-uid or a device."""
+    owner = job["uid"] if job["uid"] is not None else 0
+    options = f"size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']},mode=0700,uid={owner},gid={owner}"
+    here = os.getcwd()
+    _mount("tmpfs", here, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options.encode())
+    os.chdir(here)  # into the tmpfs, which now covers the directory we were in
 
 
 def _expose_python() -> None:
