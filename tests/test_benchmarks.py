@@ -32,9 +32,12 @@ EXPECTED = {
 }
 
 
+SUITE_ONLY = ["bench_sandbox.py"]  # runs only on a directory of cases: its smoke run below writes one
+
+
 def test_every_benchmark_has_a_smoke_run():
     scripts = sorted(f for f in os.listdir(BENCHMARKS) if f.startswith("bench_") and f.endswith(".py"))
-    assert scripts == sorted(SMALLEST)
+    assert scripts == sorted([*SMALLEST, *SUITE_ONLY])
 
 
 def run_benchmark(script: str, args: list, cwd) -> str:
@@ -71,3 +74,27 @@ def test_bench_verifier_scores_a_directory_of_peer_cases(tmp_path):
     assert "3 cases" in stdout and "1 rows without a label" in stdout
     assert "| alpha | 2 | 100.0% | 0 | 0 |" in stdout and "| beta | 1 | 100.0% | 0 | 0 |" in stdout
     assert "| all | 3 | 100.0% | 0 | 0 |" in stdout
+
+
+def test_bench_sandbox_scores_a_directory_of_escape_payloads(tmp_path):
+    """A tiny suite in rustbox-escape-tests' layout (the real one is not in a clean clone): a manifest and
+    payloads/<language>/<file>; the Python ones run, the C one is only counted."""
+    payloads = {
+        "escaped.py": ('print("ESCAPED")\n', {"verdict": "RE"}),
+        "blocked.py": ("import socket\nsocket.socket()\n", {"verdict_any": ["RE", "SIG"]}),
+        "says_why.py": ('print("blocked here")\nraise SystemExit(1)\n', {"verdict": "RE", "stdout_contains": "here"}),
+        "read_etc_passwd.py": ("print(open('/etc/passwd').read())\n", {"verdict": "RE"}),  # a documented non-goal
+    }
+    (tmp_path / "payloads" / "python").mkdir(parents=True)
+    tests = []
+    for name, (program, expect) in payloads.items():
+        (tmp_path / "payloads" / "python" / name).write_text(program)
+        tests.append({"name": name[:-3] + "_python", "file": f"python/{name}", "language": "python", "expect": expect})
+    tests.append({"name": "fork_bomb_c", "file": "c/fork_bomb.c", "language": "c", "expect": {"verdict": "RE"}})
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "tiny", "tests": tests}))
+    stdout = run_benchmark("bench_sandbox.py", ["--suite", str(tmp_path)], tmp_path)
+    assert "4 Python payloads run, 1 in other languages not run" in stdout
+    assert "| escaped_python | RE | AC | NO | **not a documented non-goal** |" in stdout
+    assert "| blocked_python | any of RE,SIG | RE | yes |  |" in stdout and "| says_why_python | RE | RE | yes |  |" in stdout
+    assert "| read_etc_passwd_python | RE | AC | NO | world-readable files are readable" in stdout
+    assert "2 / 4 contained; of the 2 not contained, 1 are documented non-goals and 1 are not" in stdout

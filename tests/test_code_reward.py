@@ -604,6 +604,8 @@ def test_the_supervisor_and_its_test_die_with_the_trainer():
         test = wait_for(lambda: next((pid for pid in children_of(supervisor)
                                       if process_table()[pid][1] >= SandboxConfig().first_uid), None), 10)
         assert test is not None, "the test never started"
+        held = {os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in os.listdir(f"/proc/{supervisor}/fd")}
+        assert f"{code_module.UID_LOCKS}/{process_table()[test][1]}" in held  # the uid stays locked while it runs
         trainer.kill()
         trainer.wait()
         running = lambda: [pid for pid in (supervisor, test) if process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
@@ -759,6 +761,9 @@ def test_batch_needs_one_test_list_per_completion_and_workers():
         (dict(max_processes=0), "max_processes must be a positive integer"),
         (dict(max_output_bytes=2 << 20, file_size_bytes=1 << 20), r"max_output_bytes \(2097152\) cannot exceed file_size"),
         (dict(first_uid=0), "first_uid must be a uid other than root's"),
+        (dict(scratch_bytes=1 << 20), r"scratch_bytes \(1048576\) cannot be less than file_size_bytes"),
+        (dict(scratch_inodes=0), "scratch_inodes must be a positive integer"),
+        (dict(max_open_files=8), "max_open_files must be at least 16"),
     ],
 )
 def test_config_invariants(settings, message):
