@@ -108,6 +108,17 @@ def test_clipping_on_both_sides(epsilon, epsilon_high, per_token, grad, low, hig
     assert stats["ratio/mean"] == pytest.approx((1.5 + 0.5 + 1.5 + 0.5 + 0.6 + 1.3) / 6, abs=ATOL)
 
 
+def test_tokens_with_zero_advantage_are_never_counted_as_clipped():
+    """Every ratio outside [0.8, 1.2]: the clip cuts the gradient of the A > 0 row's high ratios and
+    of the A < 0 row's low ones; a token with A = 0 has no gradient to cut, whatever its ratio."""
+    old = torch.zeros(3, 2)
+    logprobs = policy(old, [[1.5, 1.5], [1.5, 0.5], [0.5, 0.5]])
+    _, stats = grpo_loss(logprobs, old, torch.tensor([1.0, 0.0, -1.0]), torch.ones(3, 2), loss_type="bnpo")
+    assert stats["clip/high_frac"] == pytest.approx(2 / 6, abs=ATOL)  # row 0's two tokens, not row 1's 1.5
+    assert stats["clip/low_frac"] == pytest.approx(2 / 6, abs=ATOL)  # row 2's two tokens, not row 1's 0.5
+    assert stats["clip/region_frac"] == pytest.approx(4 / 6, abs=ATOL)
+
+
 def test_k3_is_zero_where_policy_and_reference_agree_and_positive_elsewhere():
     logprobs = torch.tensor([-0.1, -2.0, -5.0, -0.7, -12.0])
     assert k3(logprobs, logprobs.clone()).tolist() == [0.0] * 5  # exp(0) - 0 - 1, exactly
@@ -336,9 +347,11 @@ def test_bad_arguments_are_refused_with_a_message(change, message):
 @pytest.mark.parametrize("chunk_rows", [1, 3, 1000])
 @pytest.mark.parametrize("tied", [True, False])
 def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, tolerance, chunk_rows, tied):
+    """The padded row first: padding inside the batch, and a real token (of weight 2.0) as its last
+    row, which a backward that skipped the last row would leave unset."""
     model = tiny_model(seed=2, tie_word_embeddings=tied).to(dtype)
-    ids, mask = padded_batch()
-    weights = torch.tensor([[0.3, -1.2, 0.7, 2.0], [1.5, -0.4, 0.0, 0.0]], dtype=dtype)  # padded tokens weigh 0
+    ids, mask = (t[[1, 0]] for t in padded_batch())
+    weights = torch.tensor([[1.5, -0.4, 0.0, 0.0], [0.3, -1.2, 0.7, 2.0]], dtype=dtype)  # padded tokens weigh 0
     results = []
     for path in ("chunked", "full"):
         model.zero_grad()
