@@ -131,11 +131,17 @@ def _join_fresh_keyring() -> None:
 
 
 def _enter_fresh_ipc_namespace(scratch_bytes: int) -> None:
-    """SysV IPC of this test alone: its shared memory and message queues die with its last process, and
-    hold at most scratch_bytes (shared memory counts against no rlimit once detached)."""
+    """SysV IPC of this test alone: its shared memory and message queues die with its last process."""
     if LIBC.unshare(CLONE_NEWIPC) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"could not make an IPC namespace: {os.strerror(code)}")
+    limit_ipc(scratch_bytes)
+
+
+def limit_ipc(scratch_bytes: int) -> None:
+    """At most scratch_bytes of SysV shared memory (it counts against no rlimit once detached) and IPC_IDS
+    segments and message queues in the calling process's IPC namespace. The supervisor calls it first for
+    its own namespace, so that a read-only /proc/sys stops the run with an error, not every test."""
     pages = scratch_bytes // os.sysconf("SC_PAGE_SIZE")
     settings = {"shmmax": scratch_bytes, "shmall": pages, "shmmni": IPC_IDS, "msgmni": IPC_IDS}
     for name, value in settings.items():  # these files are the calling process's IPC namespace's

@@ -138,6 +138,7 @@ def _isolate(job: dict) -> bool:
         return False
     if confine.LIBC.sethostname(HOSTNAME, len(HOSTNAME)) != 0:
         raise OSError(ctypes.get_errno(), "sethostname in the sandbox's UTS namespace failed")
+    confine.limit_ipc(job["scratch_bytes"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # private first, or our mounts would show outside
     _mount_scratch(job)
     # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer resolves
