@@ -169,7 +169,7 @@ def _argument(index: int, high: bool = False) -> int:
     return 16 + 8 * index + (4 if high else 0)
 
 
-def filter_steps(numbers: dict) -> list[tuple]:
+def _filter_steps(numbers: dict) -> list[tuple]:
     """The filter as (code, jump if true, jump if false, k); a jump is 0 (the next step) or a label's name,
     and a label is a str in the list, naming the step after it. Jumps only go forward, as BPF's must."""
     steps = [
@@ -222,7 +222,7 @@ def _resolve_labels(steps: list) -> list[tuple]:
 
 
 def _install_filter() -> None:
-    program = filter_steps(SYSCALLS[os.uname().machine])
+    program = _filter_steps(SYSCALLS[os.uname().machine])
     instructions = (_SockFilter * len(program))(*(_SockFilter(*step) for step in program))
     filter_program = _SockFprog(len(program), instructions)
     if LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0:  # SECCOMP_MODE_FILTER

@@ -39,8 +39,8 @@ world-readable files (a dataset's answers too, if they are world-readable on dis
 (command lines, CPU and memory figures) and /sys, and write to world-writable places other than the
 four above. Memory: max_processes times memory_bytes of address space, plus what no rlimit counts: the
 tmpfs (scratch_bytes), SysV shared memory (scratch_bytes), message queues (32 of 16 KiB) and kernel
-buffers (pipes and socketpairs, bounded per uid and per descriptor), each until the test ends; there is
-no cgroup. Without root it can also read the trainer's /proc/<pid>/environ and /proc/<pid>/mem, write
+buffers of pipes and socketpairs (bounded through max_open_files per process; benchmarks/README.md has
+the figure), each until the test ends; there is no cgroup. Without root it can also read the trainer's /proc/<pid>/environ and /proc/<pid>/mem, write
 to the real /tmp and other world-writable directories, share the host's SysV IPC, and leave behind
 processes that called setsid.
 """
