@@ -34,7 +34,11 @@ import types
 PROOF_FD = 3  # the test process writes the nonce here once the test's statements have run
 
 LIBC = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
+PR_SET_PDEATHSIG = 1  # prctl options, from <linux/prctl.h>
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWIPC = 0x08000000
 NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -157,11 +161,19 @@ class _SockFprog(ctypes.Structure):  # struct sock_fprog
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-LOAD, AND = 0x20, 0x54  # BPF_LD|BPF_W|BPF_ABS (a word of seccomp_data), BPF_ALU|BPF_AND|BPF_K
-JUMP_IF_EQUAL, JUMP_IF_ABOVE, JUMP_IF_ANY_BIT, GIVE = 0x15, 0x35, 0x45, 0x06  # JEQ, JGE, JSET (BPF_K), BPF_RET|K
-ALLOW, ERRNO = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO (| errno)
+# classic BPF, as seccomp runs it: each instruction works on one 32-bit register
+LOAD = 0x20  # BPF_LD|BPF_W|BPF_ABS: the register = a word of seccomp_data
+AND = 0x54  # BPF_ALU|BPF_AND|BPF_K: the register &= k
+JUMP_IF_EQUAL = 0x15  # BPF_JMP|BPF_JEQ|BPF_K
+JUMP_IF_ABOVE = 0x35  # BPF_JMP|BPF_JGE|BPF_K: at or above k
+JUMP_IF_ANY_BIT = 0x45  # BPF_JMP|BPF_JSET|BPF_K: register & k is not 0
+GIVE = 0x06  # BPF_RET|BPF_K: the verdict k
+ALLOW = 0x7FFF0000  # SECCOMP_RET_ALLOW
+ERRNO = 0x00050000  # SECCOMP_RET_ERRNO, or-ed with the errno the call returns
 ARCH, NUMBER = 4, 0  # offsets in seccomp_data
-AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
+AF_UNIX = 1
+SOCK_STREAM, SOCK_SEQPACKET = 1, 5
+SOCK_TYPE_MASK = 0xF  # a socket type without SOCK_NONBLOCK and SOCK_CLOEXEC
 
 
 def _argument(index: int, high: bool = False) -> int:
@@ -188,7 +200,7 @@ def _filter_steps(numbers: dict) -> list[tuple]:
         (LOAD, 0, 0, _argument(0)),
         (JUMP_IF_EQUAL, 0, "refuse", AF_UNIX),
         (LOAD, 0, 0, _argument(1)),
-        (AND, 0, 0, SOCK_TYPE_MASK),  # without SOCK_NONBLOCK and SOCK_CLOEXEC
+        (AND, 0, 0, SOCK_TYPE_MASK),
         (JUMP_IF_EQUAL, "allow", 0, SOCK_STREAM),
         (JUMP_IF_EQUAL, "allow", "refuse", SOCK_SEQPACKET),
         "sendto",  # send() is sendto() without an address

@@ -40,9 +40,10 @@ world-readable files (a dataset's answers too, if they are world-readable on dis
 four above. Memory: max_processes times memory_bytes of address space, plus what no rlimit counts: the
 tmpfs (scratch_bytes), SysV shared memory (scratch_bytes), message queues (32 of 16 KiB) and kernel
 buffers of pipes and socketpairs (bounded through max_open_files per process; benchmarks/README.md has
-the figure), each until the test ends; there is no cgroup. Without root it can also read the trainer's /proc/<pid>/environ and /proc/<pid>/mem, write
-to the real /tmp and other world-writable directories, share the host's SysV IPC, and leave behind
-processes that called setsid.
+the figure), each until the test ends; there is no cgroup. Without root it can also read the trainer's
+/proc/<pid>/environ and /proc/<pid>/mem, write to the real /tmp and other world-writable directories
+(filling the disk with files of up to file_size_bytes until its timeout), share the host's SysV IPC,
+and leave behind processes that called setsid.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ STDERR_TAIL_BYTES = 4096  # stderr kept per test (its end, where the traceback i
 
 HOSTNAME = b"sandbox"  # the name a test sees in its UTS namespace, instead of the host's
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000  # unshare() flags, from <linux/sched.h>
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8  # mount() flags, from <linux/mount.h>
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable directories
 
 
