@@ -60,7 +60,7 @@ class SandboxConfig:
     file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a test may write, stdout and stderr included
     max_processes: int = 16  # RLIMIT_NPROC: processes and threads of the sandbox uid (enforced only as root)
     max_open_files: int = 1024  # RLIMIT_NOFILE: file descriptors per process
-    scratch_bytes: int = 256 << 20  # as root, size of the tmpfs that is the test's directory, /tmp and /dev/shm
+    scratch_bytes: int = 256 << 20  # as root, the test's tmpfs (its directory, /tmp, /dev/shm), and its SysV shm
     scratch_inodes: int = 10_000  # as root, files and directories that tmpfs can hold
     max_output_bytes: int = 1 << 20  # stdout kept per test; a stdin/stdout test whose output is longer fails
     first_uid: int = 2_000_000_000  # as root, sandboxes run as uid (and gid) first_uid, first_uid + 1, ...: unused uids
@@ -174,7 +174,7 @@ def run_cases(code: str, tests: list, config: SandboxConfig | None = None) -> li
     config = config or SandboxConfig()
     cases = check_tests(tests, config)
     with _sandbox_uid(config) as (uid, lock), _sandbox_directory(uid) as directory:
-        reports = _supervise(code, cases, config, (uid, lock), directory)
+        reports = _supervise(code, cases, config, uid, lock, directory)
     return [_judge(case, report) for case, report in zip(cases, reports)]
 
 
@@ -283,9 +283,11 @@ def _sandbox_directory(uid: int | None):
         remove_tree(directory)  # however deep, closed or linked the tree a test left
 
 
-def _supervise(code: str, cases: list[dict], config: SandboxConfig, uid_lock: tuple, directory: str) -> list[dict]:
-    """Run the supervisor on this job; its per-case reports (failures if it ran past the backstop)."""
-    uid, lock = uid_lock
+def _supervise(
+    code: str, cases: list[dict], config: SandboxConfig, uid: int | None, lock: int | None, directory: str
+) -> list[dict]:
+    """Run the supervisor on this job, handing it the uid's lock; its per-case reports (failures if it ran past
+    the backstop)."""
     inputs = [{k: v for k, v in case.items() if k != "output"} for case in cases]  # the expected output stays here
     job = {"program": code, "cases": inputs, "uid": uid, "trainer_pid": os.getpid(), **asdict(config)}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # nothing of os.environ
