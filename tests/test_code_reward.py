@@ -592,27 +592,49 @@ TRAINER = (  # three tests of a minute each
 )
 
 
+def sandbox_child(parent):
+    """(pid, uid) of a live child of `parent` that runs as a sandbox uid and is still there a moment later
+    (the supervisor's brief kill(-1) helpers are not); None if there is none."""
+    first = SandboxConfig().first_uid
+    live = lambda: {(pid, uid) for pid, (ppid, uid, state) in process_table().items()
+                    if ppid == parent and uid >= first and state != "Z"}
+    seen = live()
+    time.sleep(0.1)
+    return next(iter(seen & live()), None)
+
+
+def ours(pid, supervisor_pid):
+    """Whether `pid` is still the supervisor or the test this test started (not a process that reused the pid)."""
+    try:
+        command = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+    if pid == supervisor_pid:
+        return b"sandbox.py" in command
+    return process_table().get(pid, (0, 0))[1] >= SandboxConfig().first_uid
+
+
 @as_root
 def test_the_supervisor_and_its_test_die_with_the_trainer():
     """A SIGKILLed trainer leaves no supervisor running tests as a uid that is no longer locked."""
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER])
-    children_of = lambda parent: [pid for pid, (ppid, uid, state) in process_table().items() if ppid == parent]
     supervisor = test = None
     try:
-        supervisor = wait_for(lambda: next(iter(children_of(trainer.pid)), None), 10)
-        test = wait_for(lambda: next((pid for pid in children_of(supervisor)
-                                      if process_table()[pid][1] >= SandboxConfig().first_uid), None), 10)
-        assert test is not None, "the test never started"
+        supervisor = wait_for(lambda: next((pid for pid, (ppid, _, _) in process_table().items()
+                                            if ppid == trainer.pid), None), 10)
+        found = wait_for(lambda: sandbox_child(supervisor), 10)
+        assert found is not None, "the test never started"
+        test, uid = found
         held = {os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in os.listdir(f"/proc/{supervisor}/fd")}
-        assert f"{code_module.UID_LOCKS}/{process_table()[test][1]}" in held  # the uid stays locked while it runs
+        assert f"{code_module.UID_LOCKS}/{uid}" in held  # the uid stays locked while the supervisor runs
         trainer.kill()
         trainer.wait()
         running = lambda: [pid for pid in (supervisor, test) if process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
-        assert wait_for(lambda: not running(), 3), f"still running: {running()}"
+        assert wait_for(lambda: not running(), 5), f"still running: {running()}"
     finally:
         trainer.kill()
         for pid in (supervisor, test):
-            if pid is not None and pid in process_table():
+            if pid is not None and ours(pid, supervisor):
                 os.kill(pid, signal.SIGKILL)
 
 
