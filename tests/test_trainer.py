@@ -4,6 +4,7 @@ non-finite steps, and configuration errors."""
 
 import os
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -27,7 +28,12 @@ def _constant(completions, **_):
     return [1.0 for _ in completions]
 
 
-for _name, _fn in (("test_count_x", _count_x), ("test_constant", _constant)):
+def _count_x_for_odd_answers(completions, answer, **_):
+    """_count_x where the gold answer is odd; 0.5 for every completion of the other prompts (flat groups)."""
+    return [x if int(a) % 2 else 0.5 for x, a in zip(_count_x(completions), answer)]
+
+
+for _name, _fn in (("test_count_x", _count_x), ("test_constant", _constant), ("test_odd_only", _count_x_for_odd_answers)):
     if _name not in REWARD_FUNCTIONS:
         register_reward(_name)(_fn)
 
@@ -84,6 +90,79 @@ def test_dynamic_sampling_trains_only_on_groups_with_signal(checkpoint, tmp_path
     stats, _ = trainer.train_step()
     assert stats["groups/sampled"] == 2 + 2 + 2  # three rounds, every group flat
     assert stats["groups/trained"] == 0 and stats["skipped"] == 1.0
+
+
+class Sampled:
+    """An observer of train_step (as trace.py's): the rollouts each step sampled, after stage 3."""
+
+    def __init__(self):
+        self.sampled = []
+
+    def rollouts(self, trainer, rollouts):
+        self.sampled.append(rollouts)
+
+    def updated(self, trainer, stats):
+        pass
+
+
+class Recorder(Sampled):
+    """Also the seed of every sampling call, and the rollouts of every update (stage 4's input)."""
+
+    def __init__(self, trainer, monkeypatch):
+        super().__init__()
+        self.seeds, self.trained = [], []
+        generate = minigrpo.trainer.generate
+        monkeypatch.setattr(minigrpo.trainer, "generate", lambda *a, seed, **k: self.seeds.append(seed) or generate(*a, seed=seed, **k))
+        update = trainer.update
+        trainer.update = lambda rollouts: self.trained.append(rollouts) or update(rollouts)
+
+
+def test_dynamic_sampling_with_batch_scaling_divides_by_the_std_of_the_trained_groups(checkpoint, tmp_path, monkeypatch):
+    """scale_rewards="batch" with flat groups dropped: A = (r - mean of its group) / (std + 1e-4), the
+    std (n - 1) over the rewards of the groups trained on, by plain statistics. Every sampling round
+    of every step has a seed of its own."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=6, dynamic_sampling=True, max_sampling_rounds=4,
+                      scale_rewards="batch")
+    trainer = make_trainer(checkpoint, tmp_path, reward="test_odd_only", grpo=grpo, micro_batch_size=8)
+    recorder = Recorder(trainer, monkeypatch)
+    stats, _ = trainer.train_step(recorder)
+    assert stats["groups/trained"] == 2 and stats["groups/sampled"] > 2  # flat groups were sampled and dropped
+    (sampled,), (trained,) = recorder.sampled, recorder.trained
+    rewards = [r.reward for r in trained]
+    std = statistics.stdev(rewards)
+    assert abs(std - statistics.stdev([r.reward for r in sampled])) > 0.1 * std  # the dropped groups would matter
+    for g in range(0, len(trained), 4):
+        mean = statistics.fmean(rewards[g : g + 4])
+        for r in trained[g : g + 4]:
+            assert r.advantage == pytest.approx((r.reward - mean) / (std + 1e-4), rel=1e-5, abs=1e-6)
+    assert len(recorder.seeds) >= 2 and len(set(recorder.seeds)) == len(recorder.seeds)  # rounds past the first
+
+
+def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_batch(checkpoint, tmp_path):
+    """Nothing in the loop draws from the global RNGs (its seeds come from seed and step), but the
+    contract holds: a resumed process has torch's, NumPy's and Python's states as saved, whatever
+    it drew before, and its next step samples the straight run's completions."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=6)
+    train = dict(max_steps=2, batch_size=8, micro_batch_size=8, learning_rate=1e-2, progress_bar=False,
+                 log_completions_every=0)
+    stopped = make_trainer(checkpoint, tmp_path, grpo=grpo, **train, stop_at_step=1, output_dir=str(tmp_path / "stopped"))
+    stopped.train()  # saves at step 1, its last
+    saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)  # what else the process drew since
+    task = Task(ROWS, [RewardSpec("test_count_x")])
+    resumed = minigrpo.trainer.build_trainer(checkpoint, task, grpo, TrainConfig(**train, output_dir=str(tmp_path / "stopped"),
+                                                                                    resume=True))
+    assert resumed.step == 1 and torch.equal(torch.get_rng_state(), saved[0]) and random.getstate() == saved[1]
+    numpy_state = np.random.get_state()
+    assert numpy_state[0] == saved[2][0] and np.array_equal(numpy_state[1], saved[2][1]) and numpy_state[2:] == saved[2][2:]
+    straight = make_trainer(checkpoint, tmp_path, grpo=grpo, **train, output_dir=str(tmp_path / "straight"))
+    straight.train_step()
+    observers = [Sampled(), Sampled()]
+    straight.train_step(observers[0])
+    resumed.train_step(observers[1])
+    (straight_batch,), (resumed_batch,) = (observer.sampled for observer in observers)
+    assert [r.completion_ids for r in resumed_batch] == [r.completion_ids for r in straight_batch]
+    assert [r.reward for r in resumed_batch] == [r.reward for r in straight_batch]
 
 
 def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_path, monkeypatch):
@@ -200,6 +279,14 @@ def test_completions_beyond_the_context_fail_at_start(checkpoint, tmp_path):
         make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=90))
 
 
+def test_completions_that_exactly_fill_the_context_are_accepted(checkpoint, tmp_path):
+    longest = max(map(len, make_trainer(checkpoint, tmp_path).prompt_ids))
+    filled = make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=96 - longest))
+    assert filled.grpo.max_completion_length + longest == filled.model.config.max_position_embeddings == 96
+    with pytest.raises(ValueError, match=rf"has {longest} tokens; with max_new_tokens={97 - longest} .* context of 96"):
+        make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=97 - longest))
+
+
 def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
     """The step's gradient, not its weights: Adam's first update is about lr * sign(g), which turns
     rounding-level gradient differences into lr-sized weight differences."""
@@ -219,15 +306,35 @@ def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("layout", [dict(micro_batch_tokens=40), dict(shared_prompt=True, micro_batch_size=4),
                                     dict(shared_prompt=True, micro_batch_tokens=40)])
-def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(checkpoint, tmp_path, loss_type, layout):
+def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(checkpoint, tmp_path, loss_type, layout, monkeypatch):
     """Micro-batches by a token budget over rollouts of similar length, or of whole groups whose
-    prompt runs once: after one AdamW step, the weights of one batch of all the rollouts, and less
-    padding. adam_epsilon 1e-3 keeps the first step smooth in the gradient (with 1e-8 it is about
-    lr * sign(g), which turns rounding-level gradient differences into lr-sized weight ones)."""
+    prompt runs once, on completions of ragged lengths (many EOS ids): grpo, dr_grpo and dapo land
+    on the weights of one batch of all the rollouts, with less padding. bnpo does not: it is a token
+    mean per micro-batch, weighted by the micro-batch's share of the sequences, so with ragged
+    lengths its step depends on the split. At ratio 1 (mu = 1) every token's loss is -A of its
+    completion, so bnpo's loss is, by hand, -sum over micro-batches m of (rows of m / N) *
+    (sum over m of A_i * length_i) / (tokens of m). adam_epsilon 1e-3 keeps the first step smooth
+    in the gradient (with 1e-8 it is about lr * sign(g), which turns rounding-level gradient
+    differences into lr-sized weight ones)."""
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, loss_type=loss_type, temperature=0.7)
     whole = make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=8, adam_epsilon=1e-3)
     split = make_trainer(checkpoint, tmp_path, grpo=grpo, adam_epsilon=1e-3, **{"micro_batch_size": 8, **layout})
+    for trainer in (whole, split):
+        trainer.eos_ids = tuple(range(5, trainer.model.config.vocab_size, 4))  # a quarter of the vocabulary ends a completion
+    recorder, chunks = Recorder(split, monkeypatch), []
+    cut = split.updater._micro_batches
+    split.updater._micro_batches = lambda rollouts, generator=None: chunks.append(cut(rollouts, generator)) or chunks[-1]
     stats = [trainer.train_step()[0] for trainer in (whole, split)]
+    (rollouts,), (micro_batches,) = recorder.trained, chunks
+    assert len({len(r.completion_ids) for r in rollouts}) > 2 and len(micro_batches) > 1  # ragged, and split
+    if loss_type == "bnpo":
+        by_hand = [(len(m) / 8) * sum(rollouts[i].advantage * len(rollouts[i].completion_ids) for i in m)
+                   / sum(len(rollouts[i].completion_ids) for i in m) for m in micro_batches]
+        one_batch = sum(r.advantage * len(r.completion_ids) for r in rollouts) / sum(len(r.completion_ids) for r in rollouts)
+        assert stats[1]["loss"] == pytest.approx(-sum(by_hand), abs=1e-6)
+        assert stats[0]["loss"] == pytest.approx(-one_batch, abs=1e-6)
+        assert abs(stats[1]["loss"] - stats[0]["loss"]) > 1e-3  # the split changes bnpo's step
+        return
     assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], abs=1e-6)
     assert stats[0]["grad_norm"] == pytest.approx(stats[1]["grad_norm"], rel=1e-5)
     if not layout.get("shared_prompt"):
