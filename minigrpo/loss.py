@@ -24,8 +24,10 @@ Departures from DeepSeekMath GRPO: beta defaults to 0, not 0.04 (no reference mo
 unless asked for, as in TRL and DAPO); the clip range may be asymmetric (epsilon_high: DAPO's
 clip-higher); and the Dr. GRPO / DAPO aggregations above. Under gradient accumulation, pass the
 whole step's `num_sequences` and `num_tokens`: each micro-batch's loss is then its exact share,
-and the micro-batch losses sum to the loss of the step's batch taken at once (bnpo, a per-batch
-token mean by definition, is weighted by each micro-batch's share of the sequences).
+and for grpo, dr_grpo and dapo the micro-batch losses sum to the loss of the step's batch taken
+at once. bnpo, a per-batch token mean by definition, takes each micro-batch's token mean weighted
+by its share of the sequences: it equals the whole batch's only when every micro-batch's tokens
+per completion are the batch's, so with ragged lengths its step depends on the split.
 
 Extensions, each off by default:
 
