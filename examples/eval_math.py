@@ -16,6 +16,7 @@ import sys
 import time
 
 import minigrpo  # its names, and torch with them, are imported on first use
+from minigrpo.tasks import sources_of
 from minigrpo.tasks.datasets import load_problems
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import RewardSpec
@@ -72,6 +73,9 @@ except ValueError:
 if any(k < 1 for k in ks):
     fail(f"--k values must be >= 1, got {args.k!r}")
 ks = [] if greedy else [k for k in ks if k <= samples]
+if args.max_new_tokens is not None and args.max_new_tokens < 1:
+    fail(f"--max_new_tokens must be a positive integer (leave it out for what the context leaves), "
+         f"got {args.max_new_tokens}")
 if args.output:
     check_output(args.output)
 
@@ -90,13 +94,20 @@ rewards = [RewardSpec("countdown" if args.data == "countdown" else "accuracy")]
 
 # 3. sample and score
 from minigrpo.evaluate import evaluate  # noqa: E402  (here, so that a bad argument above fails before torch loads)
+from minigrpo.sampler import SamplingConfig, check_prompts  # noqa: E402
 
-try:  # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators)
-    encoded = tokenizer.encode_all([template(args.template).render(p.question, tokenizer) for p in problems], "prompts", args.model)
+context = model.config.max_position_embeddings
+sources = sources_of(problems)  # a file's: "data.jsonl, line 7" names a prompt too long
+try:  # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators), and fit
+    prompts = [template(args.template).render(p.question, tokenizer) for p in problems]
+    encoded = tokenizer.encode_all(prompts, "prompts", args.model, context - (args.max_new_tokens or 1), sources)
+    longest = max(map(len, encoded))
+    max_new_tokens = args.max_new_tokens
+    if max_new_tokens is None:  # 0 is refused above, never read as "the default"
+        max_new_tokens = max(1, min(512, context - longest))
+    check_prompts(encoded, SamplingConfig(max_new_tokens=max_new_tokens), model.config.vocab_size, context, "prompts", sources)
 except ValueError as error:
     fail(error)
-longest = max(map(len, encoded))
-max_new_tokens = args.max_new_tokens or max(1, min(512, model.config.max_position_embeddings - longest))
 start = time.perf_counter()
 try:
     result = evaluate(model, tokenizer, problems, template(args.template), rewards, samples=samples, temperature=temperature,

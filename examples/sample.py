@@ -37,6 +37,10 @@ def fail(message):
     sys.exit(f"sample.py: {message}")
 
 
+if args.max_new_tokens is not None and args.max_new_tokens < 1:
+    fail(f"--max_new_tokens must be a positive integer (leave it out for what the context leaves), "
+         f"got {args.max_new_tokens}")
+
 # 1. the model
 try:
     model, tokenizer = minigrpo.load_pretrained(args.model, dtype=args.dtype, device=args.device)
@@ -52,14 +56,17 @@ try:
 except ValueError as error:
     fail(error)
 try:
-    prompt_ids = tokenizer.encode_all([prompt], "prompt", args.model)[0]
+    room = model.config.max_position_embeddings - (args.max_new_tokens or 1)  # tokens the prompt may have
+    prompt_ids = tokenizer.encode_all([prompt], "prompt", args.model, room)[0]
 except ValueError as error:
     fail(error)
 print(f"prompt ({len(prompt_ids)} tokens):\n{prompt}")
 
 # 3. sample
 room = model.config.max_position_embeddings - len(prompt_ids)
-max_new_tokens = args.max_new_tokens or max(1, min(256, room))
+max_new_tokens = args.max_new_tokens
+if max_new_tokens is None:  # 0 is refused above, never read as "the default"
+    max_new_tokens = max(1, min(256, room))
 try:
     samples = minigrpo.generate(model, [prompt_ids], max_new_tokens=max_new_tokens, temperature=args.temperature,
                                 top_p=args.top_p, num_samples=args.num_samples, eos_token_ids=tokenizer.eos_token_ids,

@@ -18,17 +18,20 @@ Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); r
 """
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import shutil
 import sys
-import time
+import tempfile
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed
 from minigrpo.weights import resolve_checkpoint
 from minigrpo.config import add_fields, from_args
 from minigrpo.plots import plot_curves
-from minigrpo.tasks import load_problems, to_task
+from minigrpo.tasks import load_problems, sources_of, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
 from minigrpo.trainer import build_trainer
@@ -95,7 +98,7 @@ def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
         with open(path, encoding="utf-8") as f:
             values = load(f) or {}
     except Exception as error:  # a missing file, bad JSON or YAML
-        raise ValueError(f"cannot read the config file {path}: {error}") from None
+        raise ValueError(f"cannot read the config file {path}: {read_error(error)}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of option names to values")
     unknown = sorted(set(values) - set(options))
@@ -105,6 +108,21 @@ def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
         return {key: file_value(options[key], value) for key, value in values.items()}
     except ValueError as problem:
         raise ValueError(f"{path}: {problem}") from None
+
+
+def read_error(error: Exception) -> str:
+    """What is wrong with a config file, in one line: where the JSON or YAML parser stopped, and why (PyYAML's
+    own message spans several lines, quoting the text with a caret under it)."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"line {error.lineno}, column {error.colno}: {error.msg}"
+    mark = getattr(error, "problem_mark", None)  # PyYAML's MarkedYAMLError
+    if mark is None:
+        return " ".join(str(error).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    started = getattr(error, "context_mark", None)
+    if error.context and started is not None:
+        return f"{where} ({error.context} that starts on line {started.line + 1})"
+    return f"{where} ({error.context})" if error.context else where
 
 
 WANTED = {str: ("must be text", (str,)), int: ("must be an integer", (str, int)), float: ("must be a number", (str, int, float))}
@@ -142,8 +160,42 @@ def one_value(action: argparse.Action, item, value):
     return item
 
 
+def on_rank_0() -> bool:
+    """Whether this is the process that writes and prints: the only one, or torchrun's rank 0 (RANK says so
+    before the process group exists)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def rank_0_note(text: str) -> None:
+    if on_rank_0():
+        print(text)
+
+
+def default_rewards(data: str) -> str:
+    return "countdown:1.0" if data == "countdown" else "accuracy:1.0"
+
+
+def parse_rewards(spec: str) -> list[RewardSpec]:
+    """--rewards name:weight,... (a weight left out is 1.0) as RewardSpecs; a ValueError names the part at fault."""
+    rewards = []
+    for part in spec.split(","):
+        name, _, weight = part.partition(":")
+        name, weight = name.strip(), weight.strip()
+        try:
+            value = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"--rewards {spec!r}: the weight of {name!r} must be a number, got {weight!r} "
+                             "(write name:weight,..., e.g. accuracy:1.0,format:0.1)") from None
+        if not name:
+            raise ValueError(f"--rewards {spec!r} has a part with no reward name (write name:weight,..., e.g. accuracy:1.0)")
+        rewards.append(RewardSpec(name, value))  # an unknown name or a weight that is not finite: RewardSpec says so
+    return rewards
+
+
 def check_output_dir(path: str) -> None:
     """Before any work: --output_dir must be a directory this process can write, or one it can create."""
+    if not path:
+        sys.exit("train_math.py: --output_dir is empty; give a directory, such as runs/train_math")
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -153,6 +205,42 @@ def check_output_dir(path: str) -> None:
         sys.exit(f"train_math.py: --output_dir {path} cannot be created: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         sys.exit(f"train_math.py: --output_dir {path} cannot be written: no write permission in {existing}")
+    problem = write_probe(path) if on_rank_0() else None  # under torchrun rank 0 alone writes
+    if problem:
+        sys.exit(f"train_math.py: --output_dir {path} cannot be written: {problem}")
+
+
+def write_probe(path: str) -> str | None:
+    """Create `path`, write a file in it and remove both again (nothing is left behind); what went wrong, or None.
+    os.access is not enough: root passes it everywhere, /proc and /sys included, and it knows nothing of a
+    full disk."""
+    created = []  # the directories this made, outermost first
+    missing = os.path.abspath(path)
+    while not os.path.exists(missing):
+        created.insert(0, missing)
+        missing = os.path.dirname(missing)
+    step = "creating it"
+    try:
+        for directory in created:
+            step = f"creating {directory}"
+            os.mkdir(directory)
+        step = "writing a file in it"
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        try:
+            os.write(fd, b"minigrpo")
+            os.fsync(fd)  # some file systems report a full disk only here
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            return f"no space left on the device ({shutil.disk_usage(missing).free} bytes free)"
+        return f"{step} fails ({error.strerror or error})"
+    finally:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+    return None
 
 
 if __name__ == "__main__":
@@ -166,16 +254,19 @@ if __name__ == "__main__":
         prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
         synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
         train_problems = load_problems(args.data, "train", count=args.train_count if synthetic else None,
-                                       seed=args.seed, difficulty=args.difficulty)
+                                       seed=args.seed, difficulty=args.difficulty, note=rank_0_note)
         eval_source = args.eval_data or args.data
         eval_problems = load_problems(eval_source, "test", count=args.eval_count, seed=0,  # the same for every run
-                                      difficulty=args.difficulty)
-        spec = args.rewards or ("countdown:1.0" if args.data == "countdown" else "accuracy:1.0")
-        rewards = [RewardSpec(name.strip(), float(weight or 1.0)) for name, _, weight in (i.partition(":") for i in spec.split(","))]
+                                      difficulty=args.difficulty, note=rank_0_note)
+        rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
         task = to_task(train_problems, prompt, rewards, tokenizer)
         trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
-        held_out_ids = tokenizer.encode_all([prompt.render(p.question, tokenizer) for p in eval_problems], "held-out prompts", args.model)
-        trainer.check_context(held_out_ids, f"held-out prompts ({eval_source})")
+        held_out = [prompt.render(p.question, tokenizer) for p in eval_problems]
+        sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
+        what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
+        room = trainer.model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
+        held_out_ids = tokenizer.encode_all(held_out, what, args.model, room, sources)
+        trainer.check_context(held_out_ids, what, sources)
     except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
         sys.exit(f"train_math.py: {error}")
 
@@ -192,7 +283,6 @@ if __name__ == "__main__":
     main = trainer.dist.is_main
     if not synthetic and not args.eval_data:
         trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
-    started = time.time()
     try:  # what the accuracy is measured on must stay the same from start to end
         initial = trainer.initial_evaluation(held_out_accuracy, {"eval_data": eval_source, "eval_count": len(eval_problems)})
     except ValueError as error:
@@ -207,7 +297,7 @@ if __name__ == "__main__":
     final_accuracy = held_out_accuracy()
     if not main:
         distributed.finish()  # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
-    wall = initial["wall_seconds_before"] + time.time() - started
+    wall = trainer.wall_seconds()  # this process's, and the earlier ones' up to the checkpoint it resumed from
     summary = {
         "initial_accuracy": initial["initial_accuracy"],
         "final_accuracy": final_accuracy,

@@ -115,8 +115,11 @@ def generate(model: Qwen3, prompts: list[list[int]], config: SamplingConfig | No
         return Engine(model, prompts, config, seed).run()
 
 
-def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int, what: str = "") -> None:
-    """Token-id lists the model can continue by max_new_tokens; `what` names them in an error ("task's prompts")."""
+def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int, what: str = "",
+                  sources: list[str] | None = None) -> None:
+    """Token-id lists the model can continue by max_new_tokens. A prompt too long is named by its source
+    ("data.jsonl, line 7") when `sources` are given, else as a row of `what` counted from 1, as a file's
+    rows are ("row 3 of the task's prompts"), else by its index in `prompts` ("prompt 2")."""
     if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of token-id lists")
     for i, prompt in enumerate(prompts):
@@ -127,8 +130,12 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
         if len(prompt) + config.max_new_tokens > context:
+            if sources is not None:
+                name = f"{sources[i]} ({what})" if what else sources[i]
+            else:
+                name = f"row {i + 1} of the {what}" if what else f"prompt {i}"
             raise ValueError(
-                f"{f'row {i} of the {what}' if what else f'prompt {i}'} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} (max_completion_length) "
+                f"{name} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} (max_completion_length) "
                 f"that exceeds the model's context of {context} (max_position_embeddings)"
             )
 

@@ -7,6 +7,7 @@ tokenizer_config.json) and Qwen3's chat format. It knows strings and ids, not te
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import unicodedata
@@ -51,10 +52,15 @@ class Tokenizer:
         """Token ids of `text`; no BOS/EOS is added (Qwen3 uses none)."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
-    def encode_all(self, texts: list[str], what: str = "prompts", source: str = "this model") -> list[list[int]]:
+    def encode_all(self, texts: list[str], what: str = "prompts", source: str = "this model", max_tokens: int | None = None,
+                   sources: list[str] | None = None) -> list[list[int]]:
         """Token ids of every text, refused when the tokenizer loses characters: a tokenizer without
         a byte fallback drops what its vocabulary lacks (the embedded model's keeps digits and
-        operators), and a model trained on what is left learns from other prompts than it is given."""
+        operators), and a model trained on what is left learns from other prompts than it is given.
+        With `max_tokens`, a text too long to fit in that many tokens is refused before anything is
+        encoded (`fewest_tokens`; tokenizing costs seconds a megabyte); `sources` name the texts then."""
+        if max_tokens is not None:
+            self._refuse_too_long(texts, max_tokens, what, source, sources)
         ids = [self.encode(text) for text in texts]
         lost = 0
         example = None
@@ -68,6 +74,28 @@ class Tokenizer:
             raise ValueError(f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} of the characters of "
                              f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)")
         return ids
+
+    def fewest_tokens(self, text: str) -> int:
+        """At least how many tokens `text` takes, if encode_all accepts it, found in time linear in its length
+        without encoding it: a token decodes to at most `longest_token` characters, plus a space a decoder
+        may put between tokens, and NFC (under which encode_all compares) at most triples a text's length."""
+        return -(-len(unicodedata.normalize("NFC", text)) // (3 * (self.longest_token + 1)))
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most characters a token spells: its vocabulary entry's length (bytes, for byte-level ones)."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)))
+
+    def _refuse_too_long(self, texts: list[str], max_tokens: int, what: str, source: str, sources: list[str] | None) -> None:
+        for i, text in enumerate(texts):
+            if self.fewest_tokens(text) > max_tokens:
+                if sources is not None:
+                    name = f"{sources[i]} ({what})"
+                else:
+                    name = f"row {i + 1} of the {what}" if len(texts) > 1 else f"the {what}"
+                raise ValueError(f"{name} has {len(text):,} characters, too many for the {max_tokens} tokens the model's "
+                                 f"context leaves it: no token of {source}'s tokenizer spells more than "
+                                 f"{self.longest_token} characters")
 
     def decode(self, ids) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)  # the backend drops them by default

@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import time
 
 import torch
 
@@ -64,9 +65,10 @@ class Trainer:
                                   "rewards": repr(task.rewards)})
         self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
+        room = model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
         self.prompt_ids = tokenizer.encode_all([self._text(row["prompt"]) for row in task.rows], "task's prompts",
-                                               model_path or "the policy")
-        self.check_context(self.prompt_ids, "task's prompts")
+                                               model_path or "the policy", room, task.sources)
+        self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.reference = None  # a frozen copy of the starting policy, only when the KL needs one
@@ -77,6 +79,8 @@ class Trainer:
         self.stream = PromptStream(len(task.rows), config.seed)
         self.step = 0
         model.gradient_checkpointing = config.gradient_checkpointing
+        self.wall_seconds_before = 0.0  # the run's time in earlier processes, up to the checkpoint resumed from
+        self.started = time.monotonic()
 
     # -- the loop -------------------------------------------------------------------------------
     def train(self, on_step=None, observer=None, start_stats: dict | None = None) -> None:
@@ -244,10 +248,12 @@ class Trainer:
             "rng": self.dist.gather(checkpoint.rng_states()),  # one per rank
             "model_path": self.model_path,
             "configs": as_dict(self.grpo, self.config),
+            "wall_seconds": self.wall_seconds(),  # the run's running total: a resume adds on, a killed process too
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = state["step"]
+        self.wall_seconds_before = float(state.get("wall_seconds", 0.0))  # 0: a checkpoint that predates it
         self.policy.load_optimizer_state(self.optimizer, state["optimizer"])
         for group in self.optimizer.param_groups:  # this run's settings, not the checkpoint's (lr is set per step)
             group.update(betas=self.config.adam_betas, eps=self.config.adam_epsilon, weight_decay=self.config.weight_decay)
@@ -293,10 +299,16 @@ class Trainer:
     def _text(self, prompt) -> str:
         return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
 
-    def check_context(self, prompt_ids: list[list[int]], what: str) -> None:
-        """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens."""
+    def check_context(self, prompt_ids: list[list[int]], what: str, sources: list[str] | None = None) -> None:
+        """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens;
+        `sources` name them in an error ("data.jsonl, line 7")."""
         check_prompts(prompt_ids, self.grpo.sampling_config(), self.model.config.vocab_size,
-                      self.model.config.max_position_embeddings, what)
+                      self.model.config.max_position_embeddings, what, sources)
+
+    def wall_seconds(self) -> float:
+        """The run's wall time so far: this process's since the trainer was built, and that of the earlier
+        processes up to the checkpoint it resumed from (a killed process's work past it is redone, and counted then)."""
+        return self.wall_seconds_before + time.monotonic() - self.started
 
     def _set_learning_rate(self) -> None:
         for group in self.optimizer.param_groups:

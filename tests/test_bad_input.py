@@ -1,14 +1,18 @@
-"""Bad input to the command-line tools (issue 16, item 15): each case exits non-zero with one line on
-stderr that names the problem, never a traceback, and the output checks come before any work.
+"""Bad input to the command-line tools (issue 16, item 15; issue 22, items 10 and 12): each case exits
+non-zero with one line on stderr that names the problem, never a traceback, and the output checks come
+before any work. Rows a data set cannot use are skipped with a note instead (NOTED).
 
 One table, run through tests/tool_runner.py: every case is its own process, forked from one that has
 imported torch and the library once (a process per case from scratch would cost 2-3 s each).
 """
 
+import errno
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -18,7 +22,9 @@ import minigrpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+EMBEDDED = os.path.join(ROOT, "models", "minigrpo-tiny-arith")  # its tokenizer keeps digits and operators only
 LONG = "What is 12 + 30? " * 40  # about 280 tokens, beyond the tiny model's context of 64
+HUGE = "What is 12 + 30? " * 600_000  # 10 MB: tokenizing it takes half a minute, refusing it must not
 
 # What each tool is given besides the input under test (a case's own flags replace these); {name}: the case's.
 BASE = {
@@ -44,9 +50,10 @@ MODEL_INPUTS = [
 # would show instead if the output check came after loading it: they prove the check comes first.
 CASES = [(tool, case, args, message) for tool in BASE for case, args, message in MODEL_INPUTS] + [
     ("sample.py", "prompt_beyond_context", ["--model", "{ckpt}", "--prompt", LONG], "exceeds the model's context of 64"),
-    ("eval_math.py", "prompt_beyond_context", ["--model", "{ckpt}", "--data", "{long}"], "exceeds the model's context of 64"),
+    ("eval_math.py", "prompt_beyond_context", ["--model", "{ckpt}", "--data", "{long}"],
+     "{long}, line 2 (prompts) has"),  # and "exceeds the model's context of 64"
     ("train_math.py", "prompt_beyond_context", ["--model", "{ckpt}", "--eval_data", "{long}", "--max_completion_length", "8"],
-     "row 0 of the held-out prompts ({long}) has"),
+     "{long}, line 2 (held-out prompts) has"),  # the file's line, counted from 1, not the row's index
     ("train_math.py", "config_model_is_a_number", ["--config", "{config_model_5}"], "{config_model_5}: model must be text, got 5"),
     ("train_math.py", "config_data_is_a_list", ["--config", "{config_data_list}", "--model", "{ckpt}"],
      "{config_data_list}: data must be text, got [1, 2]"),
@@ -80,7 +87,45 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
      "minigrpo-tiny-arith cannot represent"),
     ("train_math.py", "prompt_the_tokenizer_cannot_represent", ["--data", "{gsm8k}"], "minigrpo-tiny-arith cannot represent"),
 ]
+# Issue 22, item 12: numbers that are not finite, 0 read as "the default", a YAML error, a reward weight, a data set's
+# NaN, a data set of golds nothing can match; item 10: output_dir where os.access says yes but nothing can be written.
+CASES += [
+    ("train_math.py", "temperature_inf", ["--model", "{ckpt}", "--temperature", "inf"], "temperature must be a finite number, got inf"),
+    ("train_math.py", "learning_rate_nan", ["--model", "{ckpt}", "--learning_rate", "nan"],
+     "learning_rate must be a finite number, got nan"),
+    ("sample.py", "temperature_inf", ["--model", "{ckpt}", "--temperature", "inf"], "temperature must be >= 0 and finite"),
+    ("eval_math.py", "temperature_inf", ["--model", "{ckpt}", "--temperature", "inf"], "temperature must be >= 0 and finite"),
+    ("sample.py", "max_new_tokens_0", ["--model", "{ckpt}", "--max_new_tokens", "0"],
+     "--max_new_tokens must be a positive integer (leave it out for what the context leaves), got 0"),
+    ("eval_math.py", "max_new_tokens_0", ["--model", "{ckpt}", "--max_new_tokens", "0"],
+     "--max_new_tokens must be a positive integer (leave it out for what the context leaves), got 0"),
+    ("train_math.py", "config_yaml_error", ["--config", "{config_bad_yaml}"],
+     "cannot read the config file {config_bad_yaml}: line 3, column 1: expected ',' or ']'"),
+    ("train_math.py", "rewards_weight_not_a_number", ["--model", "{ckpt}", "--rewards", "accuracy:abc"],
+     "--rewards 'accuracy:abc': the weight of 'accuracy' must be a number, got 'abc'"),
+    ("eval_math.py", "answer_nan", ["--model", "{ckpt}", "--data", "{answer_nan}"], "{answer_nan}, line 2: field 'answer' is nan"),
+    ("train_math.py", "answer_infinity", ["--model", "{ckpt}", "--eval_data", "{answer_infinity}"],
+     "{answer_infinity}, line 2: field 'answer' is inf, not a finite number"),
+    ("eval_math.py", "no_gold_can_match", ["--model", "{ckpt}", "--data", "{golds_unmatchable}"],
+     "{golds_unmatchable}: no row has a gold answer that a completion can match"),
+    ("train_math.py", "output_dir_in_proc", ["--model", "{truncated}", "--output_dir", "/proc/minigrpo-run"],
+     "--output_dir /proc/minigrpo-run cannot be written"),
+    ("train_math.py", "output_dir_in_sys", ["--model", "{truncated}", "--output_dir", "/sys/minigrpo-run/a"],
+     "--output_dir /sys/minigrpo-run/a cannot be written"),
+    ("train_math.py", "output_dir_empty", ["--model", "{truncated}", "--output_dir", ""], "--output_dir is empty"),
+]
+# Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case, arguments, note).
+NOTED = [
+    ("eval_math.py", "golds_skipped_and_unparsed", ["--model", "{ckpt}", "--data", "{golds_mixed}", "--count", "5", "--num_samples", "1"],
+     ["note: {golds_mixed}: skipped 2 of 5 rows whose gold answer no completion can match (empty once normalised, or its "
+      "braces unbalanced), first line 3 ('$$')",
+      "note: {golds_mixed}: 1 of 5 rows have a gold answer the verifier cannot parse, first line 5 ('\\\\int_0^1 x dx'); kept, "
+      "but only an answer written the same way scores right on them",
+      "{golds_mixed} (3 problems"]),
+]
 SKIPPED = {}  # case -> why it cannot be shown on this machine
+if importlib.util.find_spec("yaml") is None:
+    SKIPPED["config_yaml_error"] = "PyYAML is not installed"
 if torch.cuda.is_available():
     SKIPPED["device_cuda_without_gpu"] = "this machine has a GPU"
 if os.geteuid() == 0:
@@ -109,14 +154,27 @@ def checkpoints(tmp) -> dict:
     }
     paths = {"tmp": tmp, "ckpt": good, "long": tmp / "long.jsonl", "file": tmp / "a-file", "read_only": tmp / "read-only",
              "config_model_5": tmp / "model-5.json", "config_data_list": tmp / "data-list.json",
-             "config_unknown": tmp / "unknown.json", "config_top_p_0": tmp / "top-p-0.yaml"}
+             "config_unknown": tmp / "unknown.json", "config_top_p_0": tmp / "top-p-0.yaml",
+             "config_bad_yaml": tmp / "bad.yaml", "answer_nan": tmp / "answer-nan.jsonl",
+             "answer_infinity": tmp / "answer-infinity.jsonl", "golds_unmatchable": tmp / "golds-unmatchable.jsonl",
+             "golds_mixed": tmp / "golds-mixed.jsonl"}
     for name, edit in damage.items():
         paths[name] = tmp / name
         paths[name].mkdir()
         for file in good.iterdir():
             (paths[name] / file.name).write_bytes(file.read_bytes())
         edit(paths[name])
-    paths["long"].write_text(json.dumps({"question": LONG, "answer": "#### 42"}) + "\n")
+    paths["long"].write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n"
+                             + json.dumps({"question": LONG, "answer": "#### 42"}) + "\n")
+    paths["config_bad_yaml"].write_text("learning_rate: 1e-5\nadam_betas: [0.9, 0.95\n")  # the list never closes
+    first = json.dumps({"problem": "What is 1 + 1?", "answer": "2"})
+    paths["answer_nan"].write_text(first + '\n{"problem": "What is 0 / 0?", "answer": NaN}\n')  # Python's json reads both
+    paths["answer_infinity"].write_text(first + '\n{"problem": "What is 1 / 0?", "answer": Infinity}\n')
+    paths["golds_unmatchable"].write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n"
+                                                  for i, gold in enumerate(["$$", "\\frac{1", "\\$"])))
+    golds = ["2", "\\frac{1}{2}", "$$", "\\frac{1", "\\int_0^1 x dx"]  # kept, kept, skipped, skipped, kept (not parsed)
+    paths["golds_mixed"].write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n"
+                                            for i, gold in enumerate(golds)))
     paths["gsm8k"] = tmp / "gsm8k.jsonl"
     paths["gsm8k"].write_text(json.dumps({"question": "Janet has 3 ducks and 4 eggs. How many?", "answer": "3 + 4 = 7\n#### 7"}) + "\n")
     paths["file"].write_text("not a directory\n")
@@ -134,7 +192,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad_input")
     paths = checkpoints(tmp)
     jobs = []
-    for tool, case, args, _ in CASES:
+    for tool, case, args, _ in CASES + NOTED:
         if case not in SKIPPED:
             name = name_of(tool, case)
             flags = {**BASE.get(tool, {}), **dict(zip(args[::2], args[1::2]))}
@@ -166,6 +224,68 @@ def test_bad_input_is_refused_in_one_line(runs, tool, case, args, message):
         assert stdout == ""
     if tool == "train_math.py":  # nothing written
         assert not (paths["tmp"] / "runs" / name_of(tool, case)).exists()
+
+
+@pytest.mark.parametrize("tool, case, args, notes", NOTED, ids=[name_of(*row[:2]) for row in NOTED])
+def test_rows_a_data_set_cannot_use_are_named_in_a_note(runs, tool, case, args, notes):
+    results, paths = runs
+    status, stdout, stderr = results[name_of(tool, case)]
+    assert status == 0, stderr
+    for note in notes:
+        assert note.format(**paths) in stdout, stdout
+
+
+def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_path):
+    """Tokenizing 10 MB takes half a minute; a prompt that long cannot fit whatever its tokens, and is refused
+    in time linear in its length (a look at its characters), naming its file and line."""
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"question": HUGE, "answer": "#### 42"}) + "\n")
+    examples_server.run("eval_math.py", ["--data", "no-such-kind"], str(tmp_path), "warm-up")  # the server has imported
+    started = time.monotonic()
+    code = examples_server.run("eval_math.py", ["--model", EMBEDDED, "--data", str(huge), "--output", str(tmp_path / "r.jsonl")],
+                               str(tmp_path), "huge")
+    seconds = time.monotonic() - started
+    stderr = (tmp_path / "huge.err").read_text()
+    assert code == 1 and stderr.count("\n") == 1, stderr
+    assert f"{huge}, line 1 (prompts) has {len(HUGE):,} characters, too many for the" in stderr
+    assert seconds < 10, seconds  # a few seconds for reading and checking 10 MB on a busy machine; not 30-90
+
+
+def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(tmp_path, monkeypatch):
+    """ENOSPC while probing --output_dir (a write, or the fsync after it) says so, and leaves nothing behind."""
+    spec = importlib.util.spec_from_file_location("train_math", os.path.join(ROOT, "examples", "train_math.py"))
+    train_math = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_math)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "runs" / "full"
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", full)
+        with pytest.raises(SystemExit) as stop:
+            train_math.check_output_dir(str(out))
+    assert str(stop.value.code).startswith(f"train_math.py: --output_dir {out} cannot be written: no space left on the "
+                                           "device (") and str(stop.value.code).endswith(" bytes free)")
+    assert list(tmp_path.iterdir()) == []  # neither the directories it made nor the probe file are left
+
+
+def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_path):
+    """A run killed as it saves its last step, then resumed: the resumed process has nothing left to train, and
+    summary.json's wall_seconds still holds the killed process's time (kept in the checkpoint), not only its own."""
+    out = tmp_path / "run"
+    args = ["--template", "tiny", "--train_count", "20", "--eval_count", "2", "--steps", "2", "--save_every", "1",
+            "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2", "--max_completion_length", "6",
+            "--output_dir", str(out)]
+    code = examples_server.train_math(args, "save 2: renamed into place, its directory not fsynced", str(tmp_path), "killed")
+    assert code == -9, (tmp_path / "killed.err").read_text()[-3000:]
+    saved = torch.load(out / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=True).get("wall_seconds", 0)
+    started = time.monotonic()
+    assert examples_server.train_math(args + ["--resume"], None, str(tmp_path), "resumed") == 0, \
+        (tmp_path / "resumed.err").read_text()[-3000:]
+    resumed = time.monotonic() - started  # the resumed process's time, start-up included
+    wall = json.load(open(out / "summary.json"))["wall_seconds"]
+    assert saved > 0 and saved <= wall <= saved + resumed + 0.05, (saved, wall, resumed)  # 0.05: the summary's rounding
 
 
 def test_the_runner_shows_what_the_interpreter_would(runs):

@@ -21,15 +21,21 @@ class Problem:
     answer: str  # the gold answer, as the verifier compares it ("185", "\\frac{5}{6}", "x = 5")
     solution: str = ""  # a worked solution ending in the answer (generated problems; for warm-up)
     extra: dict = field(default_factory=dict)  # more columns for the rewards (Countdown's "numbers")
+    source: str = field(default="", compare=False)  # where it was read, named in errors: "data.jsonl, line 7"; "" if generated
 
 
 def to_task(problems: list[Problem], template, rewards, tokenizer=None):
     """The trainer's Task: each problem's question rendered by `template`, its answer and extra columns."""
     rows = [{"prompt": template.render(p.question, tokenizer), "answer": p.answer, **p.extra} for p in problems]
-    return Task(rows, rewards)
+    return Task(rows, rewards, sources_of(problems))
+
+
+def sources_of(problems: list[Problem]) -> list[str] | None:
+    """Where each problem was read, for errors; None unless every one was read from a file."""
+    return [p.source for p in problems] if all(p.source for p in problems) else None
 
 
 from .datasets import load_problems  # noqa: E402  (datasets imports Problem from this module)
 from .task import PromptStream, Task  # noqa: E402
 
-__all__ = ["Problem", "PromptStream", "Task", "load_problems", "to_task"]
+__all__ = ["Problem", "PromptStream", "Task", "load_problems", "sources_of", "to_task"]

@@ -1,16 +1,21 @@
 """Start of the loop, task: problems read from JSONL files in GSM8K's or MATH's format.
 
 In: a local path, or a file of a Hub dataset written hf://datasets/<owner>/<name>[@revision]/<path>.
-Out: `Problem`s whose answer is the gold answer as the verifier compares it. A bad row is a
-ValueError naming the file, its line and what is wrong. It knows files and rows, not prompts,
-tokens or the model. `load_problems` picks between these files and the synthetic generators.
-A MATH solution's boxed answer is read with the verifier's own extractor, the one import from a
-stage to the right: a gold answer is then found by exactly the rule that finds a model's.
+Out: `Problem`s whose answer is the gold answer as the verifier compares it, each naming its file
+and line (`Problem.source`). A bad row is a ValueError naming the file, its line (1-based, as an
+editor counts) and what is wrong; a number that is not finite (JSON's NaN, Infinity, 1e999) is one.
+It knows files and rows, not prompts, tokens or the model. `load_problems` picks between these
+files and the synthetic generators, and keeps the rows whose gold the verifier can score
+(`keep_scorable`: a gold that can never be scored right is skipped, with a note).
+The verifier is the one stage to the right this imports: a MATH solution's boxed answer is read
+with its own extractor (a gold answer is then found by exactly the rule that finds a model's), and
+each gold is checked with its normaliser and parser.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from urllib.parse import unquote
@@ -25,11 +30,13 @@ DEFAULT_COUNTS = {"train": 1000, "test": 200}  # synthetic problems per split wh
 
 _GSM8K_ANSWER = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_PLAIN_NUMBER = re.compile(r"-?\d{1,30}(?:\.\d{1,30})?")  # a gold the verifier always parses and matches
 
 
 def load_problems(name_or_path: str, split: str = "train", count: int | None = None, seed: int = 0,
-                  difficulty: int = 1) -> list[Problem]:
-    """A synthetic kind's problems of `split`, or the first `count` rows of a JSONL file (split ignored)."""
+                  difficulty: int = 1, note=print) -> list[Problem]:
+    """A synthetic kind's problems of `split`, or the first `count` rows of a JSONL file whose gold answers
+    can be scored (split ignored; `note` hears of the rows skipped, see `keep_scorable`)."""
     if count is not None and (not isinstance(count, int) or count < 1):
         raise ValueError(f"count must be a positive integer or None (all rows / the default), got {count!r}")
     if name_or_path in synthetic.KINDS:
@@ -40,8 +47,7 @@ def load_problems(name_or_path: str, split: str = "train", count: int | None = N
     if not name_or_path.startswith(HUB_PREFIX) and not os.path.exists(name_or_path):
         raise ValueError(f"unknown dataset {name_or_path!r}: not a synthetic kind ({', '.join(synthetic.KINDS)}), "
                          f"an existing JSONL file or a Hub file {HUB_SYNTAX}")
-    problems = load_jsonl(name_or_path)
-    return problems if count is None else problems[:count]
+    return keep_scorable(load_jsonl(name_or_path), name_or_path, count, note)
 
 
 def load_jsonl(source: str, fmt: str = "auto") -> list[Problem]:
@@ -58,10 +64,73 @@ def load_jsonl(source: str, fmt: str = "auto") -> list[Problem]:
     problems = []
     for line, row in rows:
         try:
-            problems.append(parse(row))
+            problem = parse(row)
         except ValueError as e:
             raise ValueError(f"{source}, line {line}: {e}") from None
+        problem.source = f"{source}, line {line}"
+        problems.append(problem)
     return problems
+
+
+# --- gold answers the verifier can score -----------------------------------------------------------
+def keep_scorable(problems: list[Problem], source: str, count: int | None = None, note=print) -> list[Problem]:
+    """The first `count` problems (None: all) whose gold answer can be scored, with a note for each kind of gold
+    that needs one. A gold that does not equal itself written in \\boxed{}, as the prompts ask answers to be
+    written, can never be scored right (empty once normalised, such as "$$"; unbalanced braces): it is skipped.
+    A gold the verifier cannot parse (an integral, "1, 2, \\ldots") but equal to itself is kept: only an answer
+    spelled the same way, once normalised, scores right on it. Rows past the count-th kept one are not checked;
+    a plain number is not checked either, and any other gold costs a normalisation and a parse (well under a
+    millisecond for a gold of a few dozen characters: benchmarks/README.md)."""
+    kept, skipped, unparsed = [], [], []
+    for problem in problems:
+        if count is not None and len(kept) == count:
+            break
+        verdict = gold_verdict(problem.answer)
+        if verdict == "never right":
+            skipped.append(problem)
+            continue
+        if verdict == "not parsed":
+            unparsed.append(problem)
+        kept.append(problem)
+    checked = len(kept) + len(skipped)
+    if skipped:
+        note(f"note: {source}: skipped {len(skipped)} of {checked} rows whose gold answer no completion can match "
+             f"(empty once normalised, or its braces unbalanced), first {_first(skipped)}")
+    if unparsed:
+        note(f"note: {source}: {len(unparsed)} of {checked} rows have a gold answer the verifier cannot parse, first "
+             f"{_first(unparsed)}; kept, but only an answer written the same way scores right on them")
+    if not kept:
+        raise ValueError(f"{source}: no row has a gold answer that a completion can match")
+    return kept
+
+
+def gold_verdict(answer: str) -> str:
+    """"parsed", "not parsed" (only an identical answer matches it) or "never right" (nothing matches it)."""
+    if _PLAIN_NUMBER.fullmatch(answer):  # every GSM8K gold, most of MATH's: nothing to check
+        return "parsed"
+    from ..verifier.equivalence import answers_match  # sympy: imported only once a gold needs it
+    from ..verifier.normalize import normalize
+    from ..verifier.parse import parse
+    from ..verifier.values import Unsupported
+
+    try:
+        boxed = extract_answer("\\boxed{" + answer + "}")
+        normalised = normalize(answer)
+        if boxed is None or not normalised:  # an empty answer equals nothing
+            return "never right"
+        if boxed != answer and not answers_match(boxed, answer):  # answers_match(x, x) is `normalised` being non-empty
+            return "never right"
+        parse(normalised)
+    except Unsupported:
+        return "not parsed"
+    except Exception:  # the verifier's worker fails such a gold closed too: no answer is ever right
+        return "never right"
+    return "parsed"
+
+
+def _first(problems: list[Problem]) -> str:
+    shown = problems[0].answer if len(problems[0].answer) <= 40 else problems[0].answer[:37] + "..."
+    return f"{problems[0].source.rpartition(', ')[2]} ({shown!r})"
 
 
 # --- where the file is ----------------------------------------------------------------------------
@@ -168,6 +237,8 @@ def _field(row: dict, key: str, allow_empty: bool = False) -> str:
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"field {key!r} is a {type(value).__name__}, not text")
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN and Infinity, or 1e999
+        raise ValueError(f"field {key!r} is {value}, not a finite number")
     text = str(value).strip()
     if not text and not allow_empty:
         raise ValueError(f"field {key!r} is empty")
