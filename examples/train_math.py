@@ -35,6 +35,7 @@ from minigrpo.tasks import load_problems, sources_of, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
 from minigrpo.trainer import build_trainer
+from minigrpo.update import NonFiniteWeights
 
 # The embedded default, found from this file: the default run works offline from any directory.
 EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
@@ -285,13 +286,16 @@ if __name__ == "__main__":
         trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
     try:  # what the accuracy is measured on must stay the same from start to end
         initial = trainer.initial_evaluation(held_out_accuracy, {"eval_data": eval_source, "eval_count": len(eval_problems)})
-    except ValueError as error:
+    except (ValueError, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
     trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
     trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
-    trainer.train(on_step=every_few_steps, observer=trace, start_stats={"eval/accuracy": initial["initial_accuracy"]})
+    try:  # broken weights are never saved; a full disk keeps nothing of the write it stopped
+        trainer.train(on_step=every_few_steps, observer=trace, start_stats={"eval/accuracy": initial["initial_accuracy"]})
+    except (NonFiniteWeights, checkpoint.DiskFull) as error:
+        sys.exit(f"train_math.py: {error}")
 
     # After: the same evaluation, and a summary to compare runs by.
     final_accuracy = held_out_accuracy()
@@ -311,8 +315,11 @@ if __name__ == "__main__":
         "processes": trainer.dist.world_size,
         "args": vars(args),
     }
-    checkpoint.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
-    checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})  # a later --resume adds on
+    try:
+        checkpoint.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
+        checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})  # a later --resume adds on
+    except checkpoint.DiskFull as error:
+        sys.exit(f"train_math.py: {error}")
     plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
     print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
           f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "

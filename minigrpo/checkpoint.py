@@ -3,9 +3,13 @@
 A checkpoint is `output_dir/checkpoints/step-000012/`: the policy in Hugging Face layout
 (config.json, model.safetensors, tokenizer files: loadable by `load_pretrained` and by
 transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
-configs; the learning rate is a function of the step, so there is no scheduler to save). It is
-written into a temporary sibling directory and renamed into place, so a crash while saving
-leaves the earlier checkpoints as they were and never a partial one. Beside the checkpoints it keeps
+configs; the learning rate is a function of the step, so there is no scheduler to save), and last
+checksums.json, the sha256 of every other file. It is written into a temporary sibling directory
+and renamed into place, so a crash while saving leaves the earlier checkpoints as they were and
+never a partial one. A resume verifies the checksums (hashing reads every byte: seconds for a 0.6B
+model's checkpoint, at each save and each resume) and skips a damaged checkpoint for the one
+before it. A full disk is one DiskFull line naming the path and the free space, with nothing
+of the write left behind. Beside the checkpoints it keeps
 output_dir/initial_eval.json, the starting policy's score that --resume reads back; `replaced_whole`
 (`replace_json`) is its write-then-rename, also used for summary.json and trace.html.
 In: a directory, a step, the model and a state dict. Out: files, and the state read back.
@@ -15,6 +19,8 @@ It knows files and state dicts, not how they are used.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import pickle
@@ -25,36 +31,95 @@ import tempfile
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from .tokenizer import read_json_object
-from .weights import replace_dir, write_files
+from .weights import check_tensors, read_tokenizer, replace_dir, write_files
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
+CHECKSUMS = "checksums.json"  # in each checkpoint, written last: {"sha256": {file name: hex digest}}
 INITIAL_EVALUATION = "initial_eval.json"  # in output_dir: the starting policy's score, kept across resumes
 _STEP_DIR = re.compile(r"step-(\d+)")
+
+
+class DiskFull(OSError):
+    """The disk (or a quota) ran out while writing; the message names the path and the space left."""
 
 
 def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, keep: int, *, weights: dict | None = None) -> str:
     """Write checkpoint `step` atomically, keep the newest `keep`; returns its directory. `weights`:
     the model's whole state dict, when the model itself holds only a shard of it (FSDP2)."""
     parent = os.path.join(output_dir, CHECKPOINTS)
-    os.makedirs(parent, exist_ok=True)
     final = os.path.join(parent, f"step-{step:06d}")
-    tmp = tempfile.mkdtemp(prefix=".tmp-step-", dir=parent)
-    try:
-        write_files(model, tokenizer, tmp, weights=weights)
-        torch.save(state, os.path.join(tmp, STATE_FILE))
-        _fsync_tree(tmp)  # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
-        replace_dir(tmp, final)  # the same step saved again: the old copy goes only once the new one is in place
-        _fsync(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with disk_full_named(final):
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".tmp-step-", dir=parent)
+        try:
+            write_files(model, tokenizer, tmp, weights=weights)
+            with open(os.path.join(tmp, STATE_FILE), "wb") as f:  # a Python file: a full disk raises ENOSPC
+                torch.save(state, f)
+            write_checksums(tmp)  # last: it covers every file above
+            _fsync_tree(tmp)  # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
+            replace_dir(tmp, final)  # the same step saved again: the old copy goes only once the new one is in place
+            _fsync(parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     _prune(parent, keep)
     remove_leftovers(output_dir)
     return final
+
+
+@contextlib.contextmanager
+def disk_full_named(path: str):
+    """Running out of space inside the block (ENOSPC or EDQUOT anywhere in an error's chain: torch and
+    safetensors wrap it in errors of their own) becomes one DiskFull line naming `path` and the space
+    left on its file system. The block's own cleanup has run by then."""
+    try:
+        yield
+    except Exception as error:
+        if isinstance(error, DiskFull) or not _out_of_space(error):  # a DiskFull already names its path
+            raise
+        raise DiskFull(f"no space left on the device to write {path} ({_free_space(path)} free there); "
+                       "what was being written is not kept, earlier files are as they were") from None
+
+
+def _out_of_space(error: BaseException | None) -> bool:
+    """Whether `error`, or one it was raised from or during, is a disk or a quota running out."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):  # Rust's I/O errors
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _free_space(path: str) -> str:
+    """The free space on the file system of `path` (or of its nearest existing parent), in words."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    if free < 2**20:
+        return f"{free} bytes"
+    return f"{free / 2**20:.1f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
+
+
+def write_checksums(directory: str) -> None:
+    """CHECKSUMS in `directory`: the sha256 of every other file there."""
+    names = sorted(name for name in os.listdir(directory) if name != CHECKSUMS)
+    digests = {name: _sha256(os.path.join(directory, name)) for name in names}
+    with open(os.path.join(directory, CHECKSUMS), "w", encoding="utf-8") as f:
+        json.dump({"sha256": digests}, f, indent=1)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):  # 1 MiB at a time: a checkpoint need not fit in memory
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def latest_checkpoint(output_dir: str) -> str | None:
@@ -63,33 +128,53 @@ def latest_checkpoint(output_dir: str) -> str | None:
     return steps[-1][1] if steps else None
 
 
-def latest_intact_checkpoint(output_dir: str, note=print) -> str | None:
-    """The newest checkpoint whose files all read back (a crash or a full disk can damage one);
-    each damaged one skipped on the way is named through `note`."""
+def latest_intact_checkpoint(output_dir: str, note=print, required: tuple[str, ...] = ()) -> str | None:
+    """The newest checkpoint whose files all read back and match their checksums (a crash, a full disk
+    or a bad copy can damage one), its trainer state holding the `required` keys; each damaged one
+    skipped on the way is named through `note`."""
     for _, directory in reversed(_checkpoints(os.path.join(output_dir, CHECKPOINTS))):
-        damage = _damage(directory)
+        damage = _damage(directory, required)
         if damage is None:
+            if not os.path.exists(os.path.join(directory, CHECKSUMS)):
+                note(f"note: {directory} has no {CHECKSUMS} (saved by an older minigrpo): its files are read, "
+                     "not verified")
             return directory
         note(f"note: {directory} is damaged ({damage}); trying the checkpoint before it")
     return None
 
 
-def _damage(directory: str) -> str | None:
-    """Why the checkpoint in `directory` cannot be resumed from, or None: its state loads, its
-    config parses, and every weights file has a complete header and all the bytes it declares."""
+def _damage(directory: str, required: tuple[str, ...]) -> str | None:
+    """Why the checkpoint in `directory` cannot be resumed from, or None: its state loads and holds the
+    `required` keys, its config parses, every tensor it implies is in the weights files with its shape
+    and all its bytes, its tokenizer (if any) loads, and every file matches its checksum."""
     try:
-        load_state(directory)
-        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-            if not isinstance(json.load(f), dict):
-                return "config.json is not a JSON object"
-        shards = [name for name in os.listdir(directory) if name.endswith(".safetensors")]
-        if not shards:
-            return "no .safetensors weights"
-        for name in shards:
-            with safe_open(os.path.join(directory, name), framework="pt"):
-                pass  # safetensors checks the header and the file's length against it
+        state = load_state(directory)
+        if not isinstance(state, dict):
+            return f"{STATE_FILE} holds a {type(state).__name__}, not a dict"
+        missing = [key for key in required if key not in state]
+        if missing:
+            return f"{STATE_FILE} lacks {', '.join(missing)}"
+        check_tensors(directory)  # safetensors checks each header and the file's length against it
+        read_tokenizer(directory)
+        return _checksum_damage(directory)
     except Exception as error:  # a truncated pickle, zip or safetensors file, bad JSON, a missing file
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+
+
+def _checksum_damage(directory: str) -> str | None:
+    """The first file of `directory` that is missing or differs from its CHECKSUMS entry, said; None if
+    all match, or if there is no CHECKSUMS (a checkpoint of an older minigrpo)."""
+    path = os.path.join(directory, CHECKSUMS)
+    if not os.path.exists(path):
+        return None
+    digests = read_json_object(path, "the checkpoint's checksums").get("sha256")
+    if not isinstance(digests, dict):
+        return f"{CHECKSUMS} has no sha256 mapping of file names to digests"
+    for name, digest in digests.items():
+        if not os.path.isfile(os.path.join(directory, name)):
+            return f"{name} is missing"
+        if _sha256(os.path.join(directory, name)) != digest:
+            return f"{name} does not match its sha256 in {CHECKSUMS}: its bytes changed after the save"
     return None
 
 
@@ -132,19 +217,21 @@ def replace_json(path: str, data: dict) -> None:
 def replaced_whole(path: str):
     """A text file to write `path`'s new contents into: path.tmp, fsynced and renamed over `path` once
     the block ends, so that a kill mid-write leaves the old file or the new one, never one cut short.
-    An error removes path.tmp; a kill leaves it, and the next write of `path` replaces it."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    An error removes path.tmp (a full disk is then a DiskFull); a kill leaves it, and the next write of
+    `path` replaces it."""
     tmp = path + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with disk_full_named(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
 
 def rng_states() -> dict:

@@ -17,7 +17,7 @@ import time
 
 from tqdm import tqdm
 
-from .checkpoint import replaced_whole
+from .checkpoint import disk_full_named, replaced_whole
 
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
@@ -42,7 +42,7 @@ class MetricsLogger:
         self.path = os.path.join(output_dir, "metrics.jsonl")
         first = start_stats if start_step == 0 else None  # step 0's line, written by this logger like every other
         _drop_lines_after(self.path, start_step if first is None else -1)  # a resume rewrites what followed its checkpoint
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.file = open(self.path, "ab", buffering=0)  # unbuffered: _write leaves its whole line on file, or none
         self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar)
         check_report_to(report_to)
         self.reporter = REPORTERS[report_to](output_dir, start_step if first is None else -1) if report_to != "none" else None
@@ -50,8 +50,15 @@ class MetricsLogger:
             self._write(0, first)
 
     def _write(self, step: int, stats: dict[str, float]) -> None:
-        self.file.write(json.dumps({"step": step, **stats}) + "\n")
-        self.file.flush()
+        line = (json.dumps({"step": step, **stats}) + "\n").encode("utf-8")
+        size = os.fstat(self.file.fileno()).st_size
+        with disk_full_named(self.path):
+            try:
+                while line:
+                    line = line[self.file.write(line) :]  # a write may take part of it
+            except BaseException:
+                os.truncate(self.path, size)  # no line cut short is left behind (shrinking needs no space)
+                raise
         if self.reporter:
             self.reporter.log(step, stats)
 
@@ -160,7 +167,8 @@ def console_line(step: int, stats: dict[str, float]) -> str:
 
 
 def _drop_lines_after(path: str, step: int) -> None:
-    """Keep the lines of steps <= `step` (and none cut short by a crash). The file is replaced whole
+    """Keep the lines of steps <= `step`; a line that is not a step's record (cut short by a crash, or
+    not a JSON object with an integer step) is named and dropped. The file is replaced whole
     (checkpoint.replaced_whole), never truncated in place: a kill at any moment leaves the old or the new one."""
     if os.path.exists(path + ".tmp"):  # the temporary file of a trim killed before its rename
         os.remove(path + ".tmp")
@@ -169,11 +177,21 @@ def _drop_lines_after(path: str, step: int) -> None:
     kept, total = [], 0
     with open(path, encoding="utf-8") as f:
         for total, line in enumerate(f, 1):
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line)
-            except (ValueError, KeyError):  # a line cut short by a crash
-                continue
+            logged = _step_of(line)
+            if logged is None:
+                print(f"note: {path} line {total} is not a step's record (cut short by a crash?); dropped")
+            elif logged <= step:
+                kept.append(line)
     if len(kept) < total:
         with replaced_whole(path) as f:
             f.writelines(kept)
+
+
+def _step_of(line: str) -> int | None:
+    """The step a metrics line records, or None for a line that is not a JSON object with an integer step."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

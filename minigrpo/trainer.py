@@ -53,10 +53,16 @@ from .tasks import PromptStream, Task
 from .update import Updater
 from .verifier import Rewards, compute_rewards
 
+# The keys of Trainer.state_dict that a resume reads: a checkpoint whose trainer_state.pt lacks one is damaged.
+STATE_KEYS = ("step", "optimizer", "data", "rng", "model_path", "configs")
+
 
 class Trainer:
     def __init__(self, model, tokenizer, task: Task, grpo: GRPOConfig, config: TrainConfig, *,
                  model_path: str = "", reference=None, dist: distributed.Dist | None = None):
+        if model.dtype == torch.float16:  # AdamW's eps (1e-8) is 0 in float16: a step divides by zero
+            raise ValueError("the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 rounds to 0 "
+                             "and the first step turns most weights into NaN or inf); use bfloat16 or float32")
         self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
         config.check_against(grpo, self.dist.world_size)
         if self.dist.world_size > 1:  # (the digest reads every row: not for one process)
@@ -240,7 +246,7 @@ class Trainer:
         return self.dist.broadcast(path)  # no rank goes on before the checkpoint is complete
 
     def state_dict(self) -> dict:
-        """Everything but the weights; every rank must call it (it gathers)."""
+        """Everything but the weights (STATE_KEYS, and wall_seconds); every rank must call it (it gathers)."""
         return {
             "step": self.step,
             "optimizer": self.policy.optimizer_state(self.optimizer),
@@ -333,23 +339,26 @@ def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: T
 
 def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
                   *, device: str = "cpu", dtype=None) -> Trainer:
-    """The Trainer `train` runs, restored from the latest checkpoint when config.resume is set.
-    examples/train_math.py uses it to evaluate before training."""
+    """The Trainer `train` runs, restored from the latest intact checkpoint when config.resume is set (a
+    resume that names another model_path than the run started from is refused). examples/train_math.py
+    uses it to evaluate before training."""
     grpo, config = grpo or GRPOConfig(), config or TrainConfig()
     parse_device(device)  # an unknown device, or a GPU this machine lacks, is refused before anything starts
     dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
     config.check_against(grpo, dist.world_size)
     resume_from = _resume_point(config, model_path, dist)
+    saved = None if resume_from is None else checkpoint.load_state(resume_from)
+    if saved is not None:
+        _check_same_start(saved["model_path"], model_path, resume_from, dist.print)
     device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:
-        raise ValueError(f"{model_path} has no tokenizer.json: the trainer needs one to decode completions")
+        raise ValueError(f"{resume_from or model_path} has no tokenizer.json: the trainer needs one to decode completions")
     reference = None
     if resume_from is not None and grpo.beta > 0:  # the KL is to the model the run started from
         reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
     trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist)
-    if resume_from is not None:
-        saved = checkpoint.load_state(resume_from)
+    if saved is not None:
         for note in changed_settings(saved["configs"], as_dict(grpo, config)):
             dist.print(note)
         trainer.load_state_dict(saved)
@@ -376,10 +385,24 @@ def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) 
         dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
         return None
     # the newest checkpoint that reads back; rank 0 checks, and says what it skips
-    resume_from = dist.broadcast(checkpoint.latest_intact_checkpoint(config.output_dir, dist.print) if dist.is_main else None)
+    intact = checkpoint.latest_intact_checkpoint(config.output_dir, dist.print, STATE_KEYS) if dist.is_main else None
+    resume_from = dist.broadcast(intact)
     if resume_from is None:
         raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume")
     return resume_from
+
+
+def _check_same_start(saved_model: str, model_path: str, resume_from: str, note) -> None:
+    """A resume names the model its run started from: the KL reference and the summary are that model's.
+    A Trainer built from a model in memory (model_path "") recorded none: that is said, not refused."""
+    if not saved_model:
+        note(f"note: {resume_from} does not record the model its run started from; the KL reference is {model_path}")
+        return
+    same_directory = os.path.isdir(saved_model) and os.path.isdir(model_path) and os.path.samefile(saved_model, model_path)
+    if saved_model != model_path and not same_directory:
+        raise ValueError(f"{resume_from} continues a run that started from {saved_model}, not {model_path}: resume "
+                         f"with that model (--model {saved_model}), whose KL reference and summary the run keeps, "
+                         "or start a new output_dir")
 
 
 def _described(settings: dict) -> str:

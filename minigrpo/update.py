@@ -4,8 +4,9 @@ In: rollouts with advantages (stage 3). Per step: their old log-probs (num_itera
 reference log-probs (beta > 0), then each pass cuts them into micro-batches (by rows, by a budget
 of padded tokens, or whole groups for the shared-prompt forward), takes grpo_loss of each with
 gradient accumulation, clips the gradient and makes one AdamW step. A non-finite loss or gradient
-skips the pass and leaves weights and AdamW state as they were. It knows rollouts, tensors and the
-configs, not text, rewards or where the rollouts came from; distributed.Policy hides the ranks.
+skips the pass and leaves weights and AdamW state as they were; weights that are not finite after a
+step stop the run (NonFiniteWeights), before anything saves them. It knows rollouts, tensors and
+the configs, not text, rewards or where the rollouts came from; distributed.Policy hides the ranks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from .rollout import Rollout, collate, group_batches, micro_batches, padding_fra
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
 SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean"})
+
+
+class NonFiniteWeights(RuntimeError):
+    """An AdamW step left NaN or inf in the weights; the message names the GRPO step."""
 
 
 class Updater:
@@ -57,7 +62,10 @@ class Updater:
             self._store_logprobs(rollouts, self.policy, "old_logprobs")
         if self.reference is not None:
             self._store_logprobs(rollouts, self.reference, "ref_logprobs")
-        passes = [self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}") for k in range(self.grpo.num_iterations)]
+        passes = []
+        for k in range(self.grpo.num_iterations):
+            passes.append(self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}"))
+            self._check_finite_weights(step)
         out = {k: sum(p.get(k, 0.0) for p in passes) / len(passes) for k in set().union(*passes)}
         out["skipped"] = max(p["skipped"] for p in passes)  # 1 if any pass was skipped, not a mean
         return out
@@ -84,6 +92,18 @@ class Updater:
         tokens_per_s = out.pop("tokens") / max(time.perf_counter() - started, 1e-9)
         return {**out, "grad_norm": grad_norm, "skipped": float(skipped), "training/tokens_per_s": tokens_per_s,
                 "update/padding_frac": padding_fraction(rollouts, chunks, self._group_size)}
+
+    def _check_finite_weights(self, step: int) -> None:
+        """Raise NonFiniteWeights if any weight, on any rank, is NaN or inf: one fused max-abs over every
+        parameter and one host sync per pass (a rank holds its shards under FSDP2)."""
+        with torch.no_grad():
+            params = [_local(p) for p in self.model.parameters()]
+            largest = torch.stack(torch._foreach_norm(params, float("inf"))).max()  # NaN if any weight is NaN
+            broken = bool(self.dist.max([float(not torch.isfinite(largest))])[0])
+        if broken:
+            bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(_local(p)).all()]
+            raise NonFiniteWeights(f"step {step}: the AdamW step left NaN or inf in the weights ({_few(bad)}), "
+                                   "so the run stops without saving them (lower the learning rate, or train in float32)")
 
     def _combine(self, micro_stats: list[dict]) -> dict[str, float]:
         """One pass's stats from its micro-batches' on every rank: shares of the step's totals add up,
@@ -157,3 +177,15 @@ class Updater:
         if self.model.device.type != "cuda":
             return contextlib.nullcontext()  # CPU: fp32, where bf16 matmuls are ~4x slower
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's tensor on this rank: its shard under FSDP2 (a DTensor), else itself."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    """Up to n names and how many more; under FSDP2 this rank's shards may hold none of them."""
+    if not names:
+        return "in another rank's shard"
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more tensors" if len(names) > n else "")

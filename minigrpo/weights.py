@@ -143,11 +143,40 @@ def weight_files(directory: str) -> dict[str, str]:
     raise CheckpointError(f"{directory} has no {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
+def check_tensors(directory: str) -> None:
+    """The weights files of `directory` hold every tensor its config.json implies, each of that shape and
+    with all its bytes, read from the files' headers (no tensor data is read); a CheckpointError names the
+    file or tensor that does not."""
+    with torch.device("meta"):  # shapes only: no memory
+        expected = to_hf_state_dict(Qwen3(read_config(directory)))
+    files = weight_files(directory)
+    _check_names(expected, files, directory)
+    handles = {}
+    for name, param in expected.items():
+        if files[name] not in handles:
+            handles[files[name]] = _open_safetensors_listed(files[name])  # checks the length against the header
+        shape = tuple(handles[files[name]].get_slice(name).get_shape())
+        if shape != tuple(param.shape):
+            raise CheckpointError(_shape_error(name, directory, shape, param.shape))
+
+
 def _load_weights(model: Qwen3, directory: str) -> None:
     files = weight_files(directory)
     params = to_hf_state_dict(model)
+    _check_names(params, files, directory)
+    handles = {}
+    for name, param in params.items():
+        tensor = _read_tensor(handles, files[name], name)
+        if tensor.shape != param.shape:
+            raise CheckpointError(_shape_error(name, directory, tensor.shape, param.shape))
+        with torch.no_grad():
+            param.copy_(tensor)
+
+
+def _check_names(params: dict, files: dict[str, str], directory: str) -> None:
+    """The files hold every parameter's tensor and nothing else but ignorable extras."""
     unexpected = [n for n in files if n not in params and not IGNORED.match(n)]
-    if model.config.tie_word_embeddings:
+    if "lm_head.weight" not in params:
         unexpected = [n for n in unexpected if n != "lm_head.weight"]  # a tied head saved anyway is a copy
     missing = [n for n in params if n not in files]
     if missing or unexpected:
@@ -155,24 +184,26 @@ def _load_weights(model: Qwen3, directory: str) -> None:
             f"checkpoint in {directory} does not match its config.json: "
             + "; ".join(f"{label}: {_few(names)}" for label, names in (("missing", missing), ("unexpected", unexpected)) if names)
         )
-    handles = {}
-    for name, param in params.items():
-        tensor = _read_tensor(handles, files[name], name)
-        if tensor.shape != param.shape:
-            raise CheckpointError(f"tensor {name} in {directory} has shape {tuple(tensor.shape)}, but config.json implies {tuple(param.shape)}")
-        with torch.no_grad():
-            param.copy_(tensor)
+
+
+def _shape_error(name: str, directory: str, shape, expected) -> str:
+    return f"tensor {name} in {directory} has shape {tuple(shape)}, but config.json implies {tuple(expected)}"
 
 
 def _read_tensor(handles: dict, path: str, name: str) -> torch.Tensor:
     if path not in handles:
-        if not os.path.exists(path):
-            raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
-        handles[path] = _open_safetensors(path)
+        handles[path] = _open_safetensors_listed(path)
     try:
         return handles[path].get_tensor(name)
     except Exception as e:
         raise CheckpointError(f"cannot read tensor {name} from {path}: {e}") from None
+
+
+def _open_safetensors_listed(path: str):
+    """_open_safetensors of a file the weight map names, which may not exist."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
+    return _open_safetensors(path)
 
 
 def _open_safetensors(path: str):

@@ -65,7 +65,8 @@ KILL_POINTS = {
     "save 2: every file written and fsynced, not yet renamed into place": lambda: _kill_at(os, "rename", r"/step-000002$"),
     "save 2: renamed into place, its directory not fsynced": lambda: _kill_at(os, "rename", r"/step-000002$", after=True),
     "prune: step 1 renamed to .deleting-": lambda: _kill_at(os, "rename", r"/\.deleting-step-000001$", after=True),
-    "prune: step 1 half deleted": lambda: _kill_at(os, "unlink", r"", call=3, after=True),  # rmtree's unlinks, the first of a run
+    # rmtree's unlinks: bare names relative to its directory's fd (any other unlink of a run names a path)
+    "prune: step 1 half deleted": lambda: _kill_at(os, "unlink", r"^[^/]+$", call=3, after=True),
     "resume: trimmed metrics in a temporary file, not renamed over metrics.jsonl":
         lambda: _kill_at(os, "replace", r"/metrics\.jsonl$"),
     "end: initial_eval.json being rewritten": lambda: _kill_at(json, "dump", r"/initial_eval\.json", call=2),

@@ -25,14 +25,14 @@ ARGS = ["--template", "tiny", "--rewards", "killed_run_vowels", "--steps", "3", 
 # its kill leaves: the entries of the checkpoints directory with their number of files, and the
 # steps in metrics.jsonl. A resume to the end follows.
 CASES = [
-    [("save 2: weights written, trainer state not", {".tmp-step-*": 5, "step-000001": 6}, [0, 1, 2])],
-    [("save 2: every file written and fsynced, not yet renamed into place", {".tmp-step-*": 6, "step-000001": 6}, [0, 1, 2])],
-    [("save 2: renamed into place, its directory not fsynced", {"step-000001": 6, "step-000002": 6}, [0, 1, 2])],
-    [("prune: step 1 renamed to .deleting-", {".deleting-step-000001": 6, "step-000002": 6, "step-000003": 6}, [0, 1, 2, 3])],
-    [("prune: step 1 half deleted", {".deleting-step-000001": 3, "step-000002": 6, "step-000003": 6}, [0, 1, 2, 3])],
-    [("save 2: every file written and fsynced, not yet renamed into place", {".tmp-step-*": 6, "step-000001": 6}, [0, 1, 2]),
-     ("resume: trimmed metrics in a temporary file, not renamed over metrics.jsonl", {"step-000001": 6}, [0, 1, 2])],
-    [("end: initial_eval.json being rewritten", {"step-000002": 6, "step-000003": 6}, [0, 1, 2, 3])],
+    [("save 2: weights written, trainer state not", {".tmp-step-*": 6, "step-000001": 7}, [0, 1, 2])],  # an empty state file
+    [("save 2: every file written and fsynced, not yet renamed into place", {".tmp-step-*": 7, "step-000001": 7}, [0, 1, 2])],
+    [("save 2: renamed into place, its directory not fsynced", {"step-000001": 7, "step-000002": 7}, [0, 1, 2])],
+    [("prune: step 1 renamed to .deleting-", {".deleting-step-000001": 7, "step-000002": 7, "step-000003": 7}, [0, 1, 2, 3])],
+    [("prune: step 1 half deleted", {".deleting-step-000001": 4, "step-000002": 7, "step-000003": 7}, [0, 1, 2, 3])],
+    [("save 2: every file written and fsynced, not yet renamed into place", {".tmp-step-*": 7, "step-000001": 7}, [0, 1, 2]),
+     ("resume: trimmed metrics in a temporary file, not renamed over metrics.jsonl", {"step-000001": 7}, [0, 1, 2])],
+    [("end: initial_eval.json being rewritten", {"step-000002": 7, "step-000003": 7}, [0, 1, 2, 3])],
 ]
 
 
