@@ -11,7 +11,8 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo.evaluate import evaluate, pass_at_k, summarize
-from minigrpo.tasks import Problem
+from minigrpo.sampler import SamplingConfig, check_prompts
+from minigrpo.tasks import Problem, Task, to_task
 from minigrpo.tasks.datasets import load_jsonl, load_problems, parse_hub_path
 from minigrpo.tasks.prompts import INSTRUCTION, template
 from minigrpo.tasks.synthetic import generate
@@ -86,6 +87,10 @@ BAD_ROWS = {
     "empty answer": ([MATH_ROWS[0], {"problem": "p", "answer": ""}], 3, "empty answer"),
     "list question": ([MATH_ROWS[0], {"problem": ["p"], "answer": "1"}], 3, "field 'problem' is a list"),
     "unknown keys": ([{"prompt": "p", "completion": "c"}], 1, "cannot tell the format"),
+    # Python's json reads JSON's NaN and Infinity, and 1e999 as inf: golds "nan" and "inf" otherwise
+    "NaN answer": ([MATH_ROWS[0], '{"problem": "p", "answer": NaN}'], 3, "field 'answer' is nan, not a finite number"),
+    "Infinity answer": ([MATH_ROWS[0], '{"problem": "p", "answer": -Infinity}'], 3, "field 'answer' is -inf, not a finite"),
+    "overflowing answer": ([MATH_ROWS[0], '{"problem": "p", "answer": 1e999}'], 3, "field 'answer' is inf, not a finite"),
 }
 
 
@@ -186,6 +191,71 @@ def test_load_problems_reads_files_and_rejects_unknown_names(tmp_path):
         load_problems("arithmetic", count=0)
     with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
         load_problems("arithmetic", "validation")
+
+
+def test_golds_no_completion_can_match_are_skipped_with_a_note(tmp_path):
+    golds = ["\\frac{1}{2}", "$$", "7", "\\frac{1", "1, 2, \\ldots", "x = 2", "\\$"]  # line 2 is blank
+    path = write_jsonl(tmp_path / "golds.jsonl", [{"problem": f"q{i}", "answer": g} for i, g in enumerate(golds)],
+                       blank_after_first=True)
+    notes = []
+    problems = load_problems(path, note=notes.append)
+    assert [p.answer for p in problems] == ["\\frac{1}{2}", "7", "1, 2, \\ldots", "x = 2"]
+    assert [p.source for p in problems] == [f"{path}, line {n}" for n in (1, 4, 6, 7)]  # the file's lines, from 1
+    assert notes == [f"note: {path}: skipped 3 of 7 rows whose gold answer no completion can match (empty once "
+                     "normalised, or its braces unbalanced), first line 3 ('$$')",
+                     f"note: {path}: 1 of 7 rows have a gold answer the verifier cannot parse, first line 6 "
+                     "('1, 2, \\\\ldots'); kept, but only an answer written the same way scores right on them"]
+    notes.clear()
+    assert [p.answer for p in load_problems(path, count=2, note=notes.append)] == ["\\frac{1}{2}", "7"]
+    assert notes == [f"note: {path}: skipped 1 of 3 rows whose gold answer no completion can match (empty once "
+                     "normalised, or its braces unbalanced), first line 3 ('$$')"]  # rows past the count: not read
+    unusable = write_jsonl(tmp_path / "none.jsonl", [{"problem": "q", "answer": "$$"}])
+    with pytest.raises(ValueError, match="none.jsonl: no row has a gold answer that a completion can match"):
+        load_problems(unusable, note=notes.append)
+
+
+def test_every_kept_gold_is_matched_by_itself_in_a_box(tmp_path):
+    """What keep_scorable keeps, the verifier scores right: its boxed copy earns the accuracy reward."""
+    golds = ["\\frac{1}{2}", "x = 2", "1, 2, \\ldots", "\\int_0^1 x dx", "-5", "\\text{Monday}", "(1, 2)"]
+    path = write_jsonl(tmp_path / "golds.jsonl", [{"problem": f"q{i}", "answer": g} for i, g in enumerate(golds)])
+    problems = load_problems(path, note=lambda _: None)
+    assert [p.answer for p in problems] == golds
+    completions = [f"So it is \\boxed{{{p.answer}}}." for p in problems]
+    assert compute_rewards(completions, {"answer": golds}, [RewardSpec("accuracy")]).total == [1.0] * len(golds)
+
+
+def test_rows_of_a_task_are_counted_from_1_or_named_by_their_source():
+    with pytest.raises(ValueError, match="^row 2 needs a 'prompt'"):
+        Task([{"prompt": "a"}, {"question": "b"}], [RewardSpec("accuracy")])
+    with pytest.raises(ValueError, match="^d.jsonl, line 5 has columns \\['answer', 'prompt'\\], d.jsonl, line 2 has"):
+        Task([{"prompt": "a"}, {"prompt": "b", "answer": "1"}], [RewardSpec("accuracy")], ["d.jsonl, line 2", "d.jsonl, line 5"])
+    problems = [Problem("1+1", "2", source="d.jsonl, line 3"), Problem("2+2", "4", source="d.jsonl, line 4")]
+    assert to_task(problems, template("tiny"), [RewardSpec("accuracy")]).sources == ["d.jsonl, line 3", "d.jsonl, line 4"]
+    assert to_task(problems + [Problem("3+3", "6")], template("tiny"), [RewardSpec("accuracy")]).sources is None
+
+
+def test_a_prompt_too_long_is_named_by_its_file_and_line():
+    config = SamplingConfig(max_new_tokens=4)
+    with pytest.raises(ValueError, match="^d.jsonl, line 7 \\(held-out prompts\\) has 5 tokens; with max_new_tokens=4"):
+        check_prompts([[1], [1] * 5], config, 10, 8, "held-out prompts", ["d.jsonl, line 3", "d.jsonl, line 7"])
+    with pytest.raises(ValueError, match="^row 2 of the held-out prompts has 5 tokens"):
+        check_prompts([[1], [1] * 5], config, 10, 8, "held-out prompts")
+
+
+@pytest.mark.parametrize("texts", [
+    ["What is 12 + 30? " * 50, "x" * 999, " " * 500, "\\boxed{42}" * 30, "Janet has 3 ducks." * 20],
+    ["e\u0301" * 300, "\ufb2c" * 200, "\u1e17" * 100, "한국어 " * 100],  # NFC shortens the first, lengthens the second
+])
+def test_fewest_tokens_is_a_lower_bound_found_without_encoding(tokenizer, texts):
+    """fewest_tokens never says more than encode gives (it may refuse only what could never fit), and a text past
+    what the room can spell is refused before anything is encoded."""
+    for text in texts:
+        assert tokenizer.fewest_tokens(text) <= len(tokenizer.encode(text)), text[:20]
+    huge = "What is 12 + 30? " * 600_000  # 10 MB: half a minute to encode
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="^d.jsonl, line 2 \\(prompts\\) has 10,200,000 characters, too many for the 60 "):
+        tokenizer.encode_all(["1 + 1", huge], "prompts", "a model", 60, ["d.jsonl, line 1", "d.jsonl, line 2"])
+    assert time.perf_counter() - started < 1.0
 
 
 # --- prompt templates -----------------------------------------------------------------------------
