@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import math
 import random
+import statistics
 
 import pytest
 import torch
@@ -25,9 +26,11 @@ from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
 G, MAX_LEN = 4, 8
 # Per prompt of the step (in sampling order): each completion's length and reward. A length of
-# MAX_LEN is cut there ("length", no EOS); shorter ones end in EOS. The third group is flat.
+# MAX_LEN is cut there ("length", no EOS); shorter ones end in EOS. The third group is flat. For
+# these rewards the trainer's fp32 advantages are the exact formula's rounded to fp32 (asserted):
+# for others they may differ in the last bit, which moves weights far past the tolerance below.
 LENGTHS = [[3, 8, 5, 1], [8, 2, 6, 4], [5, 7, 8, 3]]
-REWARDS = [[1.0, 0.0, 0.5, 0.0], [0.25, 1.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5]]
+REWARDS = [[1.0, 0.0, 0.75, 0.0], [0.25, 1.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.5]]
 EPS = 1e-4  # added to the std of the rewards (advantages.py, as in TRL)
 
 
@@ -106,15 +109,16 @@ def scheduled_lr(config: TrainConfig, step: int) -> float:
     return config.learning_rate * (1 + math.cos(math.pi * progress)) / 2
 
 
-def advantages_by_hand(rewards, scale: str):
-    """(r - mean of its group) / (std + EPS), the unbiased std of the group or of the whole batch;
-    0 for a group whose rewards are all equal. In fp32, as advantages.py computes them: computed in
-    fp64 and rounded, some differ in the last bit, which moves weights by up to 1.4e-8 here."""
-    groups = torch.tensor(rewards, dtype=torch.float32).view(-1, G)  # (P, G)
-    std = groups.std(dim=1, keepdim=True) if scale == "group" else groups.std()
-    advantages = (groups - groups.mean(dim=1, keepdim=True)) / (std + EPS)  # (P, G)
-    advantages[(groups == groups[:, :1]).all(dim=1)] = 0.0
-    return advantages.view(-1).tolist()
+def advantages_by_hand(rewards, scale: str) -> list[float]:
+    """A_i = (r_i - mean of its group) / (std + EPS) in plain Python: the unbiased std (n - 1) of the
+    group, or of every reward of the step for "batch"; exactly 0 for a group whose rewards are all equal."""
+    groups = [rewards[g : g + G] for g in range(0, len(rewards), G)]
+    advantages = []
+    for group in groups:
+        mean, std = statistics.fmean(group), statistics.stdev(group if scale == "group" else rewards)
+        flat = len(set(group)) == 1
+        advantages += [0.0 if flat else (r - mean) / (std + EPS) for r in group]
+    return advantages
 
 
 def logprobs_by_hand(model, prompt, completion, temperature):
@@ -143,16 +147,17 @@ def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
 
 
 def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: float) -> dict:
-    """num_iterations AdamW steps of `model` on `rollouts`; the gradient norms and losses."""
+    """num_iterations AdamW steps of `model` on `rollouts`; the gradient norms, losses and advantages
+    (stored in fp32, as a rollout batch holds them)."""
     prompts, completions, rewards, truncated = zip(*rollouts)
-    advantages = advantages_by_hand(rewards, grpo.scale_rewards)
+    advantages = torch.tensor(advantages_by_hand(list(rewards), grpo.scale_rewards), dtype=torch.float32).tolist()
     masks = [torch.full((len(c),), 0.0 if cut and grpo.mask_truncated_completions else 1.0, dtype=torch.float64)
              for c, cut in zip(completions, truncated)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=config.adam_betas, eps=config.adam_epsilon,
                                   weight_decay=config.weight_decay)
     with torch.no_grad():  # the policy before the step: old (mu > 1) and reference log-probs, kept in fp32
         before = [logprobs_by_hand(model, p, c, grpo.temperature).float().double() for p, c in zip(prompts, completions)]
-    out = {"grad_norm": [], "loss": []}
+    out = {"grad_norm": [], "loss": [], "advantages": advantages}
     for _ in range(grpo.num_iterations):
         optimizer.zero_grad()
         logprobs = [logprobs_by_hand(model, p, c, grpo.temperature) for p, c in zip(prompts, completions)]
@@ -193,9 +198,11 @@ def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
     trainer.step = 4  # as if resumed after step 4: step 5 is on the cosine, past the warm-up
     by_hand = copy.deepcopy(trainer.model)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    stats, _ = trainer.train_step()
+    observer = Rollouts()
+    stats, _ = trainer.train_step(observer)
     expected = step_by_hand(by_hand, sampler.rollouts, grpo, trainer.config, scheduled_lr(trainer.config, 5))
 
+    assert [r.advantage for r in observer.seen] == expected["advantages"]
     assert stats["lr"] == pytest.approx(scheduled_lr(trainer.config, 5), rel=1e-12)
     assert stats["grad_norm"] == pytest.approx(sum(expected["grad_norm"]) / grpo.num_iterations, rel=1e-9)
     assert stats["loss"] == pytest.approx(sum(expected["loss"]) / grpo.num_iterations, rel=1e-9, abs=1e-15)
