@@ -21,14 +21,14 @@ SMALLEST = {
     "bench_forward.py": ["--shapes", "tiny", "--batch", "1", "--seq", "8", "--rounds", "1"],
     "bench_verifier.py": ["--limit", "5"],
     "bench_update.py": ["--smoke", "--case", "default", "--paths", "full,shared,trl"],
-    "bench_trl.py": ["--smoke"],
+    "bench_trl.py": ["--smoke", "--seeds", "1", "--eval_at", "1"],
 }
 EXPECTED = {
     "bench_sampler.py": ["refill under a row budget", "mean length", "default ran eager", "default 32x8   generate"],
     "bench_forward.py": ["forward+backward"],
     "bench_verifier.py": ["| all |", "median ms"],
     "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],
-    "bench_trl.py": ["| minigrpo |", "| trl / minigrpo |"],
+    "bench_trl.py": ["| minigrpo | 1 |", "| trl | 1 |", "| trl - minigrpo | mean |", "| trl / minigrpo |"],
 }
 
 
