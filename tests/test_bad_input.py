@@ -113,6 +113,10 @@ CASES += [
     ("train_math.py", "output_dir_in_sys", ["--model", "{truncated}", "--output_dir", "/sys/minigrpo-run/a"],
      "--output_dir /sys/minigrpo-run/a cannot be written"),
     ("train_math.py", "output_dir_empty", ["--model", "{truncated}", "--output_dir", ""], "--output_dir is empty"),
+    ("pretrain_tiny.py", "learning_rate_inf", ["--output", "{tmp}/pretrained", "--learning_rate", "inf", "--max_steps", "1"],
+     "--learning_rate must be a finite number, got inf"),
+    ("pretrain_tiny.py", "stop_accuracy_nan", ["--output", "{tmp}/pretrained", "--stop_accuracy", "nan", "--max_steps", "1"],
+     "--stop_accuracy must be a finite number, got nan"),
 ]
 # Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case, arguments, note).
 NOTED = [
