@@ -317,7 +317,8 @@ if __name__ == "__main__":
     }
     try:
         checkpoint.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
-        checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})  # a later --resume adds on
+        # the run's total as a record; a later --resume adds on to the checkpoint's running total (Trainer.wall_seconds)
+        checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
     except checkpoint.DiskFull as error:
         sys.exit(f"train_math.py: {error}")
     plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
