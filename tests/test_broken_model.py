@@ -108,6 +108,19 @@ def test_weights_that_are_not_finite_stop_the_run_before_any_save(run, policy, m
     assert [json.loads(line)["step"] for line in open(os.path.join(run, "metrics.jsonl"))] == [1, 2]
 
 
+def test_the_check_tells_huge_finite_weights_from_nan_and_inf(policy, tmp_path):
+    """Its fused sum of norms overflows for finite weights of 1e30 (their squares do): not an error."""
+    trainer = build_trainer(policy, task(), *settings(tmp_path / "run"))
+    with torch.no_grad():
+        trainer.model.norm.weight.fill_(1e30)
+    trainer.updater._check_finite_weights(step=5)
+    for broken in (float("inf"), float("-inf"), float("nan")):
+        with torch.no_grad():
+            trainer.model.layers[1].mlp.up_proj.weight[0, 0] = broken
+        with pytest.raises(NonFiniteWeights, match=r"step 5: .* \(layers\.1\.mlp\.up_proj\.weight\)"):
+            trainer.updater._check_finite_weights(step=5)
+
+
 def test_train_math_says_float16_and_broken_weights_in_one_line(examples_server, policy, tmp_path):
     """The command line: --dtype float16 is one line before any work; a step that breaks the weights
     is one line naming the step, exit 1, and no checkpoint of it."""
