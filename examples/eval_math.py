@@ -105,7 +105,8 @@ try:  # every prompt must survive the tokenizer (the embedded model's keeps only
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None:  # 0 is refused above, never read as "the default"
         max_new_tokens = max(1, min(512, context - longest))
-    check_prompts(encoded, SamplingConfig(max_new_tokens=max_new_tokens), model.config.vocab_size, context, "prompts", sources)
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens)
+    check_prompts(encoded, sampling, model.config.vocab_size, context, "prompts", sources)
 except ValueError as error:
     fail(error)
 start = time.perf_counter()

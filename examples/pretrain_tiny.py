@@ -55,7 +55,7 @@ def check_output(path: str) -> None:
 args = parser.parse_args()
 check_output(args.output)
 for flag, value in (("--learning_rate", args.learning_rate), ("--stop_accuracy", args.stop_accuracy)):
-    if not math.isfinite(value):  # AdamW takes an inf learning rate; no accuracy reaches nan, so the run never stops
+    if not math.isfinite(value):  # AdamW takes an inf learning rate; a nan accuracy is never reached
         sys.exit(f"pretrain_tiny.py: {flag} must be a finite number, got {value}")
 torch.manual_seed(args.seed)
 torch.set_num_threads(min(2, os.cpu_count() or 1))

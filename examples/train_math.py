@@ -188,8 +188,9 @@ def parse_rewards(spec: str) -> list[RewardSpec]:
             raise ValueError(f"--rewards {spec!r}: the weight of {name!r} must be a number, got {weight!r} "
                              "(write name:weight,..., e.g. accuracy:1.0,format:0.1)") from None
         if not name:
-            raise ValueError(f"--rewards {spec!r} has a part with no reward name (write name:weight,..., e.g. accuracy:1.0)")
-        rewards.append(RewardSpec(name, value))  # an unknown name or a weight that is not finite: RewardSpec says so
+            raise ValueError(f"--rewards {spec!r} has a part with no reward name "
+                             "(write name:weight,..., e.g. accuracy:1.0)")
+        rewards.append(RewardSpec(name, value))  # RewardSpec refuses an unknown name, a weight not finite
     return rewards
 
 
@@ -317,7 +318,7 @@ if __name__ == "__main__":
     }
     try:
         checkpoint.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
-        # the run's total as a record; a later --resume adds on to the checkpoint's running total (Trainer.wall_seconds)
+        # the run's total, as a record: a later --resume adds on to the checkpoint's (Trainer.wall_seconds)
         checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
     except checkpoint.DiskFull as error:
         sys.exit(f"train_math.py: {error}")

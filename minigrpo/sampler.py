@@ -135,8 +135,8 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
             else:
                 name = f"row {i + 1} of the {what}" if what else f"prompt {i}"
             raise ValueError(
-                f"{name} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} (max_completion_length) "
-                f"that exceeds the model's context of {context} (max_position_embeddings)"
+                f"{name} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} "
+                f"(max_completion_length) that exceeds the model's context of {context} (max_position_embeddings)"
             )
 
 

@@ -52,8 +52,8 @@ class Tokenizer:
         """Token ids of `text`; no BOS/EOS is added (Qwen3 uses none)."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
-    def encode_all(self, texts: list[str], what: str = "prompts", source: str = "this model", max_tokens: int | None = None,
-                   sources: list[str] | None = None) -> list[list[int]]:
+    def encode_all(self, texts: list[str], what: str = "prompts", source: str = "this model",
+                   max_tokens: int | None = None, sources: list[str] | None = None) -> list[list[int]]:
         """Token ids of every text, refused when the tokenizer loses characters: a tokenizer without
         a byte fallback drops what its vocabulary lacks (the embedded model's keeps digits and
         operators), and a model trained on what is left learns from other prompts than it is given.
@@ -86,15 +86,16 @@ class Tokenizer:
         """The most characters a token spells: its vocabulary entry's length (bytes, for byte-level ones)."""
         return max(map(len, self.backend.get_vocab(with_added_tokens=True)))
 
-    def _refuse_too_long(self, texts: list[str], max_tokens: int, what: str, source: str, sources: list[str] | None) -> None:
+    def _refuse_too_long(self, texts: list[str], max_tokens: int, what: str, source: str,
+                         sources: list[str] | None) -> None:
         for i, text in enumerate(texts):
             if self.fewest_tokens(text) > max_tokens:
                 if sources is not None:
                     name = f"{sources[i]} ({what})"
                 else:
                     name = f"row {i + 1} of the {what}" if len(texts) > 1 else f"the {what}"
-                raise ValueError(f"{name} has {len(text):,} characters, too many for the {max_tokens} tokens the model's "
-                                 f"context leaves it: no token of {source}'s tokenizer spells more than "
+                raise ValueError(f"{name} has {len(text):,} characters, too many for the {max_tokens} tokens the "
+                                 f"model's context leaves it: no token of {source}'s tokenizer spells more than "
                                  f"{self.longest_token} characters")
 
     def decode(self, ids) -> str:

@@ -313,7 +313,8 @@ class Trainer:
 
     def wall_seconds(self) -> float:
         """The run's wall time so far: this process's since the trainer was built, and that of the earlier
-        processes up to the checkpoint it resumed from (a killed process's work past it is redone, and counted then)."""
+        processes up to the checkpoint it resumed from (a killed process's work past it is redone, and
+        counted then)."""
         return self.wall_seconds_before + time.monotonic() - self.started
 
     def _set_learning_rate(self) -> None:

@@ -97,8 +97,8 @@ def keep_scorable(problems: list[Problem], source: str, count: int | None = None
         note(f"note: {source}: skipped {len(skipped)} of {checked} rows whose gold answer no completion can match "
              f"(empty once normalised, or its braces unbalanced), first {_first(skipped)}")
     if unparsed:
-        note(f"note: {source}: {len(unparsed)} of {checked} rows have a gold answer the verifier cannot parse, first "
-             f"{_first(unparsed)}; kept, but only an answer written the same way scores right on them")
+        note(f"note: {source}: {len(unparsed)} of {checked} rows have a gold answer the verifier cannot parse, "
+             f"first {_first(unparsed)}; kept, but only an answer written the same way scores right on them")
     if not kept:
         raise ValueError(f"{source}: no row has a gold answer that a completion can match")
     return kept
@@ -118,7 +118,7 @@ def gold_verdict(answer: str) -> str:
         normalised = normalize(answer)
         if boxed is None or not normalised:  # an empty answer equals nothing
             return "never right"
-        if boxed != answer and not answers_match(boxed, answer):  # answers_match(x, x) is `normalised` being non-empty
+        if boxed != answer and not answers_match(boxed, answer):  # answers_match(x, x): `normalised` non-empty
             return "never right"
         parse(normalised)
     except Unsupported:

@@ -23,7 +23,7 @@ class Task:
 
     rows: list[dict]  # each: "prompt" (str or chat messages) plus the columns its rewards read
     rewards: list[RewardSpec]  # e.g. [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.1)]
-    sources: list[str] | None = None  # where each row was read ("data.jsonl, line 7"), for errors; None: "row 1", ...
+    sources: list[str] | None = None  # where each row was read, for errors ("data.jsonl, line 7"); None: "row 1"
 
     def __post_init__(self):
         if not self.rows:
@@ -31,14 +31,16 @@ class Task:
         if not self.rewards:
             raise ValueError("a task needs at least one reward, e.g. RewardSpec('accuracy')")
         if self.sources is not None and len(self.sources) != len(self.rows):
-            raise ValueError(f"a task of {len(self.rows)} rows has {len(self.sources)} sources; give one per row, or None")
+            raise ValueError(f"a task of {len(self.rows)} rows has {len(self.sources)} sources; "
+                             "give one per row, or None")
         for i, row in enumerate(self.rows):
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), (str, list)):
                 raise ValueError(f"{self.where(i)} needs a 'prompt': a string, or a list of chat messages")
         columns = set(self.rows[0])
         for i, row in enumerate(self.rows):
             if set(row) != columns:
-                raise ValueError(f"{self.where(i)} has columns {sorted(row)}, {self.where(0)} has {sorted(columns)}")
+                first = f"{self.where(0)} has {sorted(columns)}"
+                raise ValueError(f"{self.where(i)} has columns {sorted(row)}, {first}")
 
     def where(self, i: int) -> str:
         """Row i (from 0) as an error names it: its source, or "row i+1" (rows counted from 1, as in a file)."""
