@@ -11,12 +11,15 @@ boxes each MATH-500 gold answer: it must match itself, and `\\boxed{123}` must m
 With `--peer DIR` the cases are other projects' grading tests instead, one JSONL per source in DIR
 ({"source", "gold", "pred", "expected", "kind", "ref"}; `kind` "extracted" is scored with
 is_equivalent, "response" with math_reward; rows without a label, such as skipped.jsonl's, are left
-out), and the table is per source.
+out), and the table is per source. With `--hostile-batch ROWS` it times one `math_rewards` batch of
+ROWS responses, benign ones from the corpus with a share of them (0%, 10%, 30%) replaced by a
+hostile answer that no estimate refuses, and says how many benign rows were still scored right.
 
     python benchmarks/bench_verifier.py --limit 20        # smoke run on the shipped corpus
     python benchmarks/bench_verifier.py --corpus ../shared/data/verifier_corpus.jsonl \\
         --math500 ../shared/data/math500_test.jsonl --against math-verify
     python benchmarks/bench_verifier.py --peer ../shared/data/peer_verifier_cases --against math-verify
+    python benchmarks/bench_verifier.py --hostile-batch 256     # a training batch under a hostile policy
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import minigrpo.verifier as verifier
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "data", "verifier_cases.jsonl")
+HOSTILE_ANSWER = r"The answer is $\boxed{\sum_{k=1}^{10^{9}} \sin(k)}$."  # runs until it is cut off
+HOSTILE_FRACTIONS = (0.0, 0.1, 0.3)  # shares of a --hostile-batch replaced by HOSTILE_ANSWER
 
 
 def load_corpus(path: str) -> list[dict]:
@@ -147,6 +152,33 @@ def math500_check(path: str) -> None:
         print("   ", repr(gold))
 
 
+def as_response(case) -> str:
+    """A corpus case as a full response: an extracted prediction is boxed (the space keeps a
+    trailing backslash inside the box)."""
+    return f"The answer is $\\boxed{{{case['pred']} }}$." if case.get("bare") else case["pred"]
+
+
+def hostile_batch(cases, rows: int) -> None:
+    """Time one math_rewards batch per share of hostile rows; the benign rows are corpus cases."""
+    benign = [case for case in cases if case["category"] != "adversarial"]
+    print("| hostile share | hostile rows | seconds | benign rows right | reward/timeout_frac |")
+    print("|---|---|---|---|---|")
+    for fraction in HOSTILE_FRACTIONS:
+        hostile = [int((i + 1) * fraction) > int(i * fraction) for i in range(rows)]  # spread through the batch
+        picked = [benign[i % len(benign)] for i in range(rows)]
+        responses = [HOSTILE_ANSWER if h else as_response(c) for h, c in zip(hostile, picked)]
+        golds = ["2" if h else c["gold"] for h, c in zip(hostile, picked)]
+        verifier.bounded.shared_pool().reserve(verifier.bounded.default_workers())  # started outside the timing
+        verifier.math_rewards(responses[:2], golds[:2])
+        start = time.perf_counter()
+        scores = verifier.math_rewards(responses, golds)
+        seconds = time.perf_counter() - start
+        right = sum((s == 1.0) == c["expected"] for s, c, h in zip(scores, picked, hostile) if not h)
+        timed_out = getattr(scores, "timed_out", None)
+        frac = "n/a" if timed_out is None else f"{sum(timed_out) / rows:.3f}"
+        print(f"| {fraction:.0%} | {sum(hostile)} | {seconds:.2f} | {right}/{rows - sum(hostile)} | {frac} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=CORPUS, help="labelled JSONL (default: the shipped test cases)")
@@ -154,6 +186,8 @@ def main() -> None:
     parser.add_argument("--math500", help="MATH-500 JSONL with an 'answer' per line; the self-match check needs it")
     parser.add_argument("--limit", type=int, help="score only the first N cases (a quick smoke run)")
     parser.add_argument("--against", choices=["math-verify"], help="also run this verifier on the same cases")
+    parser.add_argument("--hostile-batch", type=int, metavar="ROWS",
+                        help="time one math_rewards batch of ROWS with 0%%, 10%%, 30%% hostile answers instead")
     parser.add_argument("--show-misses", action="store_true", help="print every case we got wrong")
     args = parser.parse_args()
     for flag, path in (("--corpus", args.corpus), ("--math500", args.math500)):
@@ -163,6 +197,8 @@ def main() -> None:
         sys.exit(f"bench_verifier: --peer: no such directory {args.peer}")
     if args.limit is not None and args.limit < 1:
         sys.exit(f"bench_verifier: --limit must be at least 1, got {args.limit}")
+    if args.hostile_batch is not None and args.hostile_batch < 1:
+        sys.exit(f"bench_verifier: --hostile-batch must be at least 1, got {args.hostile_batch}")
 
     if args.peer is None:
         source, (cases, unlabelled) = args.corpus, (load_corpus(args.corpus), 0)
@@ -172,6 +208,10 @@ def main() -> None:
     if not cases:
         sys.exit(f"bench_verifier: no labelled cases in {source}")
     load = os.getloadavg()[0]
+    if args.hostile_batch is not None:
+        print(f"{args.hostile_batch}-row batches, benign rows from {source}; {os.cpu_count()} cpus, load avg {load:.2f}\n")
+        hostile_batch(cases, args.hostile_batch)
+        return
     print(f"{len(cases)} cases from {source} ({unlabelled} rows without a label left out); "
           f"{os.cpu_count()} cpus, load avg {load:.2f}\n")
     names, summaries = ["minigrpo"], []

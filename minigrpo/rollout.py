@@ -22,6 +22,7 @@ class Rollout:
     text: str = ""  # the completion decoded (stage 2): what the rewards read
     rewards: dict[str, float] = field(default_factory=dict)  # each reward component, unweighted
     reward: float = 0.0  # the weighted total
+    timed_out: bool = False  # a reward failed closed at the verifier's time limit (logged as reward/timeout_frac)
     advantage: float = 0.0  # group-relative, from the total
     in_loss: bool = True  # False for a truncated completion when those are masked
     sampler_logprobs: torch.Tensor | None = None  # (Tc,) as the sampler computed them while drawing the tokens

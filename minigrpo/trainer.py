@@ -203,6 +203,7 @@ class Trainer:
             totals = [t + p for t, p in zip(totals, components["overlong"])]
         for i, r in enumerate(rollouts):
             r.rewards, r.reward = {name: values[i] for name, values in components.items()}, totals[i]
+            r.timed_out = result.timed_out[i]
 
     def advantages(self, rollouts: list[Rollout]) -> None:
         """Stage 3: each rollout's advantage, relative to its group (groups of equal rewards get exactly 0)."""
@@ -427,4 +428,5 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
     if not rollouts:
         return {}
     components = {name: [r.rewards[name] for r in rollouts] for name in rollouts[0].rewards}
-    return {**Rewards([r.reward for r in rollouts], components).stats(), **completion_stats(rollouts)}
+    timed_out = [r.timed_out for r in rollouts]
+    return {**Rewards([r.reward for r in rollouts], components, timed_out).stats(), **completion_stats(rollouts)}

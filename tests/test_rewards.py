@@ -59,9 +59,33 @@ def test_weighted_total_and_separate_components():
     rewards = compute_rewards(completions, columns, [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.5)])
     assert rewards.components == {"accuracy": [1.0, 1.0, 0.0, 0.0], "format": [1.0, 0.0, 1.0, 0.0]}
     assert rewards.total == [1.5, 1.0, 0.5, 0.0]
-    assert rewards.stats() == pytest.approx({"reward/mean": 0.75, "reward/std": (5 / 12) ** 0.5,
+    assert rewards.stats() == pytest.approx({"reward/mean": 0.75, "reward/std": (5 / 12) ** 0.5, "reward/timeout_frac": 0.0,
                                              "reward/accuracy/mean": 0.5, "reward/accuracy/std": 1 / 3 ** 0.5,
                                              "reward/format/mean": 0.5, "reward/format/std": 1 / 3 ** 0.5})
+
+
+def test_timeouts_are_counted_in_the_stats():
+    """A hostile answer that runs until it is stopped scores 0 and counts in reward/timeout_frac; the trainer
+    logs stats() unchanged. The time-out of any reward marks the completion once."""
+    hostile = r"<think>x</think>\boxed{\sum_{k=1}^{10^{9}} \sin(k)}"
+    completions = [GOOD, hostile, "<think>x</think>\boxed{41}", GOOD]
+    specs = [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.5)]
+    rewards = compute_rewards(completions, {"answer": ["42"] * 4}, specs)
+    assert rewards.components["accuracy"] == [1.0, 0.0, 0.0, 1.0]
+    assert rewards.timed_out == [False, True, False, False]
+    assert rewards.stats()["reward/timeout_frac"] == 0.25
+
+
+def test_the_trainers_reward_stats_carry_the_timeout_frac():
+    """The trainer logs its rollouts' reward stats: a rollout whose reward timed out counts there too."""
+    from minigrpo.rollout import Rollout
+    from minigrpo.trainer import reward_stats
+
+    def rollout(reward: float, timed_out: bool) -> Rollout:
+        return Rollout([1], [2], "stop", rewards={"accuracy": reward}, reward=reward, timed_out=timed_out)
+
+    stats = reward_stats([rollout(1.0, False), rollout(0.0, True), rollout(0.0, False), rollout(1.0, False)])
+    assert stats["reward/timeout_frac"] == 0.25 and stats["reward/accuracy/mean"] == 0.5
 
 
 def test_code_reward_through_the_registry():

@@ -2,7 +2,8 @@
 
 In: the completions of one batch as strings, the task's columns for the same rows (a gold
 `answer`, code `tests`, ...) and the reward specs a task names, e.g. accuracy 1.0 + format 0.1.
-Out: `Rewards`, the weighted total per completion and every component kept apart for logging.
+Out: `Rewards`, the weighted total per completion and every component kept apart for logging,
+and which completions a reward failed closed on at its time limit (`math_rewards` says so).
 A reward function has TRL's shape: `fn(completions, **columns) -> list[float]`, one float per
 completion, and reads only the columns it names. It knows strings, not tensors.
 """
@@ -79,10 +80,13 @@ class RewardSpec:
 class Rewards:
     total: list[float]  # weighted sum per completion
     components: dict[str, list[float]]  # unweighted value per reward name, per completion
+    timed_out: list[bool] = field(default_factory=list)  # per completion: some reward ran out of time (scored 0)
 
     def stats(self) -> dict[str, float]:
-        """Flat, slash-named stats for the logger: reward/mean, reward/std, reward/accuracy/mean, ..."""
-        out = {"reward/mean": _mean(self.total), "reward/std": _std(self.total)}
+        """Flat, slash-named stats for the logger: reward/mean, reward/std, reward/timeout_frac,
+        reward/accuracy/mean, ..."""
+        out = {"reward/mean": _mean(self.total), "reward/std": _std(self.total),
+               "reward/timeout_frac": _mean([float(t) for t in self.timed_out])}
         for name, values in self.components.items():
             out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean(values), _std(values)
         return out
@@ -94,15 +98,18 @@ def compute_rewards(completions: list[str], columns: dict[str, list], specs: lis
         if len(column) != len(completions):
             raise ValueError(f"column {name!r} has {len(column)} rows for {len(completions)} completions")
     total = [0.0] * len(completions)
+    timed_out = [False] * len(completions)
     components = {}
     for spec in specs:
-        values = _call(spec, completions, columns)
+        values, ran_out = _call(spec, completions, columns)
         components[spec.name] = values
         total = [t + spec.weight * v for t, v in zip(total, values)]
-    return Rewards(total, components)
+        timed_out = [a or b for a, b in zip(timed_out, ran_out)]
+    return Rewards(total, components, timed_out)
 
 
-def _call(spec: RewardSpec, completions: list[str], columns: dict[str, list]) -> list[float]:
+def _call(spec: RewardSpec, completions: list[str], columns: dict[str, list]) -> tuple[list[float], list[bool]]:
+    """The spec's reward per completion, and per completion whether it ran out of time."""
     fn = REWARD_FUNCTIONS[spec.name]
     missing = [p for p in _required_columns(fn) if p not in columns and p not in spec.options]
     if missing:
@@ -110,7 +117,13 @@ def _call(spec: RewardSpec, completions: list[str], columns: dict[str, list]) ->
     values = fn(completions, **columns, **spec.options)
     if len(values) != len(completions) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
         raise ValueError(f"reward {spec.name!r} must return one finite float per completion")
-    return [float(v) for v in values]
+    return [float(v) for v in values], _timed_out(values, len(completions))
+
+
+def _timed_out(values, rows: int) -> list[bool]:
+    """Which rows failed closed at a time limit, where the function says (`Scores.timed_out`); else none."""
+    flags = getattr(values, "timed_out", None)
+    return [bool(f) for f in flags] if flags is not None and len(flags) == rows else [False] * rows
 
 
 def _required_columns(fn: RewardFunction) -> list[str]:

@@ -1,9 +1,10 @@
 """The verifier's worker process: `python -m minigrpo.verifier.worker`, driven by `bounded`.
 
 Reads jobs from stdin and writes results to stdout, one length-prefixed pickle frame each:
-("match", pred, gold) -> bool, ("reward", response, gold) -> float. It imports sympy, never
-torch, caps its own memory, and ignores Ctrl-C (its parent owns it and kills it when a job runs
-past its deadline).
+("match", pred, gold, seconds) -> bool, ("reward", response, gold, seconds) -> float, or
+OUT_OF_TIME once the job has used `seconds` of CPU time (a timer interrupts it: the worker lives
+on, with no restart to pay; CPU time, so that other processes on a busy machine do not count). It imports sympy, never torch, caps its own memory, and ignores Ctrl-C. Its parent
+owns it and kills it when a job runs well past its deadline: the timer cannot stop C code.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import struct
 import sys
 
 MEMORY_LIMIT_BYTES = 4 << 30  # a check that needs more fails (as not equal) instead of swapping
+WARM_UP = [("(x+1)^2", "x^2+2x+1"), (r"\frac{\sqrt{2}}{2}", r"\sin(\pi/4)"), ("0.3333333", r"\frac13")]  # run once
+# before the worker says it is ready: sympy's first polynomial, root and decimal cost ~0.1 s, outside any deadline
+OUT_OF_TIME = "out of time"  # the answer to a job its timer stopped (compared with ==: it is unpickled)
 
 _HEADER = struct.Struct(">I")
 
@@ -38,11 +42,31 @@ def write_frame(stream, value) -> None:
     stream.flush()
 
 
+class OutOfTime(BaseException):
+    """Raised by the job timer. A BaseException, so that no `except Exception` in sympy swallows it."""
+
+
+def _out_of_time(signum, frame):
+    raise OutOfTime
+
+
 def run_job(job):
+    """The job's answer, or OUT_OF_TIME once it has used its seconds of CPU time."""
+    op, first, gold, seconds = job
+    try:
+        signal.setitimer(signal.ITIMER_PROF, seconds)
+        try:
+            return _check(op, first, gold)
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+    except OutOfTime:  # the timer fires once, wherever in here it lands
+        return OUT_OF_TIME
+
+
+def _check(op: str, first: str, gold: str):
     from .equivalence import answers_match
     from .extract import extract_answer
 
-    op, first, gold = job
     try:
         if op == "match":
             return answers_match(first, gold)
@@ -54,11 +78,14 @@ def run_job(job):
 
 def serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGPROF, _out_of_time)
     try:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     except (ValueError, OSError):
         pass  # a lower hard limit is already in place
-    importlib.import_module("minigrpo.verifier.equivalence")  # import sympy before saying ready
+    equivalence = importlib.import_module("minigrpo.verifier.equivalence")  # import sympy before saying ready
+    for pred, gold in WARM_UP:
+        equivalence.answers_match(pred, gold)
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     write_frame(stdout, "ready")
