@@ -11,12 +11,15 @@ import threading
 import time
 
 import pytest
+import sympy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minigrpo
 from minigrpo.verifier import TIME_LIMIT, VerifierError, extract_answer, is_equivalent, math_reward, math_rewards
+from minigrpo.verifier import bounded
 from minigrpo.verifier.bounded import WorkerPool, shared_pool
+from minigrpo.verifier.closed_forms import sample_points
 from minigrpo.verifier.equivalence import answers_match
 from minigrpo.verifier.normalize import normalize
 
@@ -142,9 +145,11 @@ EQUAL = [
     # expressions with variables
     ("(x+1)^2", "x^2+2x+1"), (r"\frac{x}{7}+\frac{2}{7}", r"\frac{x+2}{7}"), (r"\tan^2 y + 1", r"\sec^2 y"),
     ("-q + p", "p - q"), ("2ab", "2ba"), (r"\frac{1}{\sqrt{n}}", r"\sqrt{1/n}"),
+    (r"\sqrt{x^2}", "|x|"), (r"e^{ix}", r"\cos x + i\sin x"), (r"\ln(x^2)", r"2\ln|x|"),  # the branch rule
     # decimals for non-terminating golds: at least 7 significant digits, within a unit of the last
     ("0.3333333", r"\frac{1}{3}"), ("0.6666667", r"\frac{2}{3}"), ("0.6666666", r"\frac{2}{3}"),
     ("3.1415927", r"\pi"), ("1.4142136", r"\sqrt{2}"), ("0.08333333333", r"\frac{1}{12}"),
+    ("0.3333334", r"\frac{1}{3}"), ("3.1415926", r"\pi"),  # within one unit of the last digit, just
     (r"\sqrt{17}", "4.123105625617661"),  # a long decimal gold is a rounded irrational
     # structures
     ("(1, 2)", "(1,2)"), (r"\left(3, \frac{\pi}{2}\right)", r"(3, \pi/2)"), ("(1, 4.5)", r"(1, \frac92)"),
@@ -173,6 +178,14 @@ NOT_EQUAL = [
     ("1000001", "1000000"), ("1000000", "1000001"), (r"\frac{1}{2^{99}}", r"\frac{1}{2^{98}}"), ("0.5000001", "0.5"),
     ("3.0001", "3"), ("0.33", r"\frac{1}{3}"), ("0.33333", r"\frac{1}{3}"), ("3.14159", r"\pi"), ("3.1416", r"\pi"),
     ("0.333", "0.3333"), ("0.3333", "0.333"), (r"\frac{1}{3}", "0.333"), ("-5", "5"), ("4", r"4\sqrt{2}"),
+    # a decimal just past one unit of its last digit, or one digit short
+    ("0.3333338", r"\frac{1}{3}"), ("0.3333332", r"\frac{1}{3}"), ("3.1415928", r"\pi"), ("0.333333", r"\frac{1}{3}"),
+    # close but wrong: closed forms and expressions that differ by little, or only off the sample points
+    (r"\frac{22}{7}", r"\pi"), (r"\frac{355}{113}", r"\pi"), (r"\frac{99}{70}", r"\sqrt{2}"), (r"x+\frac{1}{10000}", "x"),
+    (r"e^{\pi\sqrt{163}}", "262537412640768744"), (r"\sin x + \frac{\cos x}{10^{4}}", r"\sin x"),
+    (r"\pi+10^{-50}", r"\pi"), (r"\sqrt2+10^{-45}", r"\sqrt2"), (r"\sqrt{2+10^{-45}}", r"\sqrt2"),
+    (r"\sin x + 10^{-50}\cos x", r"\sin x"), (r"\sin(455\pi x)", "0"), (r"\sin(10^{9}\pi x)", "0"),
+    (r"x^3+(x-3/7)(x+11/13)(x-17/5)", "x^3"), (r"\sqrt{x^2}", "x"), (r"\ln(x^2)", r"2\ln x"),
     # near misses in structure
     ("(2, 1)", "(1, 2)"), ("[0, 1]", "[0, 1)"), ("(0, 1]", "[0, 1]"), ("[0, 9)", "[0, 1)"), ("(1, 2, 3)", "(1, 2)"),
     (r"\{1, 2\}", r"\{1, 2, 3\}"), ("1, 2", "1, 2, 3"), ("x = 2", "y = 2"), ("x > 5", "x < 5"), (r"x \ge 5", "x > 5"),
@@ -189,7 +202,29 @@ NOT_EQUAL = [
     ("[2, 4]", "3"), (r"x \ge 3", "3"), ("approximately 3", "3"), (r"-[0,1)", "1"),
     # a gold that cannot be understood makes nothing correct, and junk is no answer
     ("3", r"\unknowncommand{3}"), ("", "3"), ("3", ""), ("x", r"\sum_k"), (r"\frac{1}{0}", r"\frac{1}{0} + 1"),
+    ("=1=", "=1="), (r"\text{}", r"\text{}"),  # normalises to nothing: no answer, even written the same on both sides
 ]
+
+
+def test_an_answer_that_normalises_to_nothing_is_never_correct():
+    """The identity shortcut (the same number written the same way, before normalising) took '=1=', which
+    normalises to nothing, for an answer; it is only for strings of digits and separators."""
+    assert normalize("=1=") == ""
+    assert answers_match("=1=", "=1=") is False
+    assert math_reward(r"\boxed{=1=}", "=1=") == 0.0
+    assert answers_match("1 000", "1 000") and answers_match("0.5", "0.5")
+
+
+def test_sample_points_are_drawn_per_pair_and_reproducible():
+    """The points follow from a hash of the two expressions: the same for the same pair (in either order),
+    other points for another pair, and both signs for each of the first two variables."""
+    x, y = sympy.symbols("x y")
+    first = sample_points(sympy.sin(x), x)
+    assert first == sample_points(sympy.sin(x), x) == sample_points(x, sympy.sin(x))
+    assert first != sample_points(sympy.cos(x), x)
+    points = sample_points(x * y, x + y)
+    assert {(p[x] > 0, p[y] > 0) for p in points} == {(True, True), (True, False), (False, True), (False, False)}
+    assert all(0.5 <= abs(p[x]) < 3 and p[x].q > 10**6 for p in points)
 
 
 @pytest.mark.parametrize("pred, gold", EQUAL)
@@ -281,11 +316,30 @@ def test_in_process_steps_are_linear(step, text):
     assert time.monotonic() - start < IN_PROCESS_LIMIT
 
 
-def test_a_killed_worker_is_replaced_and_the_next_check_is_fast():
+def test_a_worker_stops_a_slow_job_itself_and_lives_on():
+    """The worker's timer ends a job at its time (no kill, no restart): the next check runs in the same process."""
+    pool = WorkerPool(1)
+    try:
+        (worker,) = pool.free
+        start = time.monotonic()
+        assert pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1")], failed=False, work_limit=0.1) == [False]
+        assert time.monotonic() - start < bounded.WALL_PER_CPU * 0.1 + bounded.KILL_GRACE + SLACK
+        assert pool.free == [worker] and worker.process.poll() is None
+        assert pool.run([("match", "2", "2")], failed=False) == [True]
+    finally:
+        pool.close()
+
+
+def test_a_killed_worker_is_replaced_and_the_next_check_is_fast(monkeypatch):
+    """A job its timer cannot stop (C code) is killed: here the kill comes KILL_GRACE after the start, long
+    before the worker's own timer."""
+    monkeypatch.setattr(bounded, "WALL_PER_CPU", 0)
     pool = WorkerPool(2)  # a worker and its warm spare
     try:
+        first = set(pool.every)
         results = pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1"), ("match", "2", "2")], failed=False)
         assert results == [False, True]
+        assert not first <= pool.every  # one of them was killed
         start = time.monotonic()
         assert pool.run([("match", r"2\sqrt2", r"\sqrt8")], failed=False) == [True]
         assert time.monotonic() - start < 0.5
@@ -350,7 +404,8 @@ def test_a_check_that_gets_no_worker_in_time_fails_closed():
     it, not for ever, and answers 'not equal'."""
     pool = WorkerPool(1)
     try:
-        holder = threading.Thread(target=pool.run, args=([("match", KILLED, "1")], False), kwargs={"work_limit": 5.0})
+        held = [("match", KILLED, "1")] * 2  # the second has until 2 * TIME_LIMIT: the worker is busy past 1 s
+        holder = threading.Thread(target=pool.run, args=(held, False), kwargs={"work_limit": 5.0})
         holder.start()
         time.sleep(0.05)  # the hostile check holds the worker
         start = time.monotonic()
@@ -371,6 +426,41 @@ def test_a_batch_larger_than_the_pool_is_answered_in_turn():
         assert pool.run([("match", s, s + " + 0") for s in sums], failed=False, parallel=8) == [True] * 8
     finally:
         pool.close()
+
+
+# -- a batch's budget (issue 22, item 13) -------------------------------------------------------------
+BENIGN = [  # (response, gold, reward): quick to check, right and wrong
+    (r"so \boxed{12}", "12", 1.0), (r"\boxed{\frac12}", "0.5", 1.0), (r"\boxed{2\sqrt2}", r"\sqrt8", 1.0),
+    (r"\boxed{(1, 2)}", "(1,2)", 1.0), (r"\boxed{13}", "12", 0.0), (r"\boxed{x+1}", "1+x", 1.0), ("no idea", "3", 0.0),
+]
+
+
+def hostile_batch(rows: int, every: int) -> tuple[list, list, list]:
+    """(responses, golds, rewards): every `every`-th row KILLED, the others cycling through BENIGN."""
+    cases = [(rf"\boxed{{{KILLED}}}", "2", 0.0) if i % every == 0 else BENIGN[i % len(BENIGN)] for i in range(rows)]
+    return [c[0] for c in cases], [c[1] for c in cases], [c[2] for c in cases]
+
+
+def test_benign_answers_in_a_hostile_batch_are_scored_right_in_bounded_time():
+    """A third of 40 rows run until stopped: each used to take WORK_LIMIT (12 x 0.8 s over 2 workers, ~5 s).
+    Now the batch ends within its budget, every benign row is scored right, and the hostile ones say timed out."""
+    responses, golds, rewards = hostile_batch(40, every=3)
+    shared_pool().reserve(2)
+    start = time.monotonic()
+    scores = math_rewards(responses, golds, workers=2)
+    elapsed = time.monotonic() - start
+    assert scores == rewards
+    assert scores.timed_out == [i % 3 == 0 for i in range(40)]
+    assert elapsed <= bounded.batch_budget(40, 2) + SLACK, elapsed
+    assert bounded.batch_budget(40, 2) == pytest.approx(TIME_LIMIT + 19 * bounded.SHORT_LIMIT)
+
+
+def test_a_batch_with_few_slow_rows_gives_them_a_full_check():
+    """One slow row in a batch shares the budget with nobody: it gets WORK_LIMIT, as a single check does."""
+    sums = r"\sum_{k=1}^{60} \sin(k/23)"  # ~0.1 s: more than SHORT_LIMIT, less than WORK_LIMIT
+    responses, golds = [rf"\boxed{{{sums}}}", r"\boxed{3}", r"\boxed{4}"], [sums + " + 0", "3", "5"]
+    scores = math_rewards(responses, golds, workers=2)
+    assert scores == [1.0, 1.0, 0.0] and scores.timed_out == [False, False, False]
 
 
 def test_workers_that_cannot_start_are_an_error_not_an_answer(monkeypatch):
@@ -397,24 +487,31 @@ FRAGMENTS = [
     "\\cup", "\\infty", "\\text{", "\\begin{pmatrix}", "\\end{pmatrix}", "&", "\\\\", "x", "i", "e", "\\pi",
     "1", "9", "0.5", "-", "+", "/", "!", " ", "\n", "or", "\\sum_{k=1}^", "%", "°", "\ud800",
 ]
+EXAMPLES = settings.default.max_examples / 100  # 1 under conftest's "ci" profile, 10 under "explore"
+
+
+def examples(count: int) -> int:
+    return max(1, round(count * EXAMPLES))
+
+
 LATEXISH = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join) | st.text(max_size=200)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=LATEXISH)
 def test_fuzz_extract_answer_never_raises(text):
     answer = extract_answer(text)
     assert answer is None or (isinstance(answer, str) and answer.strip() == answer and answer)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pred=LATEXISH, gold=LATEXISH)
 def test_fuzz_equivalence_never_raises(pred, gold):
     assert answers_match(pred, gold) in (True, False)
     assert answers_match(pred, pred) is bool(normalize(pred))  # every non-empty answer equals itself
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pred=LATEXISH, gold=LATEXISH)
 def test_fuzz_bounded_check_returns_in_time(pred, gold):
     is_equivalent("1", "1")
@@ -433,7 +530,7 @@ REPEATED = st.lists(st.sampled_from(HOSTILE_FRAGMENTS), min_size=1, max_size=3).
 HOSTILE_TEXT = st.builds(lambda head, body, tail: head + body + tail, LATEXISH, REPEATED, LATEXISH)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(text=HOSTILE_TEXT)
 def test_fuzz_in_process_steps_are_linear(text):
     for step in (extract_answer, normalize):
@@ -442,7 +539,7 @@ def test_fuzz_in_process_steps_are_linear(text):
         assert time.monotonic() - start < IN_PROCESS_LIMIT, step.__name__
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(text=HOSTILE_TEXT)
 def test_fuzz_math_reward_returns_in_time(text):
     math_reward("1", "1")  # the worker pool is started (once) outside the timed call

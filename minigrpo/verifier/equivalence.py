@@ -13,12 +13,16 @@ The rules, in order:
   (and "p=5,q=2;p=7,q=2", whose names come round again, is two solutions: `parse`);
 - numbers: exact rational equality for integers, decimals and fractions (3 = 3.0 = 6/2, but
   1000001 != 1000000 and 2^-98 != 2^-99); other closed forms (2\\sqrt2 = \\sqrt8, e^{i\\pi} = -1)
-  by 60-digit evaluation with a 1e-40 relative margin, which separates distinct closed forms;
+  exactly where sympy reduces their difference, else by evaluation with a 1e-40 margin relative to
+  their size and to the smallest number in them (`closed_forms`): \\pi + 10^{-50} != \\pi;
 - a decimal for a gold that is not a terminating decimal (1/3, \\sqrt2, \\pi) needs at least
   7 significant digits and must lie within one unit of its last digit: the only tolerance. A
   decimal gold facing an irrational prediction is read the same way (the gold is the rounding);
-- expressions with variables: the same variables, and equal values at 3 fixed sample points of
-  both signs (at positive points only when roots make the branch matter: \\sqrt{1/n} ~ 1/\\sqrt{n});
+- expressions with variables: the same variables; exactly for rational functions with rational
+  coefficients, else equal values at 4 sample points drawn from a generator seeded with a hash of
+  the pair (`closed_forms`: reproducible, but no fixed public set of points). The branch rule:
+  variables are real and roots take their principal value, so \\sqrt{x^2} is |x|, not x; the
+  values must agree wherever either side is real (\\sqrt{1/n} ~ 1/\\sqrt{n}: both real for n > 0 only);
 - equations and inequalities: the same relation, sides moved to one side and equal up to a
   constant factor (positive for inequalities): y = 2x + 3 ~ 3 + 2x = y, but x = 2 !~ y = 2;
 - tuples in order, sets and bare lists in any order (repeats ignored) with the same size,
@@ -31,25 +35,27 @@ single value.
 
 from __future__ import annotations
 
+import re
+
 import sympy
 
+from .closed_forms import PRECISION, close, evaluate, extra_digits, functions_match, numbers_match
+from .closed_forms import values_at_samples
 from .normalize import normalize
 from .parse import parse
 from .values import Interval, Parsed, Relation, Set, Text, Tuple, Union, Unsupported
 
 MAX_ANSWER_CHARS = 20_000  # longer answers are compared as plain strings only
 MIN_SIGNIFICANT_DIGITS = 7  # a decimal approximation of a non-terminating gold needs this many
-RELATIVE_MARGIN = sympy.Float("1e-40", 60)  # closed forms closer than this (relatively) are equal
-PRECISION = 60  # digits used to evaluate closed forms
-_SAMPLES = [sympy.Rational(n, d) for n, d in ((3, 7), (-11, 13), (17, 5), (-5, 19), (23, 11))]
 _NAME_OPS = ("=", "in")
+_PLAIN_NUMBER = re.compile(r"[\d\s.,]*\d[\d\s.,]*")  # digits, separators and spaces only
 
 
 def answers_match(pred: str, gold: str) -> bool:
     """Whether the extracted answer `pred` equals `gold` by the rules in the module docstring."""
     if not (isinstance(pred, str) and isinstance(gold, str)):
         return False
-    if pred.strip() == gold.strip() and any(c.isdigit() for c in pred):  # the same number(s), written the same:
+    if pred.strip() == gold.strip() and _PLAIN_NUMBER.fullmatch(pred):  # the same number(s), written the same:
         return True  # equal before anything costly (normalising long runs of digits is slow)
     if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
         return False
@@ -262,12 +268,13 @@ def _relations_match(p: Relation, g: Relation) -> bool:
         return False
     if p_side == g_side or (p_op in ("=", "!=") and p_side == -g_side):
         return True
-    ratios = _ratios_at_samples(p_side, g_side)
+    extra = extra_digits(p_side, g_side)
+    ratios = _ratios_at_samples(p_side, g_side, extra) if extra is not None else []
     if not ratios or any(r == 0 for r in ratios):
         return False
     if p_op in (">", ">=") and not all(r.is_real and r > 0 for r in ratios):
         return False
-    return all(_close(r, ratios[0]) for r in ratios[1:])
+    return all(close(r, ratios[0], extra) for r in ratios[1:])
 
 
 def _one_sided(rel: Relation):
@@ -280,11 +287,11 @@ def _one_sided(rel: Relation):
     return rel.op, lhs - rhs
 
 
-def _ratios_at_samples(p, g) -> list:
+def _ratios_at_samples(p, g, extra: int) -> list:
     if _names(p) != _names(g):
         return []
     ratios = []
-    for p_value, g_value in _values_at_samples(p, g):
+    for p_value, g_value in values_at_samples(p, g, PRECISION + extra):
         if g_value != 0:
             ratios.append(p_value / g_value)
     return ratios if len(ratios) >= 2 or not (p.free_symbols or g.free_symbols) else []
@@ -305,7 +312,7 @@ def _scalars_match(p, g, decimals) -> bool:
     if _infinite(p) or _infinite(g):
         return False
     if p.free_symbols or g.free_symbols:
-        return _functions_match(p, g)
+        return functions_match(p, g)
     pred_decimals, gold_decimals = decimals
     if p.is_Rational and g.is_Rational and (p not in pred_decimals or _terminates(g)):
         return False  # exact numbers, and not equal
@@ -313,7 +320,7 @@ def _scalars_match(p, g, decimals) -> bool:
         return _approximates(p, pred_decimals[p], g)
     if g in gold_decimals and not p.is_Rational:
         return _approximates(g, gold_decimals[g], p)  # the gold is itself a rounded irrational
-    return _numbers_match(p, g)
+    return numbers_match(p, g)
 
 
 def _infinite(x) -> bool:
@@ -334,66 +341,11 @@ def _terminates(g) -> bool:
 def _approximates(p, digits_and_ulp, g) -> bool:
     """A written decimal p for a non-terminating g: enough digits, within one unit of the last."""
     digits, ulp = digits_and_ulp
-    g_value = _evaluate(g)
+    g_value = evaluate(g)
     if digits < MIN_SIGNIFICANT_DIGITS or g_value is None:
         return False
     return bool(abs(sympy.Float(p, PRECISION) - g_value) <= ulp)
 
 
-def _numbers_match(p, g) -> bool:
-    p_value, g_value = _evaluate(p), _evaluate(g)
-    return p_value is not None and g_value is not None and _close(p_value, g_value)
-
-
-def _functions_match(p, g) -> bool:
-    """Equal at sample points of both signs; with roots or fractional powers, where branches can
-    differ for negative arguments (\\sqrt{1/n} vs 1/\\sqrt{n}), equal at positive points is enough."""
-    if _names(p) != _names(g) and _names(p) and _names(g):
-        return False  # x is not y; but sin^2 x + cos^2 x may well be 1
-    for positive in (False, True):
-        pairs = _values_at_samples(p, g, positive)
-        if len(pairs) >= 2 and all(_close(a, b) for a, b in pairs):
-            return True
-        if not (_has_branches(p) or _has_branches(g)):
-            return False
-    return False
-
-
-def _has_branches(expr) -> bool:
-    return any(not power.exp.is_integer for power in expr.atoms(sympy.Pow))
-
-
 def _names(expr) -> set:
     return {s.name for s in expr.free_symbols}
-
-
-def _values_at_samples(p, g, positive=False) -> list:
-    """(p, g) evaluated at 3 fixed points of their variables; points where either is undefined skipped."""
-    symbols = sorted(p.free_symbols | g.free_symbols, key=lambda s: s.name)
-    by_name = {}
-    for k, s in enumerate(symbols):
-        by_name.setdefault(s.name, k)
-    pairs = []
-    for j in range(3):
-        point = {}
-        for s in symbols:
-            value = _SAMPLES[(j + 2 * by_name[s.name]) % len(_SAMPLES)] + sympy.Rational(by_name[s.name], 97)
-            point[s] = abs(value) if positive else value
-        p_value, g_value = _evaluate(p.subs(point)), _evaluate(g.subs(point))
-        if p_value is not None and g_value is not None:
-            pairs.append((p_value, g_value))
-    return pairs
-
-
-def _evaluate(expr):
-    """expr as a 60-digit complex number, or None when it is not a finite number."""
-    value = sympy.N(expr, PRECISION)
-    re, im = value.as_real_imag()
-    if not all(isinstance(part, sympy.Number) and part.is_finite for part in (re, im)):
-        return None
-    return re + sympy.I * im if im != 0 else re
-
-
-def _close(a, b) -> bool:
-    scale = max(abs(a), abs(b))
-    return bool(scale == 0 or abs(a - b) <= RELATIVE_MARGIN * scale)
