@@ -98,3 +98,10 @@ def test_bench_sandbox_scores_a_directory_of_escape_payloads(tmp_path):
     assert "| blocked_python | any of RE,SIG | RE | yes |  |" in stdout and "| says_why_python | RE | RE | yes |  |" in stdout
     assert "| read_etc_passwd_python | RE | AC | NO | world-readable files are readable" in stdout
     assert "2 / 4 contained; of the 2 not contained, 1 are documented non-goals and 1 are not" in stdout
+
+
+def test_bench_verifier_times_a_hostile_batch(tmp_path):
+    """--hostile-batch: one math_rewards batch per share of hostile rows (4 rows: the 30% share has one)."""
+    stdout = run_benchmark("bench_verifier.py", ["--hostile-batch", "4"], tmp_path)
+    assert "| hostile share | hostile rows | seconds | benign rows right | reward/timeout_frac |" in stdout
+    assert "| 0% | 0 |" in stdout and "| 30% | 1 |" in stdout and "3/3 | 0.250 |" in stdout
