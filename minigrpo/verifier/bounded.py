@@ -1,8 +1,8 @@
 """Stage 2 of the loop, reward: math checks that always come back within a deadline.
 
 In: (answer, gold) or (response, gold) pairs. Out: a bool or a 0/1 reward per pair, never an
-exception, each within `TIME_LIMIT` seconds of wall time whatever the input, and however many
-threads check at the same time. The checks run in worker processes (`worker.py`, plain
+exception, each within `TIME_LIMIT` seconds of wall time whatever the input (a batch within its
+`batch_budget`), and however many threads check at the same time. The checks run in worker processes (`worker.py`, plain
 subprocesses that import sympy but never torch) that are killed and replaced when one runs past
 its deadline: the answer is then "not equal". This is the backstop: `parse` already refuses
 oversized work from estimates, and a worker stops a job itself when the job's time is up (a timer,
@@ -17,13 +17,14 @@ many concurrent hostile checks this gives up answers to keep the bound, never th
 
 A batch (`math_rewards`) has one budget for all its rows, `batch_budget`, rather than one
 TIME_LIMIT per row, so that a policy writing slow answers cannot make the batch slow. Every row
-first gets SHORT_LIMIT of work, which is enough for almost every answer. The rows still unfinished
+first gets SHORT_LIMIT of CPU time, which is enough for almost every answer. The rows still unfinished
 then share what is left of the budget equally (at most WORK_LIMIT each), and those that do not
 finish in their share fail closed and are counted as timed out (`Scores.timed_out`). A benign
-answer is never held up by the slow ones: it is answered in the first pass.
+answer that SHORT_LIMIT is enough for is never held up by the slow ones: the first pass answers it.
 
-Why processes and not `signal.alarm`: an alarm works only on the main thread, and it cannot
-interrupt C code such as big-integer arithmetic, which is exactly where a hostile answer hangs.
+Why processes and not only a timer signal: a signal reaches only the main thread, and it cannot
+interrupt C code such as big-integer arithmetic, which is exactly where a hostile answer hangs. The
+worker's timer runs in its own main thread and stops Python code; the kill stops the rest.
 
 Starting the first worker (once per process, about half a second for importing sympy) is not
 counted against any deadline; a spare starts beside it, and a killed worker's replacement starts
