@@ -12,6 +12,7 @@ import torch
 from helpers import tiny_model
 
 from minigrpo.loss import full_vocabulary_logprobs, grpo_loss, k3, token_logprobs
+from minigrpo.rollout import Rollout, collate
 
 ATOL = 1e-6
 
@@ -283,6 +284,17 @@ def unpadded_logits(model, row):
     with torch.no_grad():
         logits = model(torch.tensor([prompt + completion]))[0]  # (n, V)
     return logits[len(prompt) - 1 : -1]
+
+
+def test_collate_pads_prompts_left_and_completions_right_as_token_logprobs_expects():
+    """The update's batches come from rollout.collate: the hand-padded batch above, its masks included
+    (a prompt's left padding is never attended), and the second row's completion masked past its end."""
+    rollouts = [Rollout(prompt_ids=p, completion_ids=c, finish_reason="stop") for p, c in zip(PROMPTS, COMPLETIONS)]
+    rollouts[1].in_loss = False
+    batch = collate(rollouts, pad_id=0, device="cpu")
+    ids, mask = padded_batch()
+    assert torch.equal(batch.input_ids, ids) and torch.equal(batch.attention_mask, mask) and batch.completion_start == 5
+    assert batch.completion_mask.tolist() == [[1, 1, 1, 1], [0, 0, 0, 0]]
 
 
 def test_token_logprobs_equal_each_row_computed_alone(model):
