@@ -34,8 +34,8 @@ def _vowels(completions, **_):
     return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
 
 
-if "broken_model_vowels" not in REWARD_FUNCTIONS:
-    register_reward("broken_model_vowels")(_vowels)
+if "test_broken_model_vowels" not in REWARD_FUNCTIONS:
+    register_reward("test_broken_model_vowels")(_vowels)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def settings(out, **overrides) -> tuple[GRPOConfig, TrainConfig]:
 
 
 def task() -> Task:
-    return Task(ROWS, [RewardSpec("broken_model_vowels")])
+    return Task(ROWS, [RewardSpec("test_broken_model_vowels")])
 
 
 @pytest.fixture(scope="module")
