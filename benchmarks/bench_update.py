@@ -7,8 +7,8 @@
 
 Paths, each in a fresh process; "growth" is the process's peak resident memory during the
 updates over its resident memory just before them (the model, the rollouts and the imports):
-    full     before the chunked head: (B, Tc, V) logits, log-softmax, gather (loss.full_vocabulary_logprobs)
-    chunked  the chunked LM head (loss.ChunkedLogprobs), micro-batches of rows
+    full     before the chunked head: (B, Tc, V) logits, log-softmax, gather (full_vocabulary_logprobs)
+    chunked  the chunked LM head (token_logprobs.ChunkedLogprobs), micro-batches of rows
     budget   chunked, micro-batches by a token budget over rollouts of similar length (micro_batch_tokens)
     shared   chunked, the same budget over whole groups, each prompt run once (shared_prompt)
     trl      transformers' Qwen3ForCausalLM with the same weights, full logits, then TRL's
@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SHAPES, machine_line, transformers_twin  # noqa: E402
 
 import minigrpo  # noqa: E402
-from minigrpo.loss import full_vocabulary_logprobs, grpo_loss, token_logprobs  # noqa: E402
+from minigrpo.loss import grpo_loss  # noqa: E402
+from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs  # noqa: E402
 from minigrpo.rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, token_budget_batches  # noqa: E402
 
 PATHS = ("full", "chunked", "budget", "shared", "trl")

@@ -22,7 +22,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
 from minigrpo.evaluate import evaluate
-from minigrpo.loss import token_logprobs
+from minigrpo.token_logprobs import token_logprobs
 from minigrpo.rollout import Rollout, collate
 from minigrpo.tasks import synthetic
 from minigrpo.tasks.prompts import template

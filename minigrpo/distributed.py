@@ -151,8 +151,8 @@ _WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole state
 
 
 class Policy:
-    """A log-probs module (loss.TokenLogprobs) as every rank's update uses it. On one process it is
-    the module itself and each method below is the obvious one-process step; under torchrun it is
+    """A log-probs module (token_logprobs.TokenLogprobs) as every rank's update uses it. On one
+    process it is the module itself and each method below is the obvious one-process step; under torchrun it is
     replicated by DistributedDataParallel or, with `shard`, sharded by FSDP2 (each of `blocks`, then
     the rest). All that only a run of several processes needs is here, so the trainer reads as one:
 

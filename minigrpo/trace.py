@@ -19,8 +19,8 @@ import math
 import torch
 
 from .checkpoint import replaced_whole
-from .loss import token_logprobs
 from .rollout import collate
+from .token_logprobs import token_logprobs
 from .verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order

@@ -20,7 +20,8 @@ import torch
 
 from . import distributed
 from .config import GRPOConfig, TrainConfig
-from .loss import TokenLogprobs, grpo_loss, sampler_mismatch
+from .loss import grpo_loss, sampler_mismatch
+from .token_logprobs import TokenLogprobs
 from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and

@@ -11,7 +11,8 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minigrpo.loss import full_vocabulary_logprobs, grpo_loss, k3, token_logprobs
+from minigrpo.loss import grpo_loss, k3
+from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs
 from minigrpo.rollout import Rollout, collate
 
 ATOL = 1e-6

@@ -10,7 +10,8 @@ import torch
 from helpers import tiny_model
 
 from minigrpo import GRPOConfig
-from minigrpo.loss import SAMPLER_CORRECTIONS, grpo_loss, sampler_mismatch, token_logprobs
+from minigrpo.loss import SAMPLER_CORRECTIONS, grpo_loss, sampler_mismatch
+from minigrpo.token_logprobs import token_logprobs
 from minigrpo.rollout import Rollout, collate
 from minigrpo.sampler import generate
 
