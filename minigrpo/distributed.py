@@ -55,6 +55,18 @@ class Dist:
         in order, and differ in size by at most one."""
         return slice(self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size)
 
+    def block_of(self, items: list) -> list:
+        """This rank's contiguous block of `items` (see `block`): all of them on one process."""
+        return items[self.block(len(items))]
+
+    def gather_joined(self, items: list) -> list:
+        """Every rank's `items` joined in rank order, on every rank: the whole list that `block_of`
+        cut (on one process, a copy of `items`)."""
+        joined = []
+        for part in self.gather(items):
+            joined += part
+        return joined
+
     def gather(self, obj) -> list:
         """[rank 0's obj, rank 1's obj, ...] on every rank (pickled; for small Python objects)."""
         if self.world_size == 1:
