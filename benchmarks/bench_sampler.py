@@ -19,11 +19,6 @@ budget (one call, `max_batch_rows` rows, rows = 4 x the budget) against the same
 sequential chunks of the budget (each decodes until its longest row ends), as tokens per second
 (the completions differ, their lengths follow the same distribution); and dropping finished rows
 (compaction) against masking them.
-
-Last, `layers.linear`'s skinny products (`(W @ x.T).T`, `mv` for one row, at <= SKINNY_ROWS rows on CPU)
-against plain `F.linear`: microseconds per product for the weights that stay unpacked while sampling
-(below PACK_MIN_ELEMENTS) of the tiny shape and the embedded default model's shape, then whole
-eager `generate` calls with the skinny products on and off (`layers.SKINNY_ROWS = 0`), alternating.
 """
 
 import argparse
@@ -39,10 +34,8 @@ if "--warm-cache" not in sys.argv:  # before torch is imported: inductor reads i
 import torch
 from common import SHAPES, machine_line, random_model, transformers_twin
 
-import torch.nn.functional as F
-
 import minigrpo
-from minigrpo import layers, sampler
+from minigrpo import sampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from reference_sampler import naive_generate  # noqa: E402  (the slow reference lives with the tests)
@@ -164,47 +157,6 @@ def bench_compaction(model, shape, batch, args):
               f"lengths mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}", flush=True)
 
 
-def bench_skinny(rows_list, args):
-    """The skinny products against F.linear: per product, then per eager generate call (skinny off: SKINNY_ROWS = 0)."""
-    skinny_rows = layers.SKINNY_ROWS
-    weights = {"tiny": [(256, 256), (128, 256)], "default": [(512, 128), (128, 512), (128, 128), (64, 128)]}
-    for shape, sizes in weights.items():
-        for out_features, in_features in sizes:
-            w = torch.randn(out_features, in_features)
-            cells = []
-            for rows in rows_list:
-                x = torch.randn(rows, in_features)
-                plain = product_us(lambda: F.linear(x, w))
-                skinny = product_us(lambda: layers.linear(x, w))
-                cells.append(f"{rows}: {plain:.1f} / {skinny:.1f} ({plain / skinny:.2f}x)")
-            print(f"{shape:7} {out_features:4} x {in_features:<4} " + " | ".join(cells), flush=True)
-    # (shape, rows, prompt tokens, new tokens): the default model as the default run samples (32 prompts x 8, 32 tokens,
-    # EOS on: rows end at different lengths, and compaction takes the batch under SKINNY_ROWS)
-    calls = {"tiny b8": ("tiny", 8, args.prompt, args.new), "tiny b32": ("tiny", 32, args.prompt, args.new),
-             "default 32x8": ("default", 256, 12, min(args.new, 32))}
-    rounds = args.rounds
-    for name, (shape, rows, prompt, new) in calls.items():
-        model, times = random_model(shape), {"skinny": [], "plain": []}
-        prompts = prompts_for(rows, prompt, SHAPES[shape]["vocab_size"], seed=5)
-        for r in range(2 * rounds):
-            for kind in (("skinny", "plain") if r % 2 == 0 else ("plain", "skinny")):
-                layers.SKINNY_ROWS = skinny_rows if kind == "skinny" else 0
-                eos = [1] if shape == "default" else []  # random weights: ~1 in 20 tokens ends a row
-                times[kind].append(seconds(lambda: ours(model, prompts, new, "eager", eos_token_ids=eos))[0])
-        layers.SKINNY_ROWS = skinny_rows
-        plain, skinny = (1e3 * statistics.median(times[k]) for k in ("plain", "skinny"))
-        print(f"{name:14} generate: plain {plain:.1f} ms, skinny {skinny:.1f} ms ({plain / skinny:.2f}x), "
-              f"median of {2 * rounds}", flush=True)
-
-
-def product_us(fn, repeat: int = 200) -> float:
-    """Best of 5 timings of `repeat` calls, in microseconds per call."""
-    with torch.inference_mode():
-        for _ in range(20):
-            fn()
-        return 1e6 * min(seconds(lambda: [fn() for _ in range(repeat)])[0] for _ in range(5)) / repeat
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
@@ -218,8 +170,6 @@ def main():
     parser.add_argument("--naive-tokens", type=int, default=16, help="new tokens for the naive sampler (0: skip it)")
     parser.add_argument("--refill-rows", type=int, default=8, help="max_batch_rows of the refill table (0: skip it)")
     parser.add_argument("--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)")
-    parser.add_argument("--skinny-rows", default="1,4,8,16,32,64",
-                        help="rows of the skinny-products table (empty: skip it)")
     parser.add_argument("--warm-cache", action="store_true", help="keep torch's inductor cache (compile times then reuse it)")
     args = parser.parse_args()
     unknown = [p for p in args.paths if p not in PATHS]
@@ -241,9 +191,6 @@ def main():
     if args.compaction_batch and "tiny" in models:
         print(f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)")
         bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
-    if args.skinny_rows:
-        print("\nskinny products vs F.linear: us per product, plain / skinny (ratio > 1: skinny faster); then eager calls")
-        bench_skinny([int(r) for r in args.skinny_rows.split(",")], args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The pieces of the Qwen3 decoder (qwen3.py) that hold no cache: the products (skinny on CPU, or
-through weights packed for oneDNN while sampling), RMSNorm, rotary embeddings and the padding mask.
+"""The pieces of the Qwen3 decoder (qwen3.py) that hold no cache: the products (plain, or through
+weights packed for oneDNN while sampling), RMSNorm, rotary embeddings and the padding mask.
 Tensors in, tensors out: nothing here knows the model's config, its caches or the loop.
 """
 
@@ -8,26 +8,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-SKINNY_ROWS = 64  # at or below this many rows, CPU matmuls go through the transposed product
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias), computed as (weight @ x.T).T when x has few rows on CPU.
-
-    Same maths, another order of the loops: with MKL on the project's CPUs the plain product with
-    2-64 rows, i.e. a decode step, ran up to 2.9x slower; from a few hundred rows on they are equal.
-    """
-    rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu" or rows > SKINNY_ROWS:
-        return F.linear(x, weight, bias)
-    if rows == 1:
-        y = torch.mv(weight, x.reshape(-1))  # (out,): gemv, ~20% faster than a 1-row gemm here
-    else:
-        y = (weight @ x.reshape(rows, -1).t()).t()  # (rows, out), column-major
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def logit_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -45,14 +25,14 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 class Linear(nn.Linear):
-    """nn.Linear through `linear` above, or through a packed copy of the weight while one is set."""
+    """nn.Linear, or through a packed copy of the weight while one is set."""
 
     packed: torch.Tensor | None = None  # set only inside Qwen3.packed_for_decoding
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias, self.out_features)
-        return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from .layers import (PACK_MIN_ELEMENTS, Linear, RMSNorm, apply_rotary, linear, logit_dtype, packed_linear,
+from .layers import (PACK_MIN_ELEMENTS, Linear, RMSNorm, apply_rotary, logit_dtype, packed_linear,
                      real_positions, rotary_cos_sin, visibility_mask)
 
 
@@ -346,7 +346,7 @@ class Qwen3(nn.Module):
         """LM head on hidden states (..., hidden) -> logits (..., vocab) in fp32 (fp64 for an fp64 model)."""
         if self.packed_head is not None:
             return packed_linear(hidden, self.packed_head, None, self.config.vocab_size).float()
-        return linear(hidden, self.head_weight).to(logit_dtype(self.dtype))
+        return F.linear(hidden, self.head_weight).to(logit_dtype(self.dtype))
 
     @property
     def head_weight(self) -> torch.Tensor:
