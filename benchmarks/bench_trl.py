@@ -44,7 +44,7 @@ from minigrpo import GRPOConfig, RewardSpec, TrainConfig  # noqa: E402
 from minigrpo.evaluate import evaluate  # noqa: E402
 from minigrpo.tasks import load_problems, to_task  # noqa: E402
 from minigrpo.tasks.prompts import template  # noqa: E402
-from minigrpo.trainer import build_trainer  # noqa: E402
+from minigrpo.run import build_trainer  # noqa: E402
 from minigrpo.verifier import compute_rewards  # noqa: E402
 from minigrpo.weights import hf_name  # noqa: E402
 

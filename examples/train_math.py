@@ -34,7 +34,7 @@ from minigrpo.plots import plot_curves
 from minigrpo.tasks import load_problems, sources_of, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
-from minigrpo.trainer import build_trainer
+from minigrpo.run import build_trainer, initial_evaluation
 from minigrpo.update import NonFiniteWeights
 
 # The embedded default, found from this file: the default run works offline from any directory.
@@ -286,7 +286,8 @@ if __name__ == "__main__":
     if not synthetic and not args.eval_data:
         trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
     try:  # what the accuracy is measured on must stay the same from start to end
-        initial = trainer.initial_evaluation(held_out_accuracy, {"eval_data": eval_source, "eval_count": len(eval_problems)})
+        measured_on = {"eval_data": eval_source, "eval_count": len(eval_problems)}
+        initial = initial_evaluation(trainer, held_out_accuracy, measured_on)
     except (ValueError, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
     trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")

@@ -25,7 +25,7 @@ _EXPORTS = {
     "TrainConfig": "config",
     "Task": "tasks",
     "Trainer": "trainer",
-    "train": "trainer",
+    "train": "run",
     "RewardSpec": "verifier",
     "extract_answer": "verifier",
     "is_equivalent": "verifier",

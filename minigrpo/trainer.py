@@ -1,15 +1,18 @@
 """The GRPO loop: the only module that combines the stages, numbered as in the README's diagram.
 
 In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
-TrainConfig. Out: the trained policy, output_dir/metrics.jsonl, output_dir/initial_eval.json
-(`initial_evaluation`), checkpoints. It knows the order of the stages, not how any stage works. One step:
+TrainConfig. Out: the trained policy, output_dir/metrics.jsonl and checkpoints. It knows the order
+of the stages, not how any stage works, nor how a run starts or resumes (run.py). One step,
+`Trainer.train_step`:
 
   1. sample      P prompts x G completions (sampler.generate)             -> rollout buffer
   2. verify      decode, score every reward, weight and sum (verifier)    -> reward per completion
-  3. advantages  group-relative (advantages.py); dynamic sampling resamples groups with no signal
+                 dynamic sampling (DAPO) repeats 1-2 on new prompts for the groups with no signal
+  3. advantages  group-relative (advantages.py)                           -> advantage per completion
   4. update      old / reference log-probs, then num_iterations passes, each over shuffled
-                 micro-batches with gradient accumulation, gradient clipping and one AdamW step (update.py)
-  5. metrics and checkpoints
+                 micro-batches with gradient accumulation, gradient clipping and one AdamW step
+                 (update.py)
+  5. metrics     the step's stats for the logger; `Trainer.train` logs them and saves checkpoints
 
 With num_iterations = 1 the old log-probs are the current ones detached: the ratio is exactly 1,
 the clipped surrogate reduces to the advantage, and since advantages are centred within each
@@ -34,17 +37,15 @@ the completions differ with the number of ranks, since each rank seeds its own s
 from __future__ import annotations
 
 import copy
-import os
 import random
 import time
 
 import torch
 
-from . import distributed
 from . import checkpoint
+from . import distributed
 from .advantages import group_advantages, zero_variance_groups
-from .weights import load_pretrained, parse_device
-from .config import GRPOConfig, TrainConfig, as_dict, changed_settings
+from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
 from .metrics import Clock, MetricsLogger, NullLogger
 from .rollout import Rollout, completion_stats
@@ -53,39 +54,44 @@ from .tasks import PromptStream, Task
 from .update import Updater
 from .verifier import Rewards, compute_rewards
 
-# The keys of Trainer.state_dict that a resume reads: a checkpoint whose trainer_state.pt lacks one is damaged.
-STATE_KEYS = ("step", "optimizer", "data", "rng", "model_path", "configs")
-
 
 class Trainer:
     def __init__(self, model, tokenizer, task: Task, grpo: GRPOConfig, config: TrainConfig, *,
                  model_path: str = "", reference=None, dist: distributed.Dist | None = None):
         if model.dtype == torch.float16:  # AdamW's eps (1e-8) is 0 in float16: a step divides by zero
-            raise ValueError("the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 rounds to 0 "
-                             "and the first step turns most weights into NaN or inf); use bfloat16 or float32")
+            raise ValueError("the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 "
+                             "rounds to 0 and the first step turns most weights into NaN or inf); use "
+                             "bfloat16 or float32")
         self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
         config.check_against(grpo, self.dist.world_size)
         if self.dist.world_size > 1:  # (the digest reads every row: not for one process)
-            self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path, "dtype": str(model.dtype),
-                                  "device": model.device.type, "task": distributed.digest(task.rows),
-                                  "rewards": repr(task.rewards)})
-        self.model, self.tokenizer, self.task, self.grpo, self.config = model, tokenizer, task, grpo, config
+            self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path,
+                                  "dtype": str(model.dtype), "device": model.device.type,
+                                  "task": distributed.digest(task.rows), "rewards": repr(task.rewards)})
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task = task
+        self.grpo = grpo
+        self.config = config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
         room = model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
-        self.prompt_ids = tokenizer.encode_all([self._text(row["prompt"]) for row in task.rows], "task's prompts",
-                                               model_path or "the policy", room, task.sources)
+        prompts = [self._text(row["prompt"]) for row in task.rows]
+        self.prompt_ids = tokenizer.encode_all(prompts, "task's prompts", model_path or "the policy", room,
+                                               task.sources)
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.reference = None  # a frozen copy of the starting policy, only when the KL needs one
         if grpo.beta > 0:
             self.reference = _frozen_copy(reference if reference is not None else model)
-        self.updater = Updater(model, self.reference, grpo, config, self.dist, self._padding_rollout(), self.pad_id)
-        self.policy, self.optimizer = self.updater.policy, self.updater.optimizer  # sampling and checkpoints use them
+        self.updater = Updater(model, self.reference, grpo, config, self.dist, self._padding_rollout(),
+                               self.pad_id)
+        self.policy = self.updater.policy  # sampling and checkpoints use it and the optimizer
+        self.optimizer = self.updater.optimizer
         self.stream = PromptStream(len(task.rows), config.seed)
         self.step = 0
         model.gradient_checkpointing = config.gradient_checkpointing
-        self.wall_seconds_before = 0.0  # the run's time in earlier processes, up to the checkpoint resumed from
+        self.wall_seconds_before = 0.0  # the run's time in earlier processes, up to the checkpoint resumed
         self.started = time.monotonic()
 
     # -- the loop -------------------------------------------------------------------------------
@@ -95,11 +101,12 @@ class Trainer:
         `observer` if one is given. `start_stats` (the accuracy before training, say) are logged as
         step 0 when the run starts from step 0."""
         if self.dist.is_main:  # rank 0 alone writes; the stats it logs are already reduced over ranks
-            logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step, self.config.progress_bar,
-                                   self.config.report_to, start_stats)
+            logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step,
+                                   self.config.progress_bar, self.config.report_to, start_stats)
         else:
             logger = NullLogger()
         first_step = self.step
+        save_every = self.config.save_every
         try:
             last = min(self.config.max_steps, self.config.stop_at_step or self.config.max_steps)
             while self.step < last:
@@ -111,72 +118,61 @@ class Trainer:
                 every = self.config.log_completions_every
                 if every and self.step % every == 0:
                     logger.log_completions(self.step, examples)
-                if self.config.save_every and self.step % self.config.save_every == 0:
+                if save_every and self.step % save_every == 0:
                     self.save()
-            if self.step > first_step and (not self.config.save_every or self.step % self.config.save_every):
+            if self.step > first_step and (not save_every or self.step % save_every):
                 self.save()  # the last step, unless it was just saved (or this process took none)
         finally:
             logger.close()
 
     def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
-        """One GRPO step, its stages numbered as in the README's diagram; (stats for the logger, a few
-        completions with their rewards). An observer (trace.py) sees the rollouts after stage 3 and
-        the update's stats after stage 4."""
+        """One GRPO step, its stages numbered as in the README's diagram: (stats for the logger, the
+        first completion of a few groups with their rewards). Dynamic sampling (DAPO) repeats stages
+        1-2 on new prompts while groups with no signal leave the batch short, up to max_sampling_rounds.
+        Under torchrun each rank samples and verifies its block of the prompts, then every rank holds
+        the whole round. An observer (trace.py) sees the rollouts after stage 3 and the update's
+        stats after stage 4."""
         self.step += 1
         self._set_learning_rate()
         clock = Clock()
-        sampled, trained, stats = self.collect(clock)  # stages 1-3, in as many rounds as dynamic sampling needs
+        batch = StepRollouts(self.grpo, self.config.batch_size)
+        for round_ in range(self.grpo.max_sampling_rounds if self.grpo.dynamic_sampling else 1):
+            indices = self.stream.next(batch.missing_groups())  # the next prompts of the task
+            mine = self.dist.block_of(indices)  # this rank's block of them (one process: all)
+            with clock("sample"):
+                rollouts = self.sample(mine, round_)  # 1. sample G completions per prompt
+            with clock("verify"):
+                self.verify(rollouts, mine)  # 2. verify: every reward of the task
+            batch.add(self.dist.gather_joined(rollouts))  # every rank's, in prompt order
+            if batch.full():
+                break
+        self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
-            observer.rollouts(self, sampled)
+            observer.rollouts(self, batch.sampled)
         with clock("update"):
-            update = self.update(trained)  # 4. update: old/reference log-probs, then num_iterations AdamW steps
+            update = self.update(batch.trained)  # 4. update: num_iterations AdamW steps
         if observer is not None:
             observer.updated(self, update)
-        return {**stats, **update, "lr": self.optimizer.param_groups[0]["lr"], **clock.stats()}, self._examples(sampled)
+        stats = self.metrics(batch, update, clock)  # 5. metrics
+        return stats, self._examples(batch.sampled)
 
-    # -- stages 1-3 -----------------------------------------------------------------------------
-    def collect(self, clock) -> tuple[list[Rollout], list[Rollout], dict[str, float]]:
-        """Stages 1-3 for the step's batch: (every rollout sampled, the ones to train on, their stats).
-
-        Dynamic sampling (DAPO) wraps stages 1-2: it samples new prompts for the groups whose rewards
-        were all equal, up to max_sampling_rounds rounds; without it one round is the batch."""
-        G, wanted = self.grpo.num_generations, self.config.batch_size // self.grpo.num_generations
-        drop_flat = self.grpo.dynamic_sampling or self.grpo.drop_zero_variance_groups
-        sampled, trained, flat_groups = [], [], 0
-        for round_ in range(self.grpo.max_sampling_rounds if self.grpo.dynamic_sampling else 1):
-            more = wanted - len(trained) // G if self.grpo.dynamic_sampling else wanted
-            new = self.sample_and_score(self.stream.next(more), round_, clock)  # stages 1-2
-            flat = zero_variance_groups(torch.tensor([r.reward for r in new]), G).tolist()  # (groups,)
-            sampled, flat_groups = sampled + new, flat_groups + sum(flat)
-            trained += [r for g, is_flat in enumerate(flat) if not (drop_flat and is_flat) for r in new[g * G : (g + 1) * G]]
-            if len(trained) >= wanted * G:
-                break
-        self.advantages(trained)  # 3. advantages, over the batch that is trained on
-        clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]  # the step waits for the slowest rank
-        return sampled, trained, {**reward_stats(sampled), **self._sampling_stats(sampled, trained, flat_groups, clock)}
-
-    def sample_and_score(self, indices: list[int], round_: int, clock) -> list[Rollout]:
-        """Stages 1-2 for these prompts: each rank samples and scores its own block of them, then every
-        rank gets the whole round in prompt order, so what follows sees what one process would."""
-        mine = indices[self.dist.block(len(indices))]
-        with clock("sample"):
-            rollouts = self.sample(mine, round_)  # 1. sample G completions per prompt
-        with clock("verify"):
-            self.score(rollouts, [self.task.rows[i] for i in mine])  # 2. verify: every reward of the task
-        return [r for part in self.dist.gather(rollouts) for r in part]
-
+    # -- 1. sample ------------------------------------------------------------------------------
     def sample(self, indices: list[int], round_: int) -> list[Rollout]:
         """Stage 1 on this rank's prompts: G rollouts per prompt, group by group."""
-        G, samples = self.grpo.num_generations, self._sample(indices, round_)
-        assert len(samples.tokens) == len(indices) * G, f"{len(samples.tokens)} completions for {len(indices)} prompts x {G}"
-        return [
-            Rollout(
-                prompt_ids=self.prompt_ids[indices[p]], completion_ids=tokens, finish_reason=reason,
+        samples = self._sample(indices, round_)
+        expected = len(indices) * self.grpo.num_generations
+        assert len(samples.tokens) == expected, f"{len(samples.tokens)} completions, {expected} expected"
+        rollouts = []
+        for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons,
+                                               samples.prompt_indices):
+            rollouts.append(Rollout(
+                prompt_ids=self.prompt_ids[indices[p]],
+                completion_ids=tokens,
+                finish_reason=reason,
                 in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
                 sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
-            )
-            for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)
-        ]
+            ))
+        return rollouts
 
     def _sample(self, indices: list[int], round_: int) -> Samples:
         """Stage 1 on this rank's prompts. Its seed depends on the rank: completions depend on how the
@@ -187,26 +183,34 @@ class Trainer:
         with self.policy.gathered():  # FSDP2: every rank all-gathers the weights, then samples on its own
             if not indices:  # dynamic sampling may leave a rank nothing to sample this round
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
-            return generate(self.model, [self.prompt_ids[i] for i in indices], self.grpo.sampling_config(),
-                            eos_token_ids=self.eos_ids, seed=seed)
+            prompts = [self.prompt_ids[i] for i in indices]
+            return generate(self.model, prompts, self.grpo.sampling_config(), eos_token_ids=self.eos_ids,
+                            seed=seed)
 
-    def score(self, rollouts: list[Rollout], rows: list[dict]) -> None:
-        """Stage 2: decode each completion and score it with every reward of the task, plus DAPO's overlong penalty."""
+    # -- 2. verify ------------------------------------------------------------------------------
+    def verify(self, rollouts: list[Rollout], indices: list[int]) -> None:
+        """Stage 2 for the rollouts of these prompts: decode each completion and score it with every
+        reward of the task, plus DAPO's overlong penalty."""
         for r in rollouts:
             r.text = self.tokenizer.decode_completion(r.completion_ids)
         if not rollouts:
             return
-        result = compute_rewards([r.text for r in rollouts], self.task.columns(rows, self.grpo.num_generations), self.task.rewards)
-        components, totals = dict(result.components), list(result.total)
+        rows = [self.task.rows[i] for i in indices]
+        columns = self.task.columns(rows, self.grpo.num_generations)  # each row's values, once per completion
+        result = compute_rewards([r.text for r in rollouts], columns, self.task.rewards)
+        components = dict(result.components)
+        totals = list(result.total)
         if self.grpo.overlong_buffer:
             components["overlong"] = [_overlong_penalty(len(r.completion_ids), self.grpo) for r in rollouts]
             totals = [t + p for t, p in zip(totals, components["overlong"])]
         for i, r in enumerate(rollouts):
-            r.rewards, r.reward = {name: values[i] for name, values in components.items()}, totals[i]
+            r.rewards = {name: values[i] for name, values in components.items()}
+            r.reward = totals[i]
             r.timed_out = result.timed_out[i]
 
+    # -- 3. advantages --------------------------------------------------------------------------
     def advantages(self, rollouts: list[Rollout]) -> None:
-        """Stage 3: each rollout's advantage, relative to its group (groups of equal rewards get exactly 0)."""
+        """Stage 3: each rollout's advantage, relative to its group (a group of equal rewards: exactly 0)."""
         if not rollouts:
             return
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
@@ -214,40 +218,57 @@ class Trainer:
         for r, a in zip(rollouts, advantages.tolist()):
             r.advantage = a
 
-    def _sampling_stats(self, sampled: list[Rollout], trained: list[Rollout], flat_groups: int, clock) -> dict[str, float]:
-        G, seconds = self.grpo.num_generations, max(clock.seconds["sample"], 1e-9)
-        return {
-            "groups/zero_variance_frac": flat_groups / max(len(sampled) // G, 1),
-            "groups/trained": len(trained) // G,
-            "groups/sampled": len(sampled) // G,
-            "sampling/samples_per_s": len(sampled) / seconds,
-            "sampling/tokens_per_s": sum(len(r.completion_ids) for r in sampled) / seconds,
-        }
-
-    # -- stage 4 --------------------------------------------------------------------------------
+    # -- 4. update ------------------------------------------------------------------------------
     def update(self, rollouts: list[Rollout]) -> dict[str, float]:
         """Stage 4: old and reference log-probs, then num_iterations AdamW steps (update.py)."""
         return self.updater(rollouts, self.step)
 
     def _padding_rollout(self) -> Rollout:
-        """A rollout that weighs nothing (no token in the loss, advantage 0), for a rank's empty micro-batch."""
+        """A rollout that weighs nothing (no token in the loss, advantage 0), for a rank's empty
+        micro-batch."""
         zeros = torch.zeros(1)  # (1,) sampler, old and reference log-probs, never read: the token is masked
-        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id], finish_reason="length",
-                       in_loss=False, sampler_logprobs=zeros, old_logprobs=zeros, ref_logprobs=zeros)
+        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id],
+                       finish_reason="length", in_loss=False, sampler_logprobs=zeros, old_logprobs=zeros,
+                       ref_logprobs=zeros)
 
-    # -- checkpoints ----------------------------------------------------------------------------
+    # -- 5. metrics and checkpoints -------------------------------------------------------------
+    def metrics(self, batch: StepRollouts, update: dict[str, float], clock: Clock) -> dict[str, float]:
+        """Stage 5: the step's stats for the logger, over the whole batch, the same on every rank."""
+        # the step waits for the slowest rank's sampling
+        clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]
+        stats = reward_stats(batch.sampled)
+        stats.update(self._sampling_stats(batch, clock))
+        stats.update(update)
+        stats["lr"] = self.optimizer.param_groups[0]["lr"]
+        stats.update(clock.stats())
+        return stats
+
+    def _sampling_stats(self, batch: StepRollouts, clock: Clock) -> dict[str, float]:
+        G = self.grpo.num_generations
+        seconds = max(clock.seconds["sample"], 1e-9)
+        sampled_groups = len(batch.sampled) // G
+        return {
+            "groups/zero_variance_frac": batch.flat_groups / max(sampled_groups, 1),
+            "groups/trained": len(batch.trained) // G,
+            "groups/sampled": sampled_groups,
+            "sampling/samples_per_s": len(batch.sampled) / seconds,
+            "sampling/tokens_per_s": sum(len(r.completion_ids) for r in batch.sampled) / seconds,
+        }
+
     def save(self) -> str:
         """Write a checkpoint (rank 0) of the state every rank holds (whole weights and optimizer state
-        gathered first under FSDP2); returns its directory on every rank."""
-        weights, state = self.policy.weights(), self.state_dict()
+        gathered first under FSDP2); returns its directory on every rank. run.py resumes from it."""
+        weights = self.policy.weights()
+        state = self.state_dict()
         path = None
         if self.dist.is_main:
-            path = checkpoint.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer, state,
-                                                  self.config.save_total_limit, weights=weights)
+            path = checkpoint.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer,
+                                              state, self.config.save_total_limit, weights=weights)
         return self.dist.broadcast(path)  # no rank goes on before the checkpoint is complete
 
     def state_dict(self) -> dict:
-        """Everything but the weights (STATE_KEYS, and wall_seconds); every rank must call it (it gathers)."""
+        """Everything but the weights (run.STATE_KEYS, and wall_seconds), as run.restore reads it back;
+        every rank must call it (it gathers)."""
         return {
             "step": self.step,
             "optimizer": self.policy.optimizer_state(self.optimizer),
@@ -255,56 +276,20 @@ class Trainer:
             "rng": self.dist.gather(checkpoint.rng_states()),  # one per rank
             "model_path": self.model_path,
             "configs": as_dict(self.grpo, self.config),
-            "wall_seconds": self.wall_seconds(),  # the run's running total: a resume adds on, a killed process too
+            # the run's running total: a resume adds on, a killed process too
+            "wall_seconds": self.wall_seconds(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        self.step = state["step"]
-        self.wall_seconds_before = float(state.get("wall_seconds", 0.0))  # 0: a checkpoint that predates it
-        self.policy.load_optimizer_state(self.optimizer, state["optimizer"])
-        for group in self.optimizer.param_groups:  # this run's settings, not the checkpoint's (lr is set per step)
-            group.update(betas=self.config.adam_betas, eps=self.config.adam_epsilon, weight_decay=self.config.weight_decay)
-        self.stream.load_state(state["data"])
-        rng = state["rng"]  # one per rank
-        if len(rng) == self.dist.world_size:
-            checkpoint.set_rng_states(rng[self.dist.rank])
-        else:  # nothing in the loop draws from them (its seeds derive from seed and step), so go on
-            self.dist.print(f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
-                            f"{self.dist.world_size}: global RNGs start afresh")
-
-    # -- evaluation -----------------------------------------------------------------------------
-    def initial_evaluation(self, measure, measured_on: dict) -> dict:
-        """The starting policy's score, measured once per output_dir: a fresh run calls measure() and keeps
-        {"initial_accuracy", "wall_seconds_before", "held_out": measured_on} in initial_eval.json; a resumed
-        run reads it back (its policy is no longer the starting one). Every rank calls it (measure() is an
-        evaluation they run together)."""
-        saved = checkpoint.read_initial_evaluation(self.config.output_dir) if self.config.resume and self.dist.is_main else {}
-        saved = self.dist.broadcast(saved)  # every rank takes the same branch below
-        if saved.get("held_out") == measured_on:
-            return saved
-        if self.step > 0:  # the starting policy is gone: measuring now would compare the run with itself
-            was = _described(saved["held_out"]) if saved.get("held_out") else "problems not recorded"
-            raise ValueError(f"this run's accuracy before GRPO was measured on {was}, not on {_described(measured_on)}: "
-                             "resume with the same held-out problems (or start a new output_dir), so that before and after "
-                             "count the same problems")
-        initial = {"initial_accuracy": measure(), "wall_seconds_before": 0.0, "held_out": measured_on}
-        if self.dist.is_main:
-            checkpoint.save_initial_evaluation(self.config.output_dir, initial)
-        return initial
-
+    # -- beside the loop ------------------------------------------------------------------------
     def evaluate(self, problems, template, rewards=None, **settings) -> Evaluation:
         """evaluate.evaluate on held-out problems, each rank taking a block of them; every rank gets
         the result over all of them. Greedy results do not depend on the number of ranks; sampled
         ones (temperature > 0) do, as each rank seeds its own block."""
-        mine = problems[self.dist.block(len(problems))]
+        mine = self.dist.block_of(problems)
         self.model.eval()
         with self.policy.gathered():
             results = evaluate(self.model, self.tokenizer, mine, template, rewards, **settings).results
-        return summarize(sum(self.dist.gather(results), []), settings.get("samples", 1), settings.get("ks", ()))
-
-    # -- helpers --------------------------------------------------------------------------------
-    def _text(self, prompt) -> str:
-        return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
+        return summarize(self.dist.gather_joined(results), settings.get("samples", 1), settings.get("ks", ()))
 
     def check_context(self, prompt_ids: list[list[int]], what: str, sources: list[str] | None = None) -> None:
         """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens;
@@ -318,97 +303,55 @@ class Trainer:
         counted then)."""
         return self.wall_seconds_before + time.monotonic() - self.started
 
+    def _text(self, prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
+
     def _set_learning_rate(self) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.learning_rate_at(self.step)
 
     def _examples(self, rollouts: list[Rollout], count: int = 2) -> list[dict]:
         """The first completion of the first `count` groups, with its prompt and rewards."""
+        firsts = rollouts[: count * self.grpo.num_generations : self.grpo.num_generations]
         return [
-            {"prompt": self.tokenizer.decode(r.prompt_ids), "completion": r.text, "rewards": {**r.rewards, "total": r.reward}}
-            for r in rollouts[: count * self.grpo.num_generations : self.grpo.num_generations]
+            {"prompt": self.tokenizer.decode(r.prompt_ids), "completion": r.text,
+             "rewards": {**r.rewards, "total": r.reward}}
+            for r in firsts
         ]
 
 
-def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
-          *, device: str = "cpu", dtype=None, on_step=None) -> Trainer:
-    """Load the policy from `model_path` (a directory or Hub id), or with config.resume from the latest
-    checkpoint in config.output_dir, and run GRPO up to config.max_steps."""
-    trainer = build_trainer(model_path, task, grpo, config, device=device, dtype=dtype)
-    trainer.train(on_step)
-    return trainer
+class StepRollouts:
+    """One step's rollouts over its sampling rounds: every one sampled, and the groups trained on.
 
+    Every group is trained on, unless dynamic sampling or drop_zero_variance_groups leave out the
+    groups whose rewards are all equal (no signal); then each round samples prompts for the groups
+    still missing, and the batch is full at batch_size / G groups."""
 
-def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
-                  *, device: str = "cpu", dtype=None) -> Trainer:
-    """The Trainer `train` runs, restored from the latest intact checkpoint when config.resume is set (a
-    resume that names another model_path than the run started from is refused). examples/train_math.py
-    uses it to evaluate before training."""
-    grpo, config = grpo or GRPOConfig(), config or TrainConfig()
-    parse_device(device)  # an unknown device, or a GPU this machine lacks, is refused before anything starts
-    dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
-    config.check_against(grpo, dist.world_size)
-    resume_from = _resume_point(config, model_path, dist)
-    saved = None if resume_from is None else checkpoint.load_state(resume_from)
-    if saved is not None:
-        _check_same_start(saved["model_path"], model_path, resume_from, dist.print)
-    device = dist.device  # each rank's own GPU under torchrun
-    model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
-    if tokenizer is None:
-        raise ValueError(f"{resume_from or model_path} has no tokenizer.json: the trainer needs one to decode completions")
-    reference = None
-    if resume_from is not None and grpo.beta > 0:  # the KL is to the model the run started from
-        reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
-    trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist)
-    if saved is not None:
-        for note in changed_settings(saved["configs"], as_dict(grpo, config)):
-            dist.print(note)
-        trainer.load_state_dict(saved)
-        dist.print(f"resuming from {resume_from} (step {trainer.step})")
-    return trainer
+    def __init__(self, grpo: GRPOConfig, batch_size: int):
+        self.group_size = grpo.num_generations  # G
+        self.wanted_groups = batch_size // grpo.num_generations
+        self.drop_flat = grpo.dynamic_sampling or grpo.drop_zero_variance_groups
+        self.sampled: list[Rollout] = []  # every round's rollouts, group by group
+        self.trained: list[Rollout] = []  # the groups stages 3 and 4 see
+        self.flat_groups = 0  # sampled groups whose rewards are all equal
 
+    def missing_groups(self) -> int:
+        """Groups the batch still wants: the prompts to sample next."""
+        return self.wanted_groups - len(self.trained) // self.group_size
 
-# -- helpers of build_trainer and the stages -------------------------------------------------
-def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) -> str | None:
-    """The checkpoint to resume from (None: start from model_path); an earlier run's checkpoints without
-    config.resume are refused, and what a killed save or prune left is removed."""
-    latest = dist.broadcast(checkpoint.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
-    if latest and not config.resume:
-        raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run (latest: {latest}); "
-                         "resume it (resume=True, --resume) or choose another output directory")
-    if not config.resume:
-        return None
-    if latest and not os.path.isdir(latest):
-        raise ValueError(f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
-                         "output_dir must be on a file system that every node sees")
-    if dist.is_main:  # a resume with no step left to take saves nothing, so clean up here
-        checkpoint.remove_leftovers(config.output_dir)
-    if not latest:
-        dist.print(f"note: nothing to resume in {config.output_dir}; starting from {model_path}")
-        return None
-    # the newest checkpoint that reads back; rank 0 checks, and says what it skips
-    intact = checkpoint.latest_intact_checkpoint(config.output_dir, dist.print, STATE_KEYS) if dist.is_main else None
-    resume_from = dist.broadcast(intact)
-    if resume_from is None:
-        raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume")
-    return resume_from
+    def full(self) -> bool:
+        return len(self.trained) >= self.wanted_groups * self.group_size
 
-
-def _check_same_start(saved_model: str, model_path: str, resume_from: str, note) -> None:
-    """A resume names the model its run started from: the KL reference and the summary are that model's.
-    A Trainer built from a model in memory (model_path "") recorded none: that is said, not refused."""
-    if not saved_model:
-        note(f"note: {resume_from} does not record the model its run started from; the KL reference is {model_path}")
-        return
-    same_directory = os.path.isdir(saved_model) and os.path.isdir(model_path) and os.path.samefile(saved_model, model_path)
-    if saved_model != model_path and not same_directory:
-        raise ValueError(f"{resume_from} continues a run that started from {saved_model}, not {model_path}: resume "
-                         f"with that model (--model {saved_model}), whose KL reference and summary the run keeps, "
-                         "or start a new output_dir")
-
-
-def _described(settings: dict) -> str:
-    return ", ".join(f"{key} {value}" for key, value in settings.items())
+    def add(self, rollouts: list[Rollout]) -> None:
+        """A round's rollouts, scored (stage 2), group by group."""
+        G = self.group_size
+        rewards = torch.tensor([r.reward for r in rollouts])  # (N,)
+        flat = zero_variance_groups(rewards, G).tolist()  # (N / G,)
+        self.sampled += rollouts
+        self.flat_groups += sum(flat)
+        for g, is_flat in enumerate(flat):
+            if not (self.drop_flat and is_flat):
+                self.trained += rollouts[g * G : (g + 1) * G]
 
 
 def _frozen_copy(model):
@@ -429,4 +372,5 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
         return {}
     components = {name: [r.rewards[name] for r in rollouts] for name in rollouts[0].rewards}
     timed_out = [r.timed_out for r in rollouts]
-    return {**Rewards([r.reward for r in rollouts], components, timed_out).stats(), **completion_stats(rollouts)}
+    rewards = Rewards([r.reward for r in rollouts], components, timed_out)
+    return {**rewards.stats(), **completion_stats(rollouts)}

@@ -65,7 +65,7 @@ def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision:
 
 def parse_device(device) -> torch.device:
     """torch.device(device), or a ValueError saying why not: torch does not know the device, or this
-    machine does not have it. load_pretrained and build_trainer check every device here, first."""
+    machine does not have it. load_pretrained and run.build_trainer check every device here, first."""
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):

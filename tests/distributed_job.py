@@ -14,7 +14,8 @@ import torch
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
 from minigrpo.sampler import Samples
-from minigrpo.trainer import Trainer, build_trainer
+from minigrpo.run import build_trainer
+from minigrpo.trainer import Trainer
 from minigrpo.verifier import register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]

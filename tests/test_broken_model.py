@@ -21,7 +21,7 @@ from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
 from minigrpo.checkpoint import (CHECKPOINTS, CHECKSUMS, STATE_FILE, DiskFull, latest_intact_checkpoint,
                                  replace_json, save_checkpoint, write_checksums)
 from minigrpo.metrics import MetricsLogger
-from minigrpo.trainer import STATE_KEYS, build_trainer
+from minigrpo.run import STATE_KEYS, build_trainer
 from minigrpo.update import NonFiniteWeights
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 

@@ -14,6 +14,7 @@ import minigrpo
 from helpers import tiny_policy
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.checkpoint import latest_checkpoint, load_state
+from minigrpo.run import initial_evaluation
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
@@ -150,8 +151,8 @@ def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_b
     saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
     torch.manual_seed(1), random.seed(1), np.random.seed(1)  # what else the process drew since
     task = Task(ROWS, [RewardSpec("test_count_x")])
-    resumed = minigrpo.trainer.build_trainer(checkpoint, task, grpo, TrainConfig(**train, output_dir=str(tmp_path / "stopped"),
-                                                                                    resume=True))
+    resumed = minigrpo.run.build_trainer(checkpoint, task, grpo,
+                                         TrainConfig(**train, output_dir=str(tmp_path / "stopped"), resume=True))
     assert resumed.step == 1 and torch.equal(torch.get_rng_state(), saved[0]) and random.getstate() == saved[1]
     numpy_state = np.random.get_state()
     assert numpy_state[0] == saved[2][0] and np.array_equal(numpy_state[1], saved[2][1]) and numpy_state[2:] == saved[2][2:]
@@ -236,7 +237,7 @@ def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
     state = trainer.state_dict()
     assert state["optimizer"] is None and not trainer.optimizer.state
     fresh = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
-    fresh.load_state_dict(state)
+    minigrpo.run.restore(fresh, state)
     assert fresh.step == 1 and not fresh.optimizer.state
 
 
@@ -248,7 +249,7 @@ def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings
     saved = trainer.state_dict()
     assert all(isinstance(name, str) for name in saved["optimizer"]["state"])
     fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings
-    fresh.load_state_dict(saved)
+    minigrpo.run.restore(fresh, saved)
     for (a, b) in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
     assert fresh.optimizer.param_groups[0]["weight_decay"] == 0.0 and fresh.optimizer.param_groups[0]["eps"] == 1e-8
@@ -374,7 +375,7 @@ def test_token_budget_batches_cover_every_rollout_within_the_budget():
 def test_the_stage_functions_are_public():
     assert minigrpo.grpo_loss is minigrpo.loss.grpo_loss
     assert minigrpo.group_advantages is minigrpo.advantages.group_advantages
-    assert minigrpo.train is minigrpo.trainer.train
+    assert minigrpo.train is minigrpo.run.train
 
 
 def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_path):
@@ -382,7 +383,7 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_
     minigrpo.checkpoint.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
     config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
     with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
-        minigrpo.trainer.build_trainer(checkpoint, Task(ROWS, [RewardSpec("test_count_x")]),
+        minigrpo.run.build_trainer(checkpoint, Task(ROWS, [RewardSpec("test_count_x")]),
                                        GRPOConfig(num_generations=4, max_completion_length=12), config)
 
 
@@ -502,17 +503,17 @@ def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpo
         return 0.25
 
     fresh = make_trainer(checkpoint, tmp_path)
-    first = fresh.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
+    first = initial_evaluation(fresh, measure, {"eval_data": "a", "eval_count": 4})
     assert first == {"initial_accuracy": 0.25, "wall_seconds_before": 0.0, "held_out": {"eval_data": "a", "eval_count": 4}}
     resumed = make_trainer(checkpoint, tmp_path, resume=True)
     resumed.step = 3  # the policy has trained: its score is read back, never measured again
-    assert resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4}) == first and len(calls) == 1
+    assert initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4}) == first and len(calls) == 1
     with pytest.raises(ValueError, match="measured on eval_data a, eval_count 4, not on eval_data a, eval_count 3"):
-        resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 3})
+        initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 3})
     (tmp_path / "run" / "initial_eval.json").write_text('{"initial_acc')  # not valid JSON: said, with the path
     with pytest.raises(ValueError, match="initial_eval.json is not valid JSON"):
-        resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
+        initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4})
     (tmp_path / "run" / "initial_eval.json").write_text("null")  # JSON, but not the object it must be
     with pytest.raises(ValueError, match="initial_eval.json holds null, not a JSON object"):
-        resumed.initial_evaluation(measure, {"eval_data": "a", "eval_count": 4})
+        initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4})
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "run"))

@@ -20,7 +20,7 @@ import torch._dynamo  # noqa: F401  (the first model a process builds imports it
 import minigrpo.evaluate  # noqa: F401
 import minigrpo.plots  # noqa: F401
 import minigrpo.trace  # noqa: F401
-import minigrpo.trainer  # noqa: F401
+import minigrpo.run  # noqa: F401  (and minigrpo.trainer, which it imports)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PARALLEL = 4  # cases running at once
