@@ -1,12 +1,12 @@
-"""Sampling throughput: minigrpo.generate (default, eager and compiled paths) beside transformers' generate.
+"""Sampling throughput: minigrpo.generate (eager and compiled paths) beside transformers' generate.
 
     python benchmarks/bench_sampler.py                              # tiny and 0.6B shapes, batch 1, 8, 32
-    python benchmarks/bench_sampler.py --shapes tiny --paths default,eager   # no compiling
+    python benchmarks/bench_sampler.py --shapes tiny --paths eager   # no compiling
 
 Random weights, fp32, prompts of 64 tokens, EOS disabled, temperature 1.0, top_p 0.9; every
 sampler holds the same weights in this process. "ms" is wall time of the whole call (prefill
 included) divided by the new tokens, the median over `--rounds` rounds that run the samplers one
-after the other. "default" is what `generate` picks by itself in a fresh process; "compiled" is
+after the other. "eager" is `generate`'s default (compile=False); "compiled" is
 compile=True after its graphs are built, and the compile time is reported apart. The roofline
 floor of a decode step is max(weight bytes / copy bandwidth, 2 * params * batch / fp32 matmul
 rate), both measured in this run; copy bandwidth counts bytes read plus bytes written.
@@ -35,13 +35,12 @@ import torch
 from common import SHAPES, machine_line, random_model, transformers_twin
 
 import minigrpo
-from minigrpo import sampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from reference_sampler import naive_generate  # noqa: E402  (the slow reference lives with the tests)
 
 SETTINGS = dict(temperature=1.0, top_p=0.9)
-PATHS = {"default": None, "eager": False, "compiled": True}  # the compile= setting of each path
+PATHS = {"eager": False, "compiled": True}  # the compile= setting of each path
 
 
 def prompts_for(batch, prompt_len, vocab, seed=0):
@@ -55,9 +54,7 @@ def seconds(fn):
     return time.perf_counter() - start, result
 
 
-def ours(model, prompts, new_tokens, path="default", **extra):
-    if path == "default":
-        sampler._eager_small_batch_seconds = 0.0  # what a fresh process would pick
+def ours(model, prompts, new_tokens, path="eager", **extra):
     return minigrpo.generate(model, prompts, max_new_tokens=new_tokens, seed=0, compile=PATHS[path], **SETTINGS, **extra)
 
 
@@ -97,7 +94,7 @@ def bench_shape(shape, args, bandwidth, flops):
             first, _ = seconds(lambda: ours(model, prompts, new, "compiled"))
             compile_s = first - seconds(lambda: ours(model, prompts, new, "compiled"))[0]
         times = {name: [] for name in ["transformers", *args.paths]}
-        decode_ms, picked = [], set()
+        decode_ms = []
         for _ in range(args.rounds):
             times["transformers"].append(seconds(lambda: transformers_generate(hf, prompts, new))[0])
             for path in args.paths:
@@ -106,14 +103,11 @@ def bench_shape(shape, args, bandwidth, flops):
                 times[path].append(t)
                 if path == args.paths[0]:
                     decode_ms.append(samples.ms_per_step)
-                if path == "default":
-                    picked.add("compiled" if samples.compiled else "eager")
         ms = {name: 1e3 * statistics.median(ts) / new for name, ts in times.items()}
         floor_ms = 1e3 * max(weight_bytes / bandwidth, 2 * params * batch / flops)
         cells = " ".join(f"{ms[p]:9.1f} {ms['transformers'] / ms[p]:5.2f}x" for p in args.paths)
         decode = statistics.median(decode_ms)
-        note = f"  default ran {'/'.join(sorted(picked))}" if picked else ""
-        note += f"; compiling took {compile_s:.0f} s" if compile_s is not None else ""
+        note = f"  compiling took {compile_s:.0f} s" if compile_s is not None else ""
         print(f"{shape:5} {batch:5} {ms['transformers']:9.1f} {cells} {decode:9.1f} {floor_ms:8.1f} {decode / floor_ms:6.2f}{note}", flush=True)
     if args.naive_tokens:
         naive_tokens = min(args.naive_tokens, new)
@@ -161,7 +155,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
     parser.add_argument("--batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--paths", default="default,eager,compiled", type=lambda s: s.split(","),
+    parser.add_argument("--paths", default="eager,compiled", type=lambda s: s.split(","),
                         help="comma-separated from: " + ", ".join(PATHS))
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     parser.add_argument("--new", type=int, default=128, help="new tokens per sample, tiny shape")

@@ -11,7 +11,7 @@ finished row is refilled with a waiting request; once nothing waits, finished ro
 from the batch when they are half of it. The LM head runs on the last position only, attention
 over the slots written so far; each row's next token is drawn by next_token.py.
 
-Compiled decode (`compile=True`, or chosen by `use_compiled`): one graph per (batch rows, span),
+Compiled decode (`compile=True`; eager by default): one graph per (batch rows, span),
 spans from length buckets of 64, 128, 256, ... slots and batch rows from the call's first batch
 size and the powers of two below it (compaction pads with finished rows, masked); graphs live for
 the process. The slow reference, the whole sequence recomputed per token, lives in the tests.
@@ -34,13 +34,6 @@ from .next_token import draw_counters, row_keys, sample, uniform
 from .qwen3 import KVCache, Qwen3
 
 SPAN_BUCKET = 64  # compiled steps read 64, 128, 256, ... cache slots
-# compile=None (benchmarks/README.md): a compiled step clearly beats the eager one only with one row
-# (tiny 0.8 vs 2.8 ms, Qwen3-0.6B 62 vs 120 ms); at 8 rows the 0.6B one is 2x slower (eager steps use
-# oneDNN-packed weights), from 32 rows up no faster; each graph takes 15-75 s to compile. So one-row
-# batches switch to compiled steps once this process has spent that long on them eagerly.
-COMPILE_MAX_ROWS = 1
-COMPILE_AFTER_SECONDS = 60.0
-_eager_small_batch_seconds = 0.0  # eager decode time so far, in this process, of calls with <= COMPILE_MAX_ROWS rows
 
 
 @dataclass
@@ -55,7 +48,7 @@ class SamplingConfig:
     eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
     seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
     max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every requested row
-    compile: bool | None = None  # True / False: compiled / eager decode steps; None: chosen by `use_compiled`
+    compile: bool = False  # decode steps as torch.compile graphs (each costs seconds to build) or eager
     check_every: int | None = None  # decode steps between checks (the only host syncs); None: 1 on CPU, 8 on GPU
     compact: bool = True  # drop finished rows from the batch once they are half of it
 
@@ -73,6 +66,9 @@ class SamplingConfig:
             raise ValueError(f"num_samples must be a positive integer, got {self.num_samples!r}")
         if self.max_batch_rows is not None and (not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1):
             raise ValueError(f"max_batch_rows must be a positive integer (or None for no limit), got {self.max_batch_rows!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError("compile must be True (compiled decode steps) or False (eager), "
+                             f"got {self.compile!r}")
         if self.check_every is not None and self.check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {self.check_every}")
 
@@ -160,7 +156,7 @@ class Engine:
 
     def run(self) -> Samples:
         rows = min(self.requests, self.config.max_batch_rows or self.requests)
-        self.compiled = use_compiled(self.config.compile, rows)
+        self.compiled = self.config.compile
         self.step_fn = compiled_decode_step() if self.compiled else decode_step
         self.allocate(rows)
         packing = contextlib.nullcontext() if self.compiled else self.model.packed_for_decoding(rows)
@@ -172,9 +168,6 @@ class Engine:
             start = time.perf_counter()
             self.decode_loop()
             decode_seconds = time.perf_counter() - start - (self.prefill_seconds - first_prefill)  # refills are prefill
-        if not self.compiled and rows <= COMPILE_MAX_ROWS:
-            global _eager_small_batch_seconds
-            _eager_small_batch_seconds += decode_seconds
         return self.to_samples(decode_seconds)
 
     def allocate(self, rows: int) -> None:
@@ -288,14 +281,6 @@ def decode_step(model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -
 
 
 _compiled_step = None
-
-
-def use_compiled(setting: bool | None, rows: int) -> bool:
-    """compile=True/False as asked; None: compiled for a batch of <= COMPILE_MAX_ROWS rows once this
-    process has decoded such batches eagerly for COMPILE_AFTER_SECONDS (what compiling would cost)."""
-    if setting is not None:
-        return setting
-    return rows <= COMPILE_MAX_ROWS and _eager_small_batch_seconds >= COMPILE_AFTER_SECONDS
 
 
 def compiled_decode_step():

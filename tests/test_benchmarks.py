@@ -15,7 +15,7 @@ import pytest
 BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
 
 SMALLEST = {
-    "bench_sampler.py": ["--shapes", "tiny", "--batches", "1,2", "--paths", "default,eager", "--new", "6", "--prompt", "8",
+    "bench_sampler.py": ["--shapes", "tiny", "--batches", "1,2", "--paths", "eager", "--new", "6", "--prompt", "8",
                          "--rounds", "1", "--naive-tokens", "3", "--refill-rows", "2", "--compaction-batch", "2"],
     "bench_forward.py": ["--shapes", "tiny", "--batch", "1", "--seq", "8", "--rounds", "1"],
     "bench_verifier.py": ["--limit", "5"],
@@ -23,7 +23,7 @@ SMALLEST = {
     "bench_trl.py": ["--smoke", "--seeds", "1", "--eval_at", "1"],
 }
 EXPECTED = {
-    "bench_sampler.py": ["refill under a row budget", "mean length", "default ran eager"],
+    "bench_sampler.py": ["refill under a row budget", "mean length", "naive no-cache sampler"],
     "bench_forward.py": ["forward+backward"],
     "bench_verifier.py": ["| all |", "median ms"],
     "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],

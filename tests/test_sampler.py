@@ -234,6 +234,7 @@ def test_a_prompt_that_exactly_fills_the_context_is_sampled_and_one_token_more_i
         ([[1]], dict(max_batch_rows=0), "max_batch_rows must be a positive integer"),
         ([[1]], dict(max_batch_rows=-2), "max_batch_rows must be a positive integer"),
         ([[1]], dict(max_batch_rows=2.5), "max_batch_rows must be a positive integer"),
+        ([[1]], dict(compile=None), "compile must be True .* or False"),
     ],
 )
 def test_bad_input_is_a_clear_error(model, prompts, settings, message):
@@ -250,6 +251,7 @@ def test_reports_timings_and_cache_size(model):
     assert samples.batch_rows == 8 and samples.kv_cache_bytes == decode_cache + prefill_cache
     assert samples.decode_steps == 4 and samples.num_tokens == 40
     assert samples.prefill_seconds > 0 and samples.decode_seconds > 0 and samples.tokens_per_second > 0
+    assert not samples.compiled  # eager unless the caller asks for compile=True
 
 
 FINISHING = dict(prompts=[[i + 1, 2 * i + 3, 5, i * 7 % 97] for i in range(12)], eos=[56, 0, 17, 82])  # rows end at varied steps
