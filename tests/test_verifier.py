@@ -178,6 +178,9 @@ NOT_EQUAL = [
     ("1000001", "1000000"), ("1000000", "1000001"), (r"\frac{1}{2^{99}}", r"\frac{1}{2^{98}}"), ("0.5000001", "0.5"),
     ("3.0001", "3"), ("0.33", r"\frac{1}{3}"), ("0.33333", r"\frac{1}{3}"), ("3.14159", r"\pi"), ("3.1416", r"\pi"),
     ("0.333", "0.3333"), ("0.3333", "0.333"), (r"\frac{1}{3}", "0.333"), ("-5", "5"), ("4", r"4\sqrt{2}"),
+    # a gold whose decimals end (a denominator of 2s and 5s) is matched exactly, never approximately:
+    # 1/5^24 is 1.6777216e-17, which 7 digits round to within a unit of their last
+    ("0.00000000000000001677722", r"\frac{1}{5^{24}}"), ("0.2000001", r"\frac{1}{5}"),
     # a decimal just past one unit of its last digit, or one digit short
     ("0.3333338", r"\frac{1}{3}"), ("0.3333332", r"\frac{1}{3}"), ("3.1415928", r"\pi"), ("0.333333", r"\frac{1}{3}"),
     # close but wrong: closed forms and expressions that differ by little, or only off the sample points
