@@ -2,7 +2,8 @@
 
 In: the sampler's completions for a batch of prompts (stage 1); later stages fill in the decoded
 text and rewards (2), advantages (3) and the old / reference log-probs (4). Out: padded tensors for
-the update, in micro-batches, and the logger's length stats (`completion_stats`). It knows token ids and numbers, not rewards' meaning or the model.
+the update, in micro-batches, and the logger's length stats (`completion_stats`). It knows token
+ids and numbers, not rewards' meaning or the model.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ class Rollout:
     text: str = ""  # the completion decoded (stage 2): what the rewards read
     rewards: dict[str, float] = field(default_factory=dict)  # each reward component, unweighted
     reward: float = 0.0  # the weighted total
-    timed_out: bool = False  # a reward failed closed at the verifier's time limit (logged as reward/timeout_frac)
+    timed_out: bool = False  # a reward failed closed at the verifier's time limit (reward/timeout_frac)
     advantage: float = 0.0  # group-relative, from the total
     in_loss: bool = True  # False for a truncated completion when those are masked
-    sampler_logprobs: torch.Tensor | None = None  # (Tc,) as the sampler computed them while drawing the tokens
-    old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it, recomputed (num_iterations > 1)
+    sampler_logprobs: torch.Tensor | None = None  # (Tc,) as the sampler computed them drawing the tokens
+    old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it (num_iterations > 1)
     ref_logprobs: torch.Tensor | None = None  # (Tc,) under the reference model (beta > 0)
 
 
@@ -82,7 +83,9 @@ def _pad(rows: list, width: int, device) -> torch.Tensor | None:
 
 def micro_batches(count: int, size: int, generator: torch.Generator | None = None) -> list[list[int]]:
     """Indices 0..count-1 in chunks of `size`, shuffled when a generator is given."""
-    order = torch.randperm(count, generator=generator).tolist() if generator is not None else list(range(count))
+    order = list(range(count))
+    if generator is not None:
+        order = torch.randperm(count, generator=generator).tolist()
     return [order[i : i + size] for i in range(0, count, size)]
 
 
@@ -95,17 +98,25 @@ def token_budget_batches(lengths: list[tuple[int, int]], max_rows: int, max_toke
     rollout longer than the budget on its own gets a micro-batch to itself (handled, not refused).
     The order of the micro-batches (and of rollouts of equal length) is shuffled by `generator`.
     """
-    order = torch.randperm(len(lengths), generator=generator).tolist() if generator is not None else list(range(len(lengths)))
+    order = list(range(len(lengths)))
+    if generator is not None:
+        order = torch.randperm(len(lengths), generator=generator).tolist()
     order.sort(key=lambda i: -sum(lengths[i]))  # stable: equal lengths keep the shuffled order
-    batches, current, prompt_width, completion_width = [], [], 0, 0
+    batches = []
+    current = []  # the micro-batch being filled, padded to prompt_width + completion_width
+    prompt_width = 0
+    completion_width = 0
     for i in order:
         p, c = lengths[i]
         wider = (len(current) + 1) * (max(prompt_width, p) + max(completion_width, c))
         if current and (wider > max_tokens or len(current) == max_rows):
             batches.append(current)
-            current, prompt_width, completion_width = [], 0, 0
+            current = []
+            prompt_width = 0
+            completion_width = 0
         current.append(i)
-        prompt_width, completion_width = max(prompt_width, p), max(completion_width, c)
+        prompt_width = max(prompt_width, p)
+        completion_width = max(completion_width, c)
     batches.append(current)
     if generator is not None:
         batches = [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
@@ -121,24 +132,36 @@ def group_batches(lengths: list[tuple[int, int]], group_size: int, max_rows: int
     prompt once plus G times its longest completion, and `token_budget_batches` packs those.
     """
     G = group_size
-    groups = [(lengths[g][0], G * max(c for _, c in lengths[g : g + G])) for g in range(0, len(lengths), G)]
+    groups = []  # each group's (prompt, G x its longest completion)
+    for g in range(0, len(lengths), G):
+        longest = max(c for _, c in lengths[g : g + G])
+        groups.append((lengths[g][0], G * longest))
     if max_tokens:
         batches = token_budget_batches(groups, max(1, max_rows // G), max_tokens, generator)
     else:
         batches = micro_batches(len(groups), max(1, max_rows // G), generator)
-    return [[g * G + j for g in batch for j in range(G)] for batch in batches]
+    rollout_batches = []  # each batch of groups as the indices of its rollouts
+    for batch in batches:
+        rows = []
+        for g in batch:
+            rows += range(g * G, (g + 1) * G)
+        rollout_batches.append(rows)
+    return rollout_batches
 
 
 def padding_fraction(rollouts: list[Rollout], batches: list[list[int]], group_size: int = 1) -> float:
     """Share of the computed tokens of `batches` that are padding: each micro-batch computes its rows'
     prompts padded to the longest (once per group of `group_size` rows that share one) and their
     completions padded to the longest."""
-    real = padded = 0.0
+    real = 0.0
+    padded = 0.0
     for batch in batches:
         if batch:
             rows = [rollouts[i] for i in batch]
             real += sum(len(r.prompt_ids) / group_size + len(r.completion_ids) for r in rows)
-            padded += len(rows) * (max(len(r.prompt_ids) for r in rows) / group_size + max(len(r.completion_ids) for r in rows))
+            prompt_width = max(len(r.prompt_ids) for r in rows) / group_size
+            completion_width = max(len(r.completion_ids) for r in rows)
+            padded += len(rows) * (prompt_width + completion_width)
     return 1.0 - real / padded if padded else 0.0
 
 

@@ -78,8 +78,10 @@ class ChunkedLogprobs(torch.autograd.Function):
         normalisers = hidden.new_empty(N, dtype=dtype)  # (N,): each row's log sum exp
         for start in range(0, N, chunk):
             rows = slice(start, start + chunk)
-            chunk_out = _chunk_forward(hidden[rows], weight, targets[rows], scale, dtype)
-            logprobs[rows], entropies[rows], normalisers[rows] = chunk_out
+            logprob, entropy, normaliser = _chunk_forward(hidden[rows], weight, targets[rows], scale, dtype)
+            logprobs[rows] = logprob
+            entropies[rows] = entropy
+            normalisers[rows] = normaliser
         ctx.save_for_backward(hidden, weight, targets, normalisers)
         ctx.scale = scale
         ctx.chunk = chunk

@@ -370,7 +370,9 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
     """The logger's reward and length stats over rollouts: reward/mean, reward/accuracy/mean, ..."""
     if not rollouts:
         return {}
-    components = {name: [r.rewards[name] for r in rollouts] for name in rollouts[0].rewards}
+    components = {}  # each reward's values, one per rollout
+    for name in rollouts[0].rewards:
+        components[name] = [r.rewards[name] for r in rollouts]
     timed_out = [r.timed_out for r in rollouts]
     rewards = Rewards([r.reward for r in rollouts], components, timed_out)
     return {**rewards.stats(), **completion_stats(rollouts)}

@@ -22,7 +22,8 @@ from . import distributed
 from .config import GRPOConfig, TrainConfig
 from .loss import grpo_loss, sampler_mismatch
 from .token_logprobs import TokenLogprobs
-from .rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs, token_budget_batches
+from .rollout import (Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs,
+                      token_budget_batches)
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
@@ -36,17 +37,25 @@ class NonFiniteWeights(RuntimeError):
 class Updater:
     """The policy's optimizer step from rollouts; holds the policy (and reference) as every rank uses them."""
 
-    def __init__(self, model, reference, grpo: GRPOConfig, config: TrainConfig, dist: distributed.Dist, padding: Rollout,
-                 pad_id: int):
-        self.model, self.grpo, self.config, self.dist, self.pad_id = model, grpo, config, dist, pad_id
+    def __init__(self, model, reference, grpo: GRPOConfig, config: TrainConfig, dist: distributed.Dist,
+                 padding: Rollout, pad_id: int):
+        self.model = model
+        self.grpo = grpo
+        self.config = config
+        self.dist = dist
+        self.pad_id = pad_id
         self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
         # The log-probs as modules: one process, or DDP copies, or FSDP2 shards (config.fsdp).
         self.policy = distributed.Policy(TokenLogprobs(model), dist, shard=config.fsdp, blocks=model.layers,
-                                         padding=padding, warm_up=lambda module: self._forward(module, [padding]))
-        self.reference = None if reference is None else distributed.Policy(
-            TokenLogprobs(reference), dist, shard=config.fsdp, blocks=reference.layers, trainable=False, padding=padding)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=config.adam_betas,
-                                           eps=config.adam_epsilon, weight_decay=config.weight_decay)
+                                         padding=padding,
+                                         warm_up=lambda module: self._forward(module, [padding]))
+        self.reference = None
+        if reference is not None:
+            self.reference = distributed.Policy(TokenLogprobs(reference), dist, shard=config.fsdp,
+                                                blocks=reference.layers, trainable=False, padding=padding)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                           betas=config.adam_betas, eps=config.adam_epsilon,
+                                           weight_decay=config.weight_decay)
 
     def __call__(self, rollouts: list[Rollout], step: int) -> dict[str, float]:
         """num_iterations AdamW steps on the whole batch's rollouts at GRPO step `step`, each rank
@@ -54,7 +63,8 @@ class Updater:
         if not rollouts:
             return {"skipped": 1.0, "update/no_groups": 1.0}
         # The step's totals, for exact shares of the loss on every rank and in every micro-batch.
-        totals = {"sequences": len(rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts if r.in_loss)}
+        tokens = sum(len(r.completion_ids) for r in rollouts if r.in_loss)
+        totals = {"sequences": len(rollouts), "tokens": tokens}
         G = self.grpo.num_generations
         groups = self.dist.block(len(rollouts) // G)
         rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
@@ -67,7 +77,12 @@ class Updater:
         for k in range(self.grpo.num_iterations):
             passes.append(self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}"))
             self._check_finite_weights(step)
-        out = {k: sum(p.get(k, 0.0) for p in passes) / len(passes) for k in set().union(*passes)}
+        names = []  # every stat of any pass, in the order they first appear
+        for p in passes:
+            names += [name for name in p if name not in names]
+        out = {}  # each stat's mean over the passes (0 in a pass that lacks it)
+        for name in names:
+            out[name] = sum(p.get(name, 0.0) for p in passes) / len(passes)
         out["skipped"] = max(p["skipped"] for p in passes)  # 1 if any pass was skipped, not a mean
         return out
 
@@ -91,39 +106,50 @@ class Updater:
         else:
             self.optimizer.step()
         tokens_per_s = out.pop("tokens") / max(time.perf_counter() - started, 1e-9)
-        return {**out, "grad_norm": grad_norm, "skipped": float(skipped), "training/tokens_per_s": tokens_per_s,
-                "update/padding_frac": padding_fraction(rollouts, chunks, self._group_size)}
+        out["grad_norm"] = grad_norm
+        out["skipped"] = float(skipped)
+        out["training/tokens_per_s"] = tokens_per_s
+        out["update/padding_frac"] = padding_fraction(rollouts, chunks, self._group_size)
+        return out
 
     def _check_finite_weights(self, step: int) -> None:
         """Raise NonFiniteWeights if any weight, on any rank, is NaN or inf (a rank holds its shards under
         FSDP2). Per pass: one fused sum of the parameters' norms and one host sync. A NaN or inf weight
         makes the sum so; so can finite weights past ~1e19, whose squares overflow, hence the exact
-        check of each tensor, only then. (The fused max-abs norm would need no second look, but is
-        several times slower on CPU.)"""
+        check of each tensor, only then. (A fused max-abs norm would need no second look, but costs
+        more on CPU than the sum of 2-norms.)"""
         with torch.no_grad():
             norms = torch._foreach_norm([_local(p) for p in self.model.parameters()])
             suspect = self.dist.max([float(not torch.isfinite(torch.stack(norms).sum()))])[0]
         if not suspect:
             return
         bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(_local(p)).all()]
-        if self.dist.max([float(len(bad))])[0]:  # every rank takes this branch (`suspect` is over all of them)
-            raise NonFiniteWeights(f"step {step}: the AdamW step left NaN or inf in the weights ({_few(bad)}), "
-                                   "so the run stops without saving them (lower the learning rate, or train in float32)")
+        if self.dist.max([float(len(bad))])[0]:  # every rank takes this branch (`suspect` is over all ranks)
+            raise NonFiniteWeights(f"step {step}: the AdamW step left NaN or inf in the weights "
+                                   f"({_few(bad)}), so the run stops without saving them (lower the learning "
+                                   "rate, or train in float32)")
 
     def _combine(self, micro_stats: list[dict]) -> dict[str, float]:
         """One pass's stats from its micro-batches' on every rank: shares of the step's totals add up,
         maxima (names ending in _max) take the largest, token means are weighted by tokens."""
-        weighted, peaks = {"loss": 0.0, "tokens": 0.0}, {}
+        weighted = {"loss": 0.0, "tokens": 0.0}  # shares, and token means times their tokens
+        peaks = {}
         for stats in micro_stats:
             for key, value in stats.items():
                 if key.endswith("_max"):
                     peaks[key] = max(peaks.get(key, value), value)
+                elif key in SHARES:
+                    weighted[key] = weighted.get(key, 0.0) + value
                 else:
-                    weighted[key] = weighted.get(key, 0.0) + (value if key in SHARES else value * stats["tokens"])
-        weighted = dict(zip(sorted(weighted), self.dist.sum([weighted[k] for k in sorted(weighted)])))  # all ranks
-        peaks = dict(zip(sorted(peaks), self.dist.max([peaks[k] for k in sorted(peaks)])))
+                    weighted[key] = weighted.get(key, 0.0) + value * stats["tokens"]
+        weighted = _over_ranks(weighted, self.dist.sum)
+        peaks = _over_ranks(peaks, self.dist.max)
         tokens = max(weighted["tokens"], 1.0)
-        return {**{k: v if k in SHARES else v / tokens for k, v in weighted.items()}, **peaks}
+        out = {}
+        for key, value in weighted.items():
+            out[key] = value if key in SHARES else value / tokens
+        out.update(peaks)
+        return out
 
     def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
         batch, logprobs, entropies = self._forward(self.policy, rollouts)
@@ -132,14 +158,18 @@ class Updater:
             logprobs, old, batch.advantages, batch.completion_mask,
             ref_logprobs=batch.ref_logprobs, beta=self.grpo.beta, epsilon=self.grpo.epsilon,
             epsilon_high=self.grpo.epsilon_high, loss_type=self.grpo.loss_type,
-            importance_sampling_level=self.grpo.importance_sampling_level, sampler_logprobs=batch.sampler_logprobs,
-            sampler_correction=self.grpo.sampler_correction, sampler_correction_cap=self.grpo.sampler_correction_cap,
+            importance_sampling_level=self.grpo.importance_sampling_level,
+            sampler_logprobs=batch.sampler_logprobs, sampler_correction=self.grpo.sampler_correction,
+            sampler_correction_cap=self.grpo.sampler_correction_cap,
             max_completion_length=self.grpo.max_completion_length, num_sequences=totals["sequences"],
             num_tokens=totals["tokens"], entropies=entropies,
         )
-        # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart in fp32.
+        # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart
+        # in fp32.
         if batch.sampler_logprobs is not None:
-            stats.update(sampler_mismatch(old, batch.sampler_logprobs, batch.completion_mask, totals["sequences"]))
+            mismatch = sampler_mismatch(old, batch.sampler_logprobs, batch.completion_mask,
+                                        totals["sequences"])
+            stats.update(mismatch)
         # Every rank runs every backward, even of a non-finite loss, so that the gradient collectives
         # match; a non-finite loss or gradient on any rank then skips the step on all of them.
         # DDP and FSDP2 average gradients over ranks, while the loss shares above already add up over
@@ -153,22 +183,28 @@ class Updater:
                 store_logprobs(part, self._forward(policy, part)[1], attribute)
 
     def _forward(self, policy, rollouts: list[Rollout]):
-        """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling temperature."""
+        """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling
+        temperature."""
         batch = collate(rollouts, self.pad_id, self.model.device)
-        rows_per_prompt = 1 if rollouts[0] is self.padding else self._group_size  # the padding rollout shares no prompt
+        # the padding rollout shares its prompt with no other row
+        rows_per_prompt = 1 if rollouts[0] is self.padding else self._group_size
         with self._autocast():
             logprobs, entropies = policy(batch.input_ids, batch.attention_mask, batch.completion_start,
                                          self.grpo.temperature, rows_per_prompt)
         return batch, logprobs, entropies
 
-    def _micro_batches(self, rollouts: list[Rollout], generator: torch.Generator | None = None) -> list[list[int]]:
-        """Micro-batches of this rank's rollouts: by rows, or by a token budget over rollouts of similar length."""
+    def _micro_batches(self, rollouts: list[Rollout],
+                       generator: torch.Generator | None = None) -> list[list[int]]:
+        """Micro-batches of this rank's rollouts: by rows, or by a token budget over rollouts of similar
+        length."""
         lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
+        rows = self.config.micro_batch_size
+        budget = self.config.micro_batch_tokens
         if self._group_size > 1:  # whole groups, for the shared-prompt forward
-            return group_batches(lengths, self._group_size, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
-        if self.config.micro_batch_tokens:
-            return token_budget_batches(lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, generator)
-        return micro_batches(len(rollouts), self.config.micro_batch_size, generator)
+            return group_batches(lengths, self._group_size, rows, budget, generator)
+        if budget:
+            return token_budget_batches(lengths, rows, budget, generator)
+        return micro_batches(len(rollouts), rows, generator)
 
     @property
     def _group_size(self) -> int:
@@ -180,8 +216,16 @@ class Updater:
 
     def _autocast(self):
         if self.model.device.type != "cuda":
-            return contextlib.nullcontext()  # CPU: fp32, where bf16 matmuls are ~4x slower
+            return contextlib.nullcontext()  # CPU: fp32, as bf16 matmuls there are slower, not faster
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16)
+
+
+def _over_ranks(values: dict[str, float], reduce) -> dict[str, float]:
+    """Each value reduced over the ranks (`reduce`: Dist.sum or Dist.max), the names in one order on
+    every rank."""
+    names = sorted(values)
+    reduced = reduce([values[name] for name in names])
+    return dict(zip(names, reduced))
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
