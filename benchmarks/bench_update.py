@@ -5,8 +5,9 @@
     python benchmarks/bench_update.py --case long          # long prompts: where the shared prompt pays
     python benchmarks/bench_update.py --smoke              # the smallest sizes (the suite runs this)
 
-Paths, each in a fresh process; "growth" is the process's peak resident memory during the
-updates over its resident memory just before them (the model, the rollouts and the imports):
+Paths, each in a process of its own (forked before anything is built); "growth" is the process's
+peak resident memory during the updates over its resident memory just before them (the model,
+the rollouts and the imports):
     full     before the chunked head: (B, Tc, V) logits, log-softmax, gather (full_vocabulary_logprobs)
     chunked  the chunked LM head (token_logprobs.ChunkedLogprobs), micro-batches of rows
     budget   chunked, micro-batches by a token budget over rollouts of similar length (micro_batch_tokens)
@@ -27,7 +28,7 @@ import json
 import os
 import random
 import statistics
-import subprocess
+import traceback
 import sys
 import time
 
@@ -147,7 +148,7 @@ def resident() -> tuple[int, int]:
 
 
 def measure(path: str, case: str, blocks: int, repeats: int, smoke: bool) -> dict:
-    """One path in this (fresh) process: seconds per update (median of repeats) and peak growth."""
+    """One path in this process (a fork of its own): seconds per update (median of repeats) and peak growth."""
     torch.manual_seed(0)
     model, rollouts = build(case, blocks, smoke)
     batches = batches_for(path, rollouts, case)
@@ -167,21 +168,40 @@ def measure(path: str, case: str, blocks: int, repeats: int, smoke: bool) -> dic
             "micro_batches": len(batches), "padding": padding_fraction(rollouts, batches, G)}
 
 
+def in_own_process(function, *args) -> dict:
+    """function(*args) in a forked child, so that its peak memory is its own and what it allocates
+    leaves with it: {"result": ...}, or {"error": its traceback, "missing_module": bool}."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, send the result as one JSON text, leave without cleaning up
+        os.close(read)
+        try:
+            done = {"result": function(*args)}
+        except BaseException as error:
+            done = {"error": traceback.format_exc(), "missing_module": isinstance(error, ModuleNotFoundError)}
+        with os.fdopen(write, "w") as pipe:
+            pipe.write(json.dumps(done))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(text) if text else {"error": "the child died without a result", "missing_module": False}
+
+
 def run_case(case: str, paths, blocks: int, repeats: int, smoke: bool) -> list[str]:
     lines = [f"case {case}" + (f", {blocks} block(s)" if case == "vocab" else "") + f", {repeats} update(s) per path",
              f"| path | micro-batches | padding | s / update | tokens/s | peak growth GB | time vs full | tokens/s vs chunked |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     results = {}
     for path in paths:
-        command = [sys.executable, os.path.abspath(__file__), "--child", path, "--case", case, "--blocks", str(blocks),
-                   "--repeats", str(repeats), "--budget", str(CASES[case]["budget"])] + (["--smoke"] if smoke else [])
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode and path == "trl" and "No module named" in done.stderr:
+        done = in_own_process(measure, path, case, blocks, repeats, smoke)
+        if "error" in done and path == "trl" and done["missing_module"]:
             lines.append("| trl | (skipped: pip install -e '.[bench]' for transformers and trl) |||||||")
-        elif done.returncode:
-            raise SystemExit(f"bench_update.py: path {path} failed:\n{done.stderr}")
+        elif "error" in done:
+            raise SystemExit(f"bench_update.py: path {path} failed:\n{done['error']}")
         else:
-            results[path] = json.loads(done.stdout.strip().splitlines()[-1])
+            results[path] = done["result"]
     full, chunked = results.get("full"), results.get("chunked")
     for path, r in results.items():
         lines.append(
@@ -200,13 +220,9 @@ def main():
     parser.add_argument("--budget", type=int, help="token budget of the budget and shared paths (default: per case)")
     parser.add_argument("--repeats", type=int, help="updates per path (default: 5 for default, 2 for long, 1 for vocab)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one update: checks that every path runs")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for case in CASES.values() if args.budget else ():
         case["budget"] = args.budget
-    if args.child:
-        print(json.dumps(measure(args.child, args.case[0], args.blocks, args.repeats, args.smoke)))
-        return
     paths = [p.strip() for p in args.paths.split(",")]
     unknown = sorted(set(paths) - set(PATHS))
     if unknown:
