@@ -95,7 +95,7 @@ class TrainConfig:
     warmup_steps: int = 0  # linear warm-up from 0 to learning_rate over this many steps
     lr_schedule: str = "constant"  # after warm-up: constant | cosine (to 0 at max_steps)
     max_grad_norm: float = 1.0  # clip the gradient's global norm; 0 = no clipping
-    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more time
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, one forward more
     bf16: bool = True  # on GPU, run forward passes under bfloat16 autocast (CPU always fp32)
     fsdp: bool = False  # under torchrun: shard policy (and reference) over the ranks with FSDP2, not DDP copies (1 process: no effect)
     seed: int = 0  # sampling, data order and micro-batch shuffles all derive from this

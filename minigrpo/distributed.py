@@ -132,10 +132,10 @@ def setup(device: str = "cpu") -> Dist:
 def finish() -> None:
     """End a torchrun process whose work is done and written: all ranks leave together, then it exits with
     status 0 at once; nothing happens for one process. Once the interpreter starts finalizing, gloo's
-    threads may still destroy work objects whose tensors hold Python references, and that aborts a rank
-    (SIGABRT, "terminate called without an active exception") after a clean finish: 3 of 5 test runs of
-    two-rank jobs on 2026-12-01, and torchrun then reports the whole job failed. Call it last: files must be
-    closed, as exit handlers do not run."""
+    threads may still destroy work objects whose tensors hold Python references, and that can abort a
+    rank (SIGABRT, "terminate called without an active exception") after a clean finish, which torchrun
+    then reports as the whole job failing. Call it last: files must be closed, as exit handlers do not
+    run."""
     if not tdist.is_initialized():
         return
     sys.stdout.flush()

@@ -4,7 +4,7 @@ Token ids (B, T) go in; logits (B, T, vocab) or final hidden states (B, T, hidde
 It knows tensors only: not text (tokenizer.py), not files on disk (weights.py), not sampling.
 Numerically it is the same function as transformers' Qwen3ForCausalLM; the tests hold them equal.
 Parameter names are Hugging Face's without the "model." prefix. q/k/v and gate/up stay separate
-matrices: fusing them was measured slower on the project's CPUs (benchmarks/README.md). The
+matrices: fused, they multiply slower on the project's CPUs (benchmarks/README.md). The
 pieces that hold no cache (products, RMSNorm, rotary, masks) are in layers.py.
 """
 
@@ -101,7 +101,7 @@ class KVCache:
     Row b holds `lengths[b]` tokens in slots 0 .. lengths[b]-1, so a token's slot is also its rotary
     position, and rows may differ in length; the next token of row b goes to slot lengths[b]. The
     rotary tables of every slot are made once, with the cache. One tensor per layer, not one for
-    all: torch.compile copied a whole shared tensor to write one token into a slice of it.
+    all: torch.compile copies a whole shared tensor to write one token into a slice of it.
     """
 
     def __init__(self, config: Qwen3Config, batch_size: int, max_len: int, *, dtype, device):
@@ -216,7 +216,7 @@ class Attention(nn.Module):
             k, v = cache.write_prompt(self.layer, k, v)
         elif cache is not None:
             k, v = cache.write_token(self.layer, k, v, mask.shape[-1])  # (B, Hkv, span, D)
-            # one query per row: the heads sharing a kv head become its queries (10-20% faster than enable_gqa)
+            # one query per row: the heads sharing a kv head become its queries (faster than enable_gqa)
             y = F.scaled_dot_product_attention(q.view(B, self.n_kv, -1, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, H/Hkv, D) holds the heads in order
         y = F.scaled_dot_product_attention(
@@ -259,8 +259,8 @@ class Qwen3(nn.Module):
     def __init__(self, config: Qwen3Config):
         super().__init__()
         self.config = config
-        # given a weight, nn.Embedding skips its own N(0, 1) init (on the meta device that alone imported
-        # torch._dynamo, 1-3 s per process); _init_weights below or the checkpoint sets the values
+        # given a weight, nn.Embedding skips its own N(0, 1) init (on the meta device that init imports
+        # torch._dynamo, seconds of start-up); _init_weights below or the checkpoint sets the values
         shape = (config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape))
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))

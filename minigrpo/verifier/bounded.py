@@ -89,7 +89,7 @@ class _Worker:
         if not _readable(self.process.stdout, STARTUP_LIMIT) or read_frame(self.process.stdout) != "ready":
             self.process.kill()
             self.process.wait()
-            self.stderr.seek(0)  # before kill() closes it (it read a closed file before, and raised ValueError)
+            self.stderr.seek(0)  # before kill() closes it (reading a closed file raises ValueError)
             tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
             self.kill()
             raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {tail}")
