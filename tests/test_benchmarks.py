@@ -2,9 +2,10 @@
 
 A benchmark that crashes is a bug; these tests only check that each one runs to the end and
 prints its tables (the timings themselves are never asserted: they belong to benchmarks/README.md).
-The subprocess runs from a temporary directory, so nothing here can lean on ../shared.
+They run from an empty temporary directory, so nothing here can lean on ../shared.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +13,9 @@ import sys
 
 import pytest
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 SMALLEST = {
     "bench_sampler.py": ["--shapes", "tiny", "--batches", "1,2", "--paths", "eager", "--new", "6", "--prompt", "8",
@@ -39,26 +42,10 @@ def test_every_benchmark_has_a_smoke_run():
     assert scripts == sorted([*SMALLEST, *SUITE_ONLY])
 
 
-def run_benchmark(script: str, args: list, cwd) -> str:
-    """The benchmark's stdout, after checking that it ran to the end."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(BENCHMARKS, ".."), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *args], cwd=cwd,
-                            capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
-@pytest.mark.parametrize("script", sorted(SMALLEST))
-def test_benchmark_runs_at_its_smallest_size(script, tmp_path):
-    stdout = run_benchmark(script, SMALLEST[script], tmp_path)
-    for text in EXPECTED[script]:
-        assert text in stdout, stdout[-3000:]
-
-
-def test_bench_verifier_scores_a_directory_of_peer_cases(tmp_path):
-    """--peer reads one JSONL per source (written here: the shared cases are not in a clean clone)."""
-    peer = tmp_path / "peer"
+def write_peer_cases(peer) -> None:
+    """One JSONL per source, as --peer reads them (the shared cases are not in a clean clone)."""
     peer.mkdir()
+
     def case(source, gold, pred, expected, kind):
         return {"source": source, "gold": gold, "pred": pred, "expected": expected, "kind": kind, "ref": "here"}
 
@@ -69,13 +56,9 @@ def test_bench_verifier_scores_a_directory_of_peer_cases(tmp_path):
     }
     for name, cases in rows.items():
         (peer / name).write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")
-    stdout = run_benchmark("bench_verifier.py", ["--peer", str(peer)], tmp_path)
-    assert "3 cases" in stdout and "1 rows without a label" in stdout
-    assert "| alpha | 2 | 100.0% | 0 | 0 |" in stdout and "| beta | 1 | 100.0% | 0 | 0 |" in stdout
-    assert "| all | 3 | 100.0% | 0 | 0 |" in stdout
 
 
-def test_bench_sandbox_scores_a_directory_of_escape_payloads(tmp_path):
+def write_escape_suite(suite) -> None:
     """A tiny suite in rustbox-escape-tests' layout (the real one is not in a clean clone): a manifest and
     payloads/<language>/<file>; the Python ones run, the C one is only counted."""
     payloads = {
@@ -84,14 +67,65 @@ def test_bench_sandbox_scores_a_directory_of_escape_payloads(tmp_path):
         "says_why.py": ('print("blocked here")\nraise SystemExit(1)\n', {"verdict": "RE", "stdout_contains": "here"}),
         "read_etc_passwd.py": ("print(open('/etc/passwd').read())\n", {"verdict": "RE"}),  # a documented non-goal
     }
-    (tmp_path / "payloads" / "python").mkdir(parents=True)
+    (suite / "payloads" / "python").mkdir(parents=True)
     tests = []
     for name, (program, expect) in payloads.items():
-        (tmp_path / "payloads" / "python" / name).write_text(program)
+        (suite / "payloads" / "python" / name).write_text(program)
         tests.append({"name": name[:-3] + "_python", "file": f"python/{name}", "language": "python", "expect": expect})
     tests.append({"name": "fork_bomb_c", "file": "c/fork_bomb.c", "language": "c", "expect": {"verdict": "RE"}})
-    (tmp_path / "manifest.json").write_text(json.dumps({"name": "tiny", "tests": tests}))
-    stdout = run_benchmark("bench_sandbox.py", ["--suite", str(tmp_path)], tmp_path)
+    (suite / "manifest.json").write_text(json.dumps({"name": "tiny", "tests": tests}))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every benchmark command line of this file, run at once from an empty directory by tool_runner.py
+    (one process pays the imports of torch, transformers and TRL; each run is a fork of it, as
+    `python benchmarks/<script> <argv>` would run): name -> (exit status, stdout, stderr)."""
+    tmp = tmp_path_factory.mktemp("benchmarks")
+    write_peer_cases(tmp / "peer")
+    write_escape_suite(tmp / "suite")
+    commands = {script: (script, argv) for script, argv in SMALLEST.items()}
+    commands["peer"] = ("bench_verifier.py", ["--peer", str(tmp / "peer")])
+    commands["sandbox"] = ("bench_sandbox.py", ["--suite", str(tmp / "suite")])
+    commands["hostile"] = ("bench_verifier.py", ["--hostile-batch", "4"])
+    jobs = [{"name": name, "script": os.path.join(BENCHMARKS, script), "argv": argv}
+            for name, (script, argv) in commands.items()]
+    out = tmp / "out"
+    out.mkdir()
+    preload = [module for module in ("transformers", "trl") if importlib.util.find_spec(module)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    runner = subprocess.run([sys.executable, os.path.join(TESTS, "tool_runner.py"), str(out), *preload],
+                            input=json.dumps(jobs), cwd=tmp, capture_output=True, text=True, timeout=600, env=env)
+    assert runner.returncode == 0, runner.stderr[-3000:]
+    statuses = json.loads(runner.stdout.strip().splitlines()[-1])
+    return {name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
+            for name, status in statuses.items()}
+
+
+def stdout_of(runs, name: str) -> str:
+    """The benchmark's stdout, after checking that it ran to the end."""
+    status, stdout, stderr = runs[name]
+    assert status == 0, stderr[-3000:]
+    return stdout
+
+
+@pytest.mark.parametrize("script", sorted(SMALLEST))
+def test_benchmark_runs_at_its_smallest_size(runs, script):
+    stdout = stdout_of(runs, script)
+    for text in EXPECTED[script]:
+        assert text in stdout, stdout[-3000:]
+
+
+def test_bench_verifier_scores_a_directory_of_peer_cases(runs):
+    stdout = stdout_of(runs, "peer")
+    assert "3 cases" in stdout and "1 rows without a label" in stdout
+    assert "| alpha | 2 | 100.0% | 0 | 0 |" in stdout and "| beta | 1 | 100.0% | 0 | 0 |" in stdout
+    assert "| all | 3 | 100.0% | 0 | 0 |" in stdout
+
+
+def test_bench_sandbox_scores_a_directory_of_escape_payloads(runs):
+    stdout = stdout_of(runs, "sandbox")
     assert "4 Python payloads run, 1 in other languages not run" in stdout
     assert "| escaped_python | RE | AC | NO | **not a documented non-goal** |" in stdout
     assert "| blocked_python | any of RE,SIG | RE | yes |  |" in stdout and "| says_why_python | RE | RE | yes |  |" in stdout
@@ -99,8 +133,8 @@ def test_bench_sandbox_scores_a_directory_of_escape_payloads(tmp_path):
     assert "2 / 4 contained; of the 2 not contained, 1 are documented non-goals and 1 are not" in stdout
 
 
-def test_bench_verifier_times_a_hostile_batch(tmp_path):
+def test_bench_verifier_times_a_hostile_batch(runs):
     """--hostile-batch: one math_rewards batch per share of hostile rows (4 rows: the 30% share has one)."""
-    stdout = run_benchmark("bench_verifier.py", ["--hostile-batch", "4"], tmp_path)
+    stdout = stdout_of(runs, "hostile")
     assert "| hostile share | hostile rows | seconds | benign rows right | reward/timeout_frac |" in stdout
     assert "| 0% | 0 |" in stdout and "| 30% | 1 |" in stdout and "3/3 | 0.250 |" in stdout

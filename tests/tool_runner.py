@@ -1,13 +1,16 @@
 """Runs examples/*.py on many command lines, each in its own process, paying the imports once.
 
     python tests/tool_runner.py OUT_DIR < cases.json    # [{"name", "script", "argv"}, ...]
+    python tests/tool_runner.py OUT_DIR transformers trl < cases.json    # those imported first, too
 
-Importing torch and the library costs 2-3 s per process; here it is paid once, then every case is
-a fork that runs its script as __main__ with its own argv, stdout (OUT_DIR/name.out) and stderr
-(OUT_DIR/name.err) and ends as the interpreter would: sys.exit("message") prints the message and
-exits 1, an uncaught exception prints its traceback. Prints {name: exit status} as JSON.
+Importing torch and the library costs 2-3 s per process (transformers and TRL, which the benchmarks
+measure against, several more); here it is paid once, then every case is a fork that runs its
+script as __main__ with its own argv, stdout (OUT_DIR/name.out) and stderr (OUT_DIR/name.err) and
+ends as the interpreter would: sys.exit("message") prints the message and exits 1, an uncaught
+exception prints its traceback. Prints {name: exit status} as JSON.
 """
 
+import importlib
 import json
 import os
 import runpy
@@ -53,7 +56,9 @@ def run(case: dict, out_dir: str) -> int:
     return status
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, preload: list[str]) -> None:
+    for module in preload:
+        importlib.import_module(module)
     running, statuses = {}, {}  # pid -> case name, case name -> exit status
 
     def wait_for_one():
@@ -75,4 +80,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
