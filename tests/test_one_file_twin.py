@@ -1,0 +1,246 @@
+"""examples/grpo_in_one_file.py, the loop in one plain file, held equal to the library it is the twin of.
+
+On the embedded checkpoint in fp64: the twin's Qwen3 forward gives minigrpo.Qwen3's logits (whole, and
+token by token through its KV cache), and one twin step on fixed completions leaves every weight where
+one `Trainer.train_step` on the same completions leaves it (fed through the `trainer._sample` seam, as
+in test_train_step.py; the twin's own seam is its `sample_group`). Stages 2-4 run for real on both
+sides: the verifier, the group advantages, the old and reference log-probs, the loss, the clip and
+AdamW. When either side changes what a stage computes, these tests say so.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+import minigrpo
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.sampler import Samples
+from minigrpo.tasks.synthetic import generate as generate_problems
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWIN_PATH = os.path.join(ROOT, "examples", "grpo_in_one_file.py")
+TRAIN_MATH = os.path.join(ROOT, "examples", "train_math.py")
+
+
+def load_script(path: str, name: str):
+    """A script of examples/ as a module: its functions, not its __main__ block."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+twin = load_script(TWIN_PATH, "grpo_in_one_file")
+G = 4
+EOS = 0  # the embedded tokenizer's <|endoftext|>
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tensors this small run as fast on one thread, which never waits on a second, busy core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.from_file(os.path.join(twin.MODEL, "tokenizer.json"))
+
+
+def test_the_forward_gives_the_library_logits():
+    """Logits of random token ids, the whole sequence at once and through the KV cache (a prompt of 9
+    tokens, then one token at a time), within 1e-10 of minigrpo.Qwen3's."""
+    weights, config = twin.load_model(twin.MODEL, torch.float64)
+    model, _ = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
+    ids = torch.randint(0, config["vocab_size"], (3, 40), generator=torch.Generator().manual_seed(0))  # (B, T)
+    with torch.no_grad():
+        expected = model(ids)  # (B, T, V)
+        whole = twin.forward(weights, config, ids)
+        cache = [None] * config["num_hidden_layers"]
+        pieces = [twin.forward(weights, config, ids[:, :9], cache)]
+        pieces += [twin.forward(weights, config, ids[:, t : t + 1], cache) for t in range(9, ids.shape[1])]
+    torch.testing.assert_close(whole, expected, rtol=0, atol=1e-10)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, rtol=0, atol=1e-10)
+    assert float(expected.std()) > 1.0  # logits of a trained model, not near-zero noise
+
+
+# -- one step on fixed completions --------------------------------------------------------------------------
+PROBLEMS = generate_problems("arithmetic", 2, "train", seed=0)  # 26+88*4 = 378, 78+31*5 = 233
+
+
+def fixed_completions(tokenizer, problem) -> list[list[int]]:
+    """G completions of `problem` in the embedded model's format: right, wrong, short and wrong, and right
+    but cut at the length limit (no EOS); the second prompt's group in another order and mix."""
+    wrong = problem.solution.replace(problem.answer, str(int(problem.answer) + 10))
+    texts = [problem.solution, wrong, "9;####9", problem.solution]
+    if problem is PROBLEMS[1]:
+        texts = [wrong, problem.solution, wrong, "1+1=2;####2"]
+    ids = [tokenizer.encode(text, add_special_tokens=False).ids + [EOS] for text in texts]
+    if problem is PROBLEMS[0]:
+        ids[3] = ids[3][:-1]  # truncated: no EOS, the verifier still reads its answer
+    return ids
+
+
+class FixedSampler:
+    """Stands in for Trainer._sample (stage 1): fixed_completions of each prompt asked for, in order."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.asked = tokenizer, []
+
+    def __call__(self, indices, round_):
+        tokens = []
+        for i in indices:
+            self.asked.append(i)
+            tokens += fixed_completions(self.tokenizer, PROBLEMS[i])
+        reasons = ["stop" if t[-1] == EOS else "length" for t in tokens]
+        return Samples(tokens=tokens, logprobs=[[0.0] * len(t) for t in tokens], finish_reasons=reasons,
+                       prompt_indices=[p for p in range(len(indices)) for _ in range(G)])
+
+
+# Settings under which every part of a step shows in the weights: AdamW's eps about the size of the
+# clipped gradient's entries (with the default 1e-8 the first step is lr * sign(gradient), blind to the
+# gradient's scale), a clip that bites, weight decay, a temperature, and an epsilon small enough that mu = 2's
+# second pass clips.
+SHARED = dict(num_generations=G, max_completion_length=32, temperature=0.7, epsilon=0.002)
+OPTIMIZER = dict(learning_rate=1e-4, warmup_steps=3, max_steps=10, adam_epsilon=1e-4, weight_decay=0.1,
+                 max_grad_norm=0.05)
+CASES = {  # loss_type, beta, num_iterations
+    "grpo": ("grpo", 0.0, 1),
+    "dapo": ("dapo", 0.0, 1),
+    "grpo-kl": ("grpo", 0.5, 1),
+    "grpo-mu2": ("grpo", 0.0, 2),
+    "dapo-kl-mu2": ("dapo", 0.5, 2),
+}
+
+
+def reference_weights() -> dict:
+    """The KL's reference: the embedded model with every weight moved a little, as the starting policy is
+    from the policy of a later step (were they equal, the k3 term would have no gradient in the first pass)."""
+    weights, _ = twin.load_model(twin.MODEL, torch.float64)
+    noise = torch.Generator().manual_seed(1)
+    return {name: w.detach() + 0.01 * torch.randn(w.shape, generator=noise, dtype=w.dtype)
+            for name, w in weights.items()}
+
+
+def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
+    """The weights after Trainer.train_step number `step` on the fixed completions (fp64), under HF names."""
+    model, library_tokenizer = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
+    reference = None
+    if beta > 0:
+        reference, _ = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
+        reference.load_state_dict({name.removeprefix("model."): w for name, w in reference_weights().items()})
+    rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in PROBLEMS]
+    grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu)
+    optimizer = dict(OPTIMIZER, adam_betas=(0.8, 0.95))
+    config = TrainConfig(output_dir=str(tmp_path / "run"), batch_size=len(PROBLEMS) * G, micro_batch_size=G,
+                         lr_schedule="cosine", progress_bar=False, log_completions_every=0, **optimizer)
+    trainer = Trainer(model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config,
+                      reference=reference)
+    sampler = FixedSampler(tokenizer)
+    trainer._sample = sampler  # the seam: stage 1 only
+    trainer.step = step - 1  # as if resumed: the step's learning rate is on the cosine, past the warm-up
+    stats, _ = trainer.train_step()
+    weights = minigrpo.weights.to_hf_state_dict(model)
+    return {name: w.detach() for name, w in weights.items()}, sampler.asked, stats
+
+
+def twin_step(tokenizer, monkeypatch, loss_type, beta, mu, step, asked):
+    """The weights after the twin's grpo_step number `step` on the same completions, prompts in the same order."""
+    s = twin.Settings(**SHARED, **OPTIMIZER, adam_beta1=0.8, adam_beta2=0.95, loss_type=loss_type, beta=beta,
+                      num_iterations=mu, prompts_per_step=len(asked))
+    fixed = {tuple(twin.encode(tokenizer, p.question)): fixed_completions(tokenizer, p) for p in PROBLEMS}
+    monkeypatch.setattr(twin, "sample_group", lambda weights, config, prompt, *_: fixed[tuple(prompt)])
+    monkeypatch.setattr(twin, "completion_logprobs", stored_in_fp32(twin.completion_logprobs))
+    weights, config = twin.load_model(twin.MODEL, torch.float64)
+    reference = reference_weights() if beta > 0 else None
+    optimizer = twin.make_optimizer(weights, s)
+    batch = [PROBLEMS[i] for i in asked]
+    prompts = [twin.encode(tokenizer, p.question) for p in batch]
+    stats = twin.grpo_step(weights, config, reference, optimizer, tokenizer, prompts, [p.answer for p in batch],
+                           step, s, generator=None)
+    return {name: w.detach() for name, w in weights.items()}, stats
+
+
+def stored_in_fp32(completion_logprobs):
+    """The twin's completion_logprobs, but the old and reference log-probs (those taken without grad) rounded
+    to fp32 as the library stores them (rollout.store_logprobs). Without it, they differ by ~1e-7 of a
+    log-prob, which moves the weights of a mu = 2 or KL step by up to 5e-10 at these settings; with it,
+    both sides agree to 2e-16."""
+
+    def rounded(*args):
+        logprobs, mask = completion_logprobs(*args)
+        if not torch.is_grad_enabled():
+            logprobs = logprobs.float().double()
+        return logprobs, mask
+
+    return rounded
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_step_leaves_the_weights_of_a_library_step(tokenizer, tmp_path, monkeypatch, case):
+    """Every weight within 1e-10 of the library's after one step (step 5 of 10: warm-up 3, then cosine)."""
+    loss_type, beta, mu = CASES[case]
+    before, _ = twin.load_model(twin.MODEL, torch.float64)
+    expected, asked, library_stats = library_step(tokenizer, tmp_path, loss_type, beta, mu, step=5)
+    got, stats = twin_step(tokenizer, monkeypatch, loss_type, beta, mu, 5, asked)
+    assert sorted(got) == sorted(expected)
+    moved = 0.0
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-10, msg=name)
+        moved = max(moved, float((got[name] - before[name].detach()).abs().max()))
+    assert moved > 1e-5  # the step is large against the tolerance
+    assert stats["lr"] == pytest.approx(library_stats["lr"], rel=1e-12)
+    assert stats["reward"] == pytest.approx(library_stats["reward/mean"]) == 3 / 8
+    assert library_stats["grad_norm"] > 2 * OPTIMIZER["max_grad_norm"]  # the clip bites
+    if mu > 1:
+        assert library_stats["clip/region_frac"] > 0  # and so does the ratio's
+
+
+def test_the_settings_are_the_default_jobs():
+    """The twin's defaults are examples/train_math.py's (its DEFAULTS over GRPOConfig's and TrainConfig's),
+    but for max_steps and output_dir; the 32 prompts per step are its batch_size of 256 / G."""
+    train_math = load_script(TRAIN_MATH, "train_math")
+    library = {**dataclasses.asdict(GRPOConfig()), **dataclasses.asdict(TrainConfig()), **train_math.DEFAULTS}
+    library["adam_beta1"], library["adam_beta2"] = library.pop("adam_betas")
+    mine = dataclasses.asdict(twin.Settings())
+    own = {"output_dir", "max_steps", "prompts_per_step", "train_count", "eval_count"}
+    assert {key: library[key] for key in mine.keys() - own} == {key: mine[key] for key in mine.keys() - own}
+    assert mine["prompts_per_step"] * mine["num_generations"] == library["batch_size"]
+    assert GRPOConfig().epsilon_high is None and GRPOConfig().scale_rewards == "group"  # what the twin does
+
+
+def test_main_trains_and_saves_a_policy_the_library_loads(tmp_path):
+    """A 1-step run of 2 prompts writes summary.json and final/, which minigrpo.load_pretrained reads back
+    as the twin's trained weights."""
+    out = tmp_path / "run"
+    summary = twin.main(["--output_dir", str(out), "--max_steps", "1", "--prompts_per_step", "2",
+                         "--eval_count", "2"])
+    written = json.loads((out / "summary.json").read_text())
+    assert written["steps"] == 1 and set(written) >= {"initial_accuracy", "final_accuracy", "seconds"}
+    assert written["final_accuracy"] == summary["final_accuracy"]
+    model, tokenizer = minigrpo.load_pretrained(str(out / "final"))
+    saved = minigrpo.weights.to_hf_state_dict(model)
+    start, _ = twin.load_model(twin.MODEL, torch.float32)
+    assert any(not torch.equal(saved[name], start[name].detach()) for name in saved)  # trained, not a copy
+    assert tokenizer.eos_token_ids == (EOS,)
+    assert sorted(os.listdir(tmp_path)) == ["run"] and sorted(os.listdir(out)) == ["final", "summary.json"]
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    """A --output_dir that is a file, or a setting out of range, stops before any work with one line."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for argv, says in ((["--output_dir", str(blocker)], "cannot be written"),
+                       (["--loss_type", "bnpo"], "--loss_type must be grpo or dapo"),
+                       (["--beta", "-1"], "--beta must be")):
+        with pytest.raises(SystemExit) as stopped:
+            twin.main(argv)
+        message = str(stopped.value.code)
+        assert message.startswith("grpo_in_one_file.py: ") and says in message and "\n" not in message
