@@ -1,8 +1,9 @@
 """Run by test_distributed.py under torchrun: GRPO runs of a tiny policy, one per entry of the JSON
-job in argv[1], each into its own output_dir. With "fixed": true the sampler is replaced by
-completions that depend only on (prompt, sample, step), never on how prompts are cut across ranks,
-so one process and several must train to the same weights. Every rank prints where it imported
-minigrpo from, and keeps each AdamW step's gradients in output_dir/gradients.pt (rank 0 writes them)."""
+job in argv[1], each into its own output_dir. For a run with "fixed": true the sampler is replaced
+by completions that depend only on (prompt, sample, step), never on how prompts are cut across
+ranks, so one process and several must train to the same weights. Every rank prints where it
+imported minigrpo from, and keeps each AdamW step's gradients in output_dir/gradients.pt (rank 0
+writes them)."""
 
 import json
 import os
@@ -61,10 +62,10 @@ def _whole(gradient: torch.Tensor) -> torch.Tensor:
 
 def main(job: dict) -> None:
     print(f"rank {os.environ.get('RANK', '0')} imports minigrpo from {minigrpo.__file__}", flush=True)
-    if job.get("fixed"):
-        Trainer._sample = fixed_sample
+    sample = Trainer._sample
     distributed.Policy.clip_gradients = recording_clip(distributed.Policy.clip_gradients)
     for run in job["runs"]:
+        Trainer._sample = fixed_sample if run.get("fixed") else sample
         train = dict(run["train"])
         if job.get("disagree"):  # each rank asks for another learning rate
             train["learning_rate"] *= 1 + int(os.environ.get("RANK", "0"))

@@ -68,9 +68,9 @@ def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subproc
     return torchrun(processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree"))
 
 
-def run(out, objective: str, **train) -> dict:
+def run(out, objective: str, fixed: bool = False, **train) -> dict:
     grpo, batch = OBJECTIVES[objective]
-    return {"grpo": grpo, "train": {**TRAIN, **batch, "output_dir": str(out), **train}}
+    return {"grpo": grpo, "train": {**TRAIN, **batch, "output_dir": str(out), **train}, "fixed": fixed}
 
 
 def final_weights(out) -> dict[str, torch.Tensor]:
@@ -82,14 +82,22 @@ def metrics(out) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+RESUMED = [("ddp", {}), ("fsdp", {"fsdp": True})]  # the layouts test_resume_under_two_ranks_is_exact resumes
+
+
 @pytest.fixture(scope="module")
 def layouts(checkpoint, tmp_path_factory):
     """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2;
-    what the jobs printed is kept in output.txt."""
+    what the jobs printed is kept in output.txt. The two-rank job also runs, with sampled completions,
+    the straight and the stopped runs that test_resume_under_two_ranks_is_exact compares (one torchrun
+    start-up less)."""
     base = tmp_path_factory.mktemp("layouts")
-    one = job(1, checkpoint, [run(base / f"one-{name}", name) for name in OBJECTIVES], fixed=True)
-    two = job(2, checkpoint, [run(base / f"ddp-{name}", name) for name in OBJECTIVES]
-              + [run(base / f"fsdp-{name}", name, fsdp=True) for name in OBJECTIVES], fixed=True)
+    one = job(1, checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in OBJECTIVES])
+    layouts = [run(base / f"ddp-{name}", name, fixed=True) for name in OBJECTIVES]
+    layouts += [run(base / f"fsdp-{name}", name, fixed=True, fsdp=True) for name in OBJECTIVES]
+    resumed = [run(base / f"straight-{kind}", "dapo", max_steps=3, **options) for kind, options in RESUMED]
+    resumed += [run(base / f"stopped-{kind}", "dapo", max_steps=3, stop_at_step=2, **options) for kind, options in RESUMED]
+    two = job(2, checkpoint, layouts + resumed)
     (base / "output.txt").write_text(one.stdout + two.stdout)
     return base
 
@@ -142,7 +150,7 @@ def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective)
 
 def test_two_nodes_train_to_the_weights_of_one_process(layouts, checkpoint, tmp_path):
     """torchrun --nnodes 2, two agents on this machine with one process each, as on two machines."""
-    spec = json.dumps({"checkpoint": checkpoint, "runs": [run(tmp_path / "run", "grpo")], "fixed": True})
+    spec = json.dumps({"checkpoint": checkpoint, "runs": [run(tmp_path / "run", "grpo", fixed=True)]})
     port = str(_free_port())
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
                                 "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
@@ -165,18 +173,19 @@ def test_dynamic_sampling_left_the_ranks_uneven(layouts):
     assert any(line["groups/sampled"] % 2 for line in lines)  # a round of one prompt: one rank sampled none
 
 
-def test_resume_under_two_ranks_is_exact(checkpoint, tmp_path):
-    runs = [("ddp", {}), ("fsdp", {"fsdp": True})]
-    job(2, checkpoint, [run(tmp_path / f"straight-{k}", "dapo", max_steps=4, **o) for k, o in runs]
-        + [run(tmp_path / f"stopped-{k}", "dapo", max_steps=4, stop_at_step=2, **o) for k, o in runs])
-    job(2, checkpoint, [run(tmp_path / f"stopped-{k}", "dapo", max_steps=4, resume=True, **o) for k, o in runs])
-    for kind, _ in runs:
-        straight, resumed = final_weights(tmp_path / f"straight-{kind}"), final_weights(tmp_path / f"stopped-{kind}")
+def test_resume_under_two_ranks_is_exact(layouts, checkpoint):
+    """The stopped runs of the layouts' job (2 of 3 steps, sampled completions) resumed in a new job."""
+    job(2, checkpoint, [run(layouts / f"stopped-{kind}", "dapo", max_steps=3, resume=True, **options)
+                        for kind, options in RESUMED])
+    for kind, _ in RESUMED:
+        straight = final_weights(layouts / f"straight-{kind}")
+        resumed = final_weights(layouts / f"stopped-{kind}")
         for name, value in straight.items():
             assert torch.equal(value, resumed[name]), (kind, name)
-        assert metrics(tmp_path / f"straight-{kind}") == _without_times(metrics(tmp_path / f"stopped-{kind}"), like=metrics(tmp_path / f"straight-{kind}"))
-        state = load_state(latest_checkpoint(str(tmp_path / f"stopped-{kind}")))
-        assert state["step"] == 4 and len(state["rng"]) == 2  # each rank's own RNG states
+        straight_lines = metrics(layouts / f"straight-{kind}")
+        assert straight_lines == _without_times(metrics(layouts / f"stopped-{kind}"), like=straight_lines)
+        state = load_state(latest_checkpoint(str(layouts / f"stopped-{kind}")))
+        assert state["step"] == 3 and len(state["rng"]) == 2  # each rank's own RNG states
 
 
 def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path):
