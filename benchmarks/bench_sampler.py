@@ -19,6 +19,10 @@ budget (one call, `max_batch_rows` rows, rows = 4 x the budget) against the same
 sequential chunks of the budget (each decodes until its longest row ends), as tokens per second
 (the completions differ, their lengths follow the same distribution); and dropping finished rows
 (compaction) against masking them.
+
+Last, the oneDNN-packed products against plain F.linear: ms per product for each shape's weights
+that `layers.pack_for_decoding` packs, at `--packed-rows` rows, best of 3 x `--rounds` rounds that
+alternate the two (one row included, which the sampler leaves plain).
 """
 
 import argparse
@@ -32,9 +36,11 @@ if "--warm-cache" not in sys.argv:  # before torch is imported: inductor reads i
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-sampler-inductor-")
 
 import torch
+import torch.nn.functional as F
 from common import SHAPES, machine_line, random_model, transformers_twin
 
 import minigrpo
+from minigrpo import layers
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from reference_sampler import naive_generate  # noqa: E402  (the slow reference lives with the tests)
@@ -151,6 +157,49 @@ def bench_compaction(model, shape, batch, args):
               f"lengths mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}", flush=True)
 
 
+def bench_packing(shape, rows_list, rounds):
+    """Plain / packed ms per product (ratio > 1: packed faster) for the shape's large weights."""
+    c = SHAPES[shape]
+    sizes = [(c["intermediate_size"], c["hidden_size"]), (c["hidden_size"], c["intermediate_size"]),
+             (c["vocab_size"], c["hidden_size"])]
+    for out_features, in_features in sizes:
+        w = torch.randn(out_features, in_features) * 0.02
+        repeat = max(1, 2**24 // w.numel())
+        cells = []
+        for rows in rows_list:
+            x = torch.randn(rows, in_features)
+            packed = packed_product(w, rows)
+            if packed is None:
+                break
+            plain_ms, packed_ms = best_ms([lambda: F.linear(x, w), lambda: packed(x)], rounds, repeat)
+            cells.append(f"{rows}: {plain_ms:.3f} / {packed_ms:.3f} ({plain_ms / packed_ms:.2f}x)")
+        if cells:
+            print(f"{shape:5} {out_features:6} x {in_features:<5} " + " | ".join(cells), flush=True)
+
+
+def packed_product(w, rows):
+    """pack_for_decoding's product for `w` at `rows` rows, one row included (None: not packable)."""
+    min_rows = layers.PACK_MIN_ROWS
+    layers.PACK_MIN_ROWS = 1
+    try:
+        return layers.pack_for_decoding(w, None, rows)
+    finally:
+        layers.PACK_MIN_ROWS = min_rows
+
+
+def best_ms(fns, rounds, repeat):
+    """Each function's best ms per call over `rounds` rounds of `repeat` calls, alternating their order."""
+    best = [float("inf")] * len(fns)
+    with torch.inference_mode():
+        for fn in fns:
+            fn()
+        for r in range(rounds):
+            for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+                t, _ = seconds(lambda: [fns[i]() for _ in range(repeat)])
+                best[i] = min(best[i], 1e3 * t / repeat)
+    return best
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
@@ -164,6 +213,8 @@ def main():
     parser.add_argument("--naive-tokens", type=int, default=16, help="new tokens for the naive sampler (0: skip it)")
     parser.add_argument("--refill-rows", type=int, default=8, help="max_batch_rows of the refill table (0: skip it)")
     parser.add_argument("--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)")
+    parser.add_argument("--packed-rows", default="1,8,32",
+                        help="rows of the packed-products table (empty: skip it)")
     parser.add_argument("--warm-cache", action="store_true", help="keep torch's inductor cache (compile times then reuse it)")
     args = parser.parse_args()
     unknown = [p for p in args.paths if p not in PATHS]
@@ -185,6 +236,10 @@ def main():
     if args.compaction_batch and "tiny" in models:
         print(f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)")
         bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
+    if args.packed_rows:
+        print(f"\noneDNN-packed products vs F.linear: ms per product, plain / packed, best of {3 * args.rounds}")
+        for shape in models:
+            bench_packing(shape, [int(r) for r in args.packed_rows.split(",")], 3 * args.rounds)
 
 
 if __name__ == "__main__":

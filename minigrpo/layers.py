@@ -5,6 +5,8 @@ Tensors in, tensors out: nothing here knows the model's config, its caches or th
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,24 +17,49 @@ def logit_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-PACK_MIN_ELEMENTS = 2**17  # weights this large multiply faster through oneDNN when packed (sampling only)
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x @ weight.T (+ bias) with the weight pre-packed for oneDNN (`Qwen3.packed_for_decoding`)."""
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
-    return y.reshape(*x.shape[:-1], out_features)
+PACK_MIN_ELEMENTS = 2**17  # smaller weights multiply as fast unpacked (benchmarks/README.md)
+PACK_MIN_ROWS = 2  # at one row the plain product (a matrix-vector one) is the faster
+Product = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Linear(nn.Linear):
-    """nn.Linear, or through a packed copy of the weight while one is set."""
+    """nn.Linear, or through a packed copy of its weight while one is set (Qwen3.packed_for_decoding)."""
 
-    packed: torch.Tensor | None = None  # set only inside Qwen3.packed_for_decoding
+    packed: Product | None = None  # pack_for_decoding's product, set only while sampling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return packed_linear(x, self.packed, self.bias, self.out_features)
+            return self.packed(x)
         return F.linear(x, self.weight, self.bias)
+
+
+def pack_for_decoding(weight: torch.Tensor, bias: torch.Tensor | None, batch_size: int) -> Product | None:
+    """x -> x @ weight.T (+ bias) through a copy of `weight` laid out once for oneDNN's product at
+    `batch_size` rows, or None where the plain F.linear is the product: fewer than PACK_MIN_ROWS
+    rows, a weight not fp32 on CPU, smaller than PACK_MIN_ELEMENTS or distributed (a DTensor), or
+    a torch without the oneDNN ops. The copy holds the weight's values now: it is made per sampling
+    call, never kept."""
+    if batch_size < PACK_MIN_ROWS or weight.numel() < PACK_MIN_ELEMENTS:
+        return None
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    if type(weight.detach()) is not torch.Tensor or not onednn_available():  # a DTensor, or no oneDNN ops
+        return None
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size)
+    out_features = weight.shape[0]
+
+    def product(x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+        return y.reshape(*x.shape[:-1], out_features)
+
+    return product
+
+
+def onednn_available() -> bool:
+    """Whether this torch has the (private) oneDNN ops that pack_for_decoding calls."""
+    ops = torch.ops.mkldnn
+    linear_ops = hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+    return torch.backends.mkldnn.is_available() and linear_ops
 
 
 class RMSNorm(nn.Module):

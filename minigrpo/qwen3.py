@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from .layers import (PACK_MIN_ELEMENTS, Linear, RMSNorm, apply_rotary, logit_dtype, packed_linear,
-                     real_positions, rotary_cos_sin, visibility_mask)
+from .layers import (Linear, RMSNorm, apply_rotary, logit_dtype, pack_for_decoding, real_positions,
+                     rotary_cos_sin, visibility_mask)
 
 
 class ConfigError(ValueError):
@@ -345,7 +345,7 @@ class Qwen3(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states (..., hidden) -> logits (..., vocab) in fp32 (fp64 for an fp64 model)."""
         if self.packed_head is not None:
-            return packed_linear(hidden, self.packed_head, None, self.config.vocab_size).float()
+            return self.packed_head(hidden).to(logit_dtype(self.dtype))
         return F.linear(hidden, self.head_weight).to(logit_dtype(self.dtype))
 
     @property
@@ -354,21 +354,18 @@ class Qwen3(nn.Module):
 
     @contextlib.contextmanager
     def packed_for_decoding(self, batch_size: int):
-        """Inside, every weight of >= PACK_MIN_ELEMENTS multiplies through oneDNN with a packed copy
-        (fp32 on CPU only; benchmarks/README.md measured it). The copies are made on entry and
-        dropped on exit, so they always hold the current weights; training never sees them."""
-        packable = self.device.type == "cpu" and self.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-        plain = lambda w: w.numel() >= PACK_MIN_ELEMENTS and type(w.detach()) is torch.Tensor  # noqa: E731  (not a DTensor)
-        large = [m for m in self.modules() if isinstance(m, Linear) and plain(m.weight)]
+        """Inside, the large weights multiply through copies packed for oneDNN at `batch_size` rows
+        (layers.pack_for_decoding; the others, or all without oneDNN, through F.linear). The copies
+        are made on entry and dropped on exit, so they always hold the current weights; training
+        never sees them."""
+        linears = [m for m in self.layers.modules() if isinstance(m, Linear)]  # the head is packed_head
         try:
-            if packable:
-                for m in large:
-                    m.packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), batch_size)
-                if plain(self.head_weight):
-                    self.packed_head = torch.ops.mkldnn._reorder_linear_weight(self.head_weight.detach(), batch_size)
+            for m in linears:
+                m.packed = pack_for_decoding(m.weight, m.bias, batch_size)
+            self.packed_head = pack_for_decoding(self.head_weight, None, batch_size)
             yield
         finally:
-            for m in large:
+            for m in linears:
                 m.packed = None
             self.packed_head = None
 

@@ -7,6 +7,7 @@ from transformers import Qwen3Config as HFConfig
 from transformers import Qwen3ForCausalLM
 
 import minigrpo
+from minigrpo import layers
 
 ATOL = 1e-4
 
@@ -161,4 +162,21 @@ def test_packed_weights_give_the_plain_products():
             assert model.layers[0].mlp.up_proj.packed is not None and model.layers[0].self_attn.k_proj.packed is None
             packed = model(ids)
         assert model.layers[0].mlp.up_proj.packed is None and model.packed_head is None
+        with model.packed_for_decoding(batch_size=1):  # one row: the plain products are the faster
+            assert model.layers[0].mlp.up_proj.packed is None and model.packed_head is None
     assert (packed - plain).abs().max() <= ATOL
+
+
+def test_without_the_onednn_ops_the_products_stay_plain(monkeypatch):
+    """Where torch lacks the oneDNN ops, pack_for_decoding gives None and every product inside
+    packed_for_decoding is F.linear: the very logits of outside it."""
+    model = tiny_model(hidden_size=256, intermediate_size=768, vocab_size=600)
+    ids = torch.randint(0, 600, (3, 9))
+    monkeypatch.setattr(layers, "onednn_available", lambda: False)
+    with torch.inference_mode():
+        plain = model(ids)
+        with model.packed_for_decoding(batch_size=3):
+            assert all(m.packed is None for m in model.modules() if isinstance(m, layers.Linear))
+            assert model.packed_head is None
+            fallback = model(ids)
+    assert torch.equal(fallback, plain)

@@ -6,7 +6,7 @@ from helpers import TINY, tiny_model
 from reference_sampler import naive_generate, next_token_distribution
 
 import minigrpo
-from minigrpo import next_token
+from minigrpo import layers, next_token
 
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
 
@@ -25,6 +25,20 @@ def test_greedy_with_packed_weights_equals_naive():
     assert ours.tokens == naive
     for a, b in zip(ours.logprobs, naive_logprobs):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+
+
+def test_without_the_onednn_ops_sampling_gives_the_packed_tokens(monkeypatch):
+    """The plain products (no oneDNN ops in this torch) sample what the packed ones do."""
+    model = tiny_model(seed=3, hidden_size=256, intermediate_size=768, vocab_size=600, num_hidden_layers=1)
+    prompts = [[5, 9, 2, 77, 31], [13, 4]]
+    settings = dict(max_new_tokens=10, num_samples=2, seed=1, temperature=0.8, top_p=0.9)
+    packed = minigrpo.generate(model, prompts, **settings)
+    monkeypatch.setattr(layers, "onednn_available", lambda: False)
+    assert layers.pack_for_decoding(model.layers[0].mlp.up_proj.weight, None, 4) is None
+    plain = minigrpo.generate(model, prompts, **settings)
+    assert plain.tokens == packed.tokens
+    for a, b in zip(plain.logprobs, packed.logprobs):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
 
 
 def test_greedy_batched_equals_one_at_a_time_and_naive(model):
