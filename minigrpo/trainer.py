@@ -56,6 +56,9 @@ from .verifier import Rewards, compute_rewards
 
 
 class Trainer:
+    """GRPO on one task: `train_step` is one step of the README's diagram, `train` steps to the end
+    of the run, logging each step and saving checkpoints (run.py builds or resumes a Trainer)."""
+
     def __init__(self, model, tokenizer, task: Task, grpo: GRPOConfig, config: TrainConfig, *,
                  model_path: str = "", reference=None, dist: distributed.Dist | None = None):
         if model.dtype == torch.float16:  # AdamW's eps (1e-8) is 0 in float16: a step divides by zero
