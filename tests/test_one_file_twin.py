@@ -59,7 +59,8 @@ def test_the_forward_gives_the_library_logits():
     tokens, then one token at a time), within 1e-10 of minigrpo.Qwen3's."""
     weights, config = twin.load_model(twin.MODEL, torch.float64)
     model, _ = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
-    ids = torch.randint(0, config["vocab_size"], (3, 40), generator=torch.Generator().manual_seed(0))  # (B, T)
+    draws = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config["vocab_size"], (3, 40), generator=draws)  # (B, T)
     with torch.no_grad():
         expected = model(ids)  # (B, T, V)
         whole = twin.forward(weights, config, ids)
@@ -106,8 +107,10 @@ class FixedSampler:
 
 # Settings under which every part of a step shows in the weights: AdamW's eps about the size of the
 # clipped gradient's entries (with the default 1e-8 the first step is lr * sign(gradient), blind to the
-# gradient's scale), a clip that bites, weight decay, a temperature, and an epsilon small enough that mu = 2's
-# second pass clips.
+# gradient's scale), betas and weight decay off their defaults, a clip that bites, a temperature, and an
+# epsilon small enough that mu = 2's second pass clips. The two sides agree to 2e-16; a slip on the twin's
+# side moves some weight by 1e-5 or more (measured: no gradient clip 8e-5, no temperature 4e-5, grpo's
+# aggregation for dapo's 1.3e-4, beta doubled 1e-4, epsilon 0.2 at mu = 2 2e-5).
 SHARED = dict(num_generations=G, max_completion_length=32, temperature=0.7, epsilon=0.002)
 OPTIMIZER = dict(learning_rate=1e-4, warmup_steps=3, max_steps=10, adam_epsilon=1e-4, weight_decay=0.1,
                  max_grad_norm=0.05)
@@ -122,7 +125,7 @@ CASES = {  # loss_type, beta, num_iterations
 
 def reference_weights() -> dict:
     """The KL's reference: the embedded model with every weight moved a little, as the starting policy is
-    from the policy of a later step (were they equal, the k3 term would have no gradient in the first pass)."""
+    from the policy of a later step (were the two equal, the k3 term would have no gradient in pass 1)."""
     weights, _ = twin.load_model(twin.MODEL, torch.float64)
     noise = torch.Generator().manual_seed(1)
     return {name: w.detach() + 0.01 * torch.randn(w.shape, generator=noise, dtype=w.dtype)
@@ -152,7 +155,8 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
 
 
 def twin_step(tokenizer, monkeypatch, loss_type, beta, mu, step, asked):
-    """The weights after the twin's grpo_step number `step` on the same completions, prompts in the same order."""
+    """The weights after the twin's grpo_step number `step` on the same completions, the prompts in the
+    library's order."""
     s = twin.Settings(**SHARED, **OPTIMIZER, adam_beta1=0.8, adam_beta2=0.95, loss_type=loss_type, beta=beta,
                       num_iterations=mu, prompts_per_step=len(asked))
     fixed = {tuple(twin.encode(tokenizer, p.question)): fixed_completions(tokenizer, p) for p in PROBLEMS}
@@ -163,8 +167,8 @@ def twin_step(tokenizer, monkeypatch, loss_type, beta, mu, step, asked):
     optimizer = twin.make_optimizer(weights, s)
     batch = [PROBLEMS[i] for i in asked]
     prompts = [twin.encode(tokenizer, p.question) for p in batch]
-    stats = twin.grpo_step(weights, config, reference, optimizer, tokenizer, prompts, [p.answer for p in batch],
-                           step, s, generator=None)
+    golds = [p.answer for p in batch]
+    stats = twin.grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s, None)
     return {name: w.detach() for name, w in weights.items()}, stats
 
 
