@@ -237,7 +237,8 @@ def main():
         print(f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)")
         bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
     if args.packed_rows:
-        print(f"\noneDNN-packed products vs F.linear: ms per product, plain / packed, best of {3 * args.rounds}")
+        print(f"\noneDNN-packed vs plain F.linear, ms per product: plain / packed, best of {3 * args.rounds}",
+              flush=True)
         for shape in models:
             bench_packing(shape, [int(r) for r in args.packed_rows.split(",")], 3 * args.rounds)
 
