@@ -20,11 +20,21 @@ setup(
         # transformers is a test oracle only: nothing under minigrpo/ imports it; trl is there for the
         # smoke runs of the benchmarks that measure against it (tests/test_benchmarks.py); matplotlib
         # and tensorboard for the plotting and --report_to tests (wandb's test skips without it).
-        "test": ["pytest", "hypothesis", "transformers>=4.51", "trl>=1.0", "matplotlib", "tensorboard", "pyyaml"],
+        "test": [
+            "pytest",
+            "hypothesis",
+            "transformers>=4.51",
+            "trl>=1.0",
+            "matplotlib",
+            "tensorboard",
+            "pyyaml",
+        ],
         "plot": ["matplotlib"],
         "tensorboard": ["tensorboard"],  # --report_to tensorboard (torch.utils.tensorboard writes the events)
         "wandb": ["wandb"],  # --report_to wandb (offline runs; `wandb sync` uploads them)
         # what benchmarks/ measures against: transformers' generate and forward, TRL's GRPOTrainer, Math-Verify's grader
         "bench": ["transformers>=4.51", "trl>=1.0", "math-verify[antlr4_13_2]"],
+        # the formatter and linter CI checks with (ruff.toml); pinned, as another version formats differently
+        "dev": ["ruff==0.17.6"],
     },
 )

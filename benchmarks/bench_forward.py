@@ -40,7 +40,10 @@ def bench_shape(shape, batch, seq, rounds, dtype):
     vocab = SHAPES[shape]["vocab_size"]
     ids = torch.randint(0, vocab, (batch, seq))
     targets = torch.randint(0, vocab, (batch, seq))
-    passes = {"forward": lambda m: forward(m, ids), "forward+backward": lambda m: forward_backward(m, ids, targets)}
+    passes = {
+        "forward": lambda m: forward(m, ids),
+        "forward+backward": lambda m: forward_backward(m, ids, targets),
+    }
     rows = []
     for label, run in passes.items():
         run(ours), run(theirs)  # warm-up
@@ -67,18 +70,37 @@ def paired_seconds(run, ours, theirs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
-    parser.add_argument("--batch", type=int, default=None, help="sequences per pass (default: 8 tiny, 1 for 0.6b)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="sequences per pass (default: 8 tiny, 1 for 0.6b)"
+    )
     parser.add_argument("--seq", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds, each one call per model (default: 15 tiny, 5 for 0.6b)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="timed rounds, each one call per model (default: 15 tiny, 5 for 0.6b)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     print(machine_line())
-    print(f"{'shape':6} {'pass':17} {'batch x seq':>11} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}")
+    print(
+        f"{'shape':6} {'pass':17} {'batch x seq':>11} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}"
+    )
     for shape in args.shapes.split(","):
-        batch, rounds = args.batch or (8 if shape == "tiny" else 1), args.rounds or (15 if shape == "tiny" else 5)
-        for shape_, label, ours, theirs, ratio in bench_shape(shape, batch, args.seq, rounds, getattr(torch, args.dtype)):
-            print(f"{shape_:6} {label:17} {f'{batch} x {args.seq}':>11} {ours:11.0f} {theirs:19.0f} {ratio:6.2f}", flush=True)
-    print(f"({args.dtype}; tok/s are medians over rounds; ratio = median over rounds of ours / transformers speed)")
+        batch, rounds = (
+            args.batch or (8 if shape == "tiny" else 1),
+            args.rounds or (15 if shape == "tiny" else 5),
+        )
+        for shape_, label, ours, theirs, ratio in bench_shape(
+            shape, batch, args.seq, rounds, getattr(torch, args.dtype)
+        ):
+            print(
+                f"{shape_:6} {label:17} {f'{batch} x {args.seq}':>11} {ours:11.0f} {theirs:19.0f} {ratio:6.2f}",
+                flush=True,
+            )
+    print(
+        f"({args.dtype}; tok/s are medians over rounds; ratio = median over rounds of ours / transformers speed)"
+    )
 
 
 if __name__ == "__main__":

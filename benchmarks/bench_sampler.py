@@ -61,13 +61,24 @@ def seconds(fn):
 
 
 def ours(model, prompts, new_tokens, path="eager", **extra):
-    return minigrpo.generate(model, prompts, max_new_tokens=new_tokens, seed=0, compile=PATHS[path], **SETTINGS, **extra)
+    return minigrpo.generate(
+        model, prompts, max_new_tokens=new_tokens, seed=0, compile=PATHS[path], **SETTINGS, **extra
+    )
 
 
 def transformers_generate(hf, prompts, new_tokens):
     ids = torch.tensor(prompts)
-    return hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, **SETTINGS,
-                       max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+    return hf.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        top_k=0,
+        **SETTINGS,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
 
 
 def copy_bandwidth() -> float:
@@ -96,7 +107,9 @@ def bench_shape(shape, args, bandwidth, flops):
     for batch in args.batches:
         prompts = prompts_for(batch, args.prompt, vocab, seed=batch)
         compile_s = None
-        if "compiled" in args.paths:  # the first call builds the graphs; a second, timed the same way, does not
+        if (
+            "compiled" in args.paths
+        ):  # the first call builds the graphs; a second, timed the same way, does not
             first, _ = seconds(lambda: ours(model, prompts, new, "compiled"))
             compile_s = first - seconds(lambda: ours(model, prompts, new, "compiled"))[0]
         times = {name: [] for name in ["transformers", *args.paths]}
@@ -114,11 +127,21 @@ def bench_shape(shape, args, bandwidth, flops):
         cells = " ".join(f"{ms[p]:9.1f} {ms['transformers'] / ms[p]:5.2f}x" for p in args.paths)
         decode = statistics.median(decode_ms)
         note = f"  compiling took {compile_s:.0f} s" if compile_s is not None else ""
-        print(f"{shape:5} {batch:5} {ms['transformers']:9.1f} {cells} {decode:9.1f} {floor_ms:8.1f} {decode / floor_ms:6.2f}{note}", flush=True)
+        print(
+            f"{shape:5} {batch:5} {ms['transformers']:9.1f} {cells} {decode:9.1f} {floor_ms:8.1f} {decode / floor_ms:6.2f}{note}",
+            flush=True,
+        )
     if args.naive_tokens:
         naive_tokens = min(args.naive_tokens, new)
-        t_naive, _ = seconds(lambda: naive_generate(model, prompts_for(1, args.prompt, vocab), max_new_tokens=naive_tokens, **SETTINGS))
-        print(f"{shape:5} naive no-cache sampler, batch 1, {naive_tokens} new tokens: {1e3 * t_naive / naive_tokens:.1f} ms/step", flush=True)
+        t_naive, _ = seconds(
+            lambda: naive_generate(
+                model, prompts_for(1, args.prompt, vocab), max_new_tokens=naive_tokens, **SETTINGS
+            )
+        )
+        print(
+            f"{shape:5} naive no-cache sampler, batch 1, {naive_tokens} new tokens: {1e3 * t_naive / naive_tokens:.1f} ms/step",
+            flush=True,
+        )
     return model
 
 
@@ -131,18 +154,27 @@ def bench_refill(model, shape, args):
     rates = {"refill": [], "chunks": []}
     lengths = {"refill": [], "chunks": []}
     for round_ in range(args.rounds):
-        t, out = seconds(lambda: minigrpo.generate(model, prompts, max_batch_rows=budget, seed=round_, **settings))
+        t, out = seconds(
+            lambda: minigrpo.generate(model, prompts, max_batch_rows=budget, seed=round_, **settings)
+        )
         rates["refill"].append(out.num_tokens / t)
         lengths["refill"] += map(len, out.tokens)
         cache_mb = out.kv_cache_bytes / 1e6
-        t, outs = seconds(lambda: [minigrpo.generate(model, prompts[i:i + budget], seed=100 * round_ + i, **settings)
-                                   for i in range(0, len(prompts), budget)])
+        t, outs = seconds(
+            lambda: [
+                minigrpo.generate(model, prompts[i : i + budget], seed=100 * round_ + i, **settings)
+                for i in range(0, len(prompts), budget)
+            ]
+        )
         rates["chunks"].append(sum(o.num_tokens for o in outs) / t)
         lengths["chunks"] += [len(x) for o in outs for x in o.tokens]
     a, b = statistics.median(rates["refill"]), statistics.median(rates["chunks"])
     mean = {k: sum(v) / len(v) for k, v in lengths.items()}
-    print(f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   mean length {mean['refill']:.0f} / "
-          f"{mean['chunks']:.0f}, longest {max(lengths['refill'])} / {max(lengths['chunks'])}; KV cache {cache_mb:.1f} MB", flush=True)
+    print(
+        f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   mean length {mean['refill']:.0f} / "
+        f"{mean['chunks']:.0f}, longest {max(lengths['refill'])} / {max(lengths['chunks'])}; KV cache {cache_mb:.1f} MB",
+        flush=True,
+    )
 
 
 def bench_compaction(model, shape, batch, args):
@@ -151,17 +183,25 @@ def bench_compaction(model, shape, batch, args):
     eos = list(range(0, vocab, 64))
     prompts = prompts_for(batch, args.prompt, vocab, seed=99)
     for compact in (True, False):
-        t, samples = seconds(lambda: ours(model, prompts, args.new, "eager", eos_token_ids=eos, compact=compact))
+        t, samples = seconds(
+            lambda: ours(model, prompts, args.new, "eager", eos_token_ids=eos, compact=compact)
+        )
         lengths = [len(x) for x in samples.tokens]
-        print(f"{shape:5} {batch:5} {'compact' if compact else 'mask':8} {t:8.2f} s {samples.num_tokens / t:9.0f} tok/s  "
-              f"lengths mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}", flush=True)
+        print(
+            f"{shape:5} {batch:5} {'compact' if compact else 'mask':8} {t:8.2f} s {samples.num_tokens / t:9.0f} tok/s  "
+            f"lengths mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}",
+            flush=True,
+        )
 
 
 def bench_packing(shape, rows_list, rounds):
     """Plain / packed ms per product (ratio > 1: packed faster) for the shape's large weights."""
     c = SHAPES[shape]
-    sizes = [(c["intermediate_size"], c["hidden_size"]), (c["hidden_size"], c["intermediate_size"]),
-             (c["vocab_size"], c["hidden_size"])]
+    sizes = [
+        (c["intermediate_size"], c["hidden_size"]),
+        (c["hidden_size"], c["intermediate_size"]),
+        (c["vocab_size"], c["hidden_size"]),
+    ]
     for out_features, in_features in sizes:
         w = torch.randn(out_features, in_features) * 0.02
         repeat = max(1, 2**24 // w.numel())
@@ -194,7 +234,7 @@ def best_ms(fns, rounds, repeat):
         for fn in fns:
             fn()
         for r in range(rounds):
-            for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+            for i in range(len(fns)) if r % 2 == 0 else reversed(range(len(fns))):
                 t, _ = seconds(lambda: [fns[i]() for _ in range(repeat)])
                 best[i] = min(best[i], 1e3 * t / repeat)
     return best
@@ -204,18 +244,33 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
     parser.add_argument("--batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--paths", default="eager,compiled", type=lambda s: s.split(","),
-                        help="comma-separated from: " + ", ".join(PATHS))
+    parser.add_argument(
+        "--paths",
+        default="eager,compiled",
+        type=lambda s: s.split(","),
+        help="comma-separated from: " + ", ".join(PATHS),
+    )
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     parser.add_argument("--new", type=int, default=128, help="new tokens per sample, tiny shape")
     parser.add_argument("--new-large", type=int, default=32, help="new tokens per sample, other shapes")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per batch (the median is printed)")
-    parser.add_argument("--naive-tokens", type=int, default=16, help="new tokens for the naive sampler (0: skip it)")
-    parser.add_argument("--refill-rows", type=int, default=8, help="max_batch_rows of the refill table (0: skip it)")
-    parser.add_argument("--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)")
-    parser.add_argument("--packed-rows", default="1,8,32",
-                        help="rows of the packed-products table (empty: skip it)")
-    parser.add_argument("--warm-cache", action="store_true", help="keep torch's inductor cache (compile times then reuse it)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timed rounds per batch (the median is printed)"
+    )
+    parser.add_argument(
+        "--naive-tokens", type=int, default=16, help="new tokens for the naive sampler (0: skip it)"
+    )
+    parser.add_argument(
+        "--refill-rows", type=int, default=8, help="max_batch_rows of the refill table (0: skip it)"
+    )
+    parser.add_argument(
+        "--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)"
+    )
+    parser.add_argument(
+        "--packed-rows", default="1,8,32", help="rows of the packed-products table (empty: skip it)"
+    )
+    parser.add_argument(
+        "--warm-cache", action="store_true", help="keep torch's inductor cache (compile times then reuse it)"
+    )
     args = parser.parse_args()
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
@@ -223,22 +278,30 @@ def main():
     print(machine_line())
     bandwidth, flops = copy_bandwidth(), matmul_rate()
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s (measured now)")
-    print(f"prompt {args.prompt}, new tokens {args.new} (tiny) / {args.new_large} (others), temperature 1.0, top_p 0.9, "
-          f"EOS off; ms = call time / new tokens, median of {args.rounds}; ratio = transformers ms / ours")
+    print(
+        f"prompt {args.prompt}, new tokens {args.new} (tiny) / {args.new_large} (others), temperature 1.0, top_p 0.9, "
+        f"EOS off; ms = call time / new tokens, median of {args.rounds}; ratio = transformers ms / ours"
+    )
     cells = " ".join(f"{p + ' ms':>9} {'ratio':>6}" for p in args.paths)
     print(f"{'shape':5} {'batch':>5} {'hf ms':>9} {cells} {'decode ms':>9} {'floor ms':>8} {'/floor':>6}")
     models = {shape: bench_shape(shape, args, bandwidth, flops) for shape in args.shapes.split(",")}
     if args.refill_rows:
-        print(f"\nrefill under a row budget vs sequential chunks of it (EOS on, eager steps, median of {args.rounds})")
+        print(
+            f"\nrefill under a row budget vs sequential chunks of it (EOS on, eager steps, median of {args.rounds})"
+        )
         print(f"{'shape':5} {'rows':>5} {'budget':>7} {'refill tok/s':>12} {'chunks tok/s':>12} {'ratio':>7}")
         for shape, model in models.items():
             bench_refill(model, shape, args)
     if args.compaction_batch and "tiny" in models:
-        print(f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)")
+        print(
+            f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)"
+        )
         bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
     if args.packed_rows:
-        print(f"\noneDNN-packed vs plain F.linear, ms per product: plain / packed, best of {3 * args.rounds}",
-              flush=True)
+        print(
+            f"\noneDNN-packed vs plain F.linear, ms per product: plain / packed, best of {3 * args.rounds}",
+            flush=True,
+        )
         for shape in models:
             bench_packing(shape, [int(r) for r in args.packed_rows.split(",")], 3 * args.rounds)
 

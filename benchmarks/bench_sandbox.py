@@ -78,18 +78,24 @@ def expected(expect: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--suite", required=True, help="a checkout of rustbox-escape-tests (manifest.json, payloads/)")
+    parser.add_argument(
+        "--suite", required=True, help="a checkout of rustbox-escape-tests (manifest.json, payloads/)"
+    )
     parser.add_argument("--workers", type=int, default=4, help="payloads run at once")
     args = parser.parse_args()
     manifest = os.path.join(args.suite, "manifest.json")
     if not os.path.isfile(manifest):
-        sys.exit(f"bench_sandbox: no manifest.json in {args.suite}; see benchmarks/README.md for how to get the suite")
+        sys.exit(
+            f"bench_sandbox: no manifest.json in {args.suite}; see benchmarks/README.md for how to get the suite"
+        )
     with open(manifest, encoding="utf-8") as file:
         tests = json.load(file)["tests"]
     python = [test for test in tests if test["language"] == "python"]
     print(machine_line())
-    print(f"{len(python)} Python payloads run, {len(tests) - len(python)} in other languages not run; "
-          f"root: {os.geteuid() == 0}\n")
+    print(
+        f"{len(python)} Python payloads run, {len(tests) - len(python)} in other languages not run; "
+        f"root: {os.geteuid() == 0}\n"
+    )
     config = SandboxConfig()
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         outcomes = list(pool.map(lambda test: run_payload(args.suite, test, config), python))
@@ -97,11 +103,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for test, (got, contained) in zip(python, outcomes):
         why = "" if contained else NON_GOALS.get(test["file"], "**not a documented non-goal**")
-        print(f"| {test['name']} | {expected(test['expect'])} | {got} | {'yes' if contained else 'NO'} | {why} |")
+        print(
+            f"| {test['name']} | {expected(test['expect'])} | {got} | {'yes' if contained else 'NO'} | {why} |"
+        )
     missed = [test for test, (_, contained) in zip(python, outcomes) if not contained]
     documented = sum(test["file"] in NON_GOALS for test in missed)
-    print(f"\n{len(python) - len(missed)} / {len(python)} contained; of the {len(missed)} not contained, "
-          f"{documented} are documented non-goals and {len(missed) - documented} are not")
+    print(
+        f"\n{len(python) - len(missed)} / {len(python)} contained; of the {len(missed)} not contained, "
+        f"{documented} are documented non-goals and {len(missed) - documented} are not"
+    )
 
 
 if __name__ == "__main__":

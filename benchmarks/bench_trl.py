@@ -42,9 +42,9 @@ from common import machine_line  # noqa: E402
 import minigrpo  # noqa: E402
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig  # noqa: E402
 from minigrpo.evaluate import evaluate  # noqa: E402
+from minigrpo.run import build_trainer  # noqa: E402
 from minigrpo.tasks import load_problems, to_task  # noqa: E402
 from minigrpo.tasks.prompts import template  # noqa: E402
-from minigrpo.run import build_trainer  # noqa: E402
 from minigrpo.verifier import compute_rewards  # noqa: E402
 from minigrpo.weights import hf_name  # noqa: E402
 
@@ -59,7 +59,12 @@ def job(args):
     return dict(
         train=load_problems("arithmetic", "train", count=5000, seed=0),
         held_out=load_problems("arithmetic", "test", count=20 if args.smoke else 200, seed=0),
-        prompt=template("tiny"), G=8, batch=8 * prompts_per_step, max_new_tokens=32, lr=1e-4, warmup=10,
+        prompt=template("tiny"),
+        G=8,
+        batch=8 * prompts_per_step,
+        max_new_tokens=32,
+        lr=1e-4,
+        warmup=10,
     )
 
 
@@ -68,10 +73,20 @@ def run_minigrpo(args, shared, seed: int, output_dir: str):
     tokenizer = minigrpo.Tokenizer.from_directory(MODEL)
     task = to_task(shared["train"], shared["prompt"], [RewardSpec("accuracy")], tokenizer)
     grpo = GRPOConfig(num_generations=shared["G"], max_completion_length=shared["max_new_tokens"])
-    config = TrainConfig(output_dir=output_dir, max_steps=args.steps, batch_size=shared["batch"],
-                         micro_batch_size=shared["batch"], micro_batch_tokens=4096, learning_rate=shared["lr"],
-                         warmup_steps=shared["warmup"], lr_schedule="cosine", progress_bar=False,
-                         log_completions_every=0, save_every=0, seed=seed)
+    config = TrainConfig(
+        output_dir=output_dir,
+        max_steps=args.steps,
+        batch_size=shared["batch"],
+        micro_batch_size=shared["batch"],
+        micro_batch_tokens=4096,
+        learning_rate=shared["lr"],
+        warmup_steps=shared["warmup"],
+        lr_schedule="cosine",
+        progress_bar=False,
+        log_completions_every=0,
+        save_every=0,
+        seed=seed,
+    )
     trainer = build_trainer(MODEL, task, grpo, config)
     per_step = {stage: [] for stage in STAGES}
     accuracy = {}
@@ -98,16 +113,37 @@ def run_trl(args, shared, seed: int, output_dir: str):
         return compute_rewards(list(completions), {"answer": list(answer)}, [RewardSpec("accuracy")]).total
 
     config = trl.GRPOConfig(
-        output_dir=output_dir, max_steps=args.steps, per_device_train_batch_size=shared["batch"],
-        num_generations=shared["G"], max_completion_length=shared["max_new_tokens"], learning_rate=shared["lr"],
-        warmup_steps=shared["warmup"], lr_scheduler_type="cosine", adam_beta2=0.99, beta=0.0, epsilon=0.2,
-        loss_type="grpo", temperature=1.0, gradient_checkpointing=False, use_cpu=True, bf16=False,
-        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=seed,
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=shared["batch"],
+        num_generations=shared["G"],
+        max_completion_length=shared["max_new_tokens"],
+        learning_rate=shared["lr"],
+        warmup_steps=shared["warmup"],
+        lr_scheduler_type="cosine",
+        adam_beta2=0.99,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="grpo",
+        temperature=1.0,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=seed,
     )
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(MODEL, padding_side="left")
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=accuracy, args=config, train_dataset=Dataset.from_list(rows),
-                              processing_class=tokenizer)
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=accuracy,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
     timer = StageTimer()
     trainer._generate = timer.timed("sample", trainer._generate)
     trainer._calculate_rewards = timer.timed("verify", trainer._calculate_rewards)
@@ -132,6 +168,7 @@ class StageTimer:
                 return method(*a, **k)
             finally:
                 self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - started
+
         return wrapper
 
     def begin(self):
@@ -197,15 +234,22 @@ def rng_kept():
 def held_out_accuracy(model, tokenizer, shared) -> float:
     """Greedy pass@1 on the held-out problems; the model is left in eval mode."""
     with rng_kept():
-        return evaluate(model.eval(), tokenizer, shared["held_out"], shared["prompt"],
-                        max_new_tokens=shared["max_new_tokens"]).pass_at_1
+        return evaluate(
+            model.eval(),
+            tokenizer,
+            shared["held_out"],
+            shared["prompt"],
+            max_new_tokens=shared["max_new_tokens"],
+        ).pass_at_1
 
 
 def progress(name: str, seed: int, step: int, accuracy: float, per_step: dict) -> None:
     """One line per evaluation as it happens, so a run cut short still shows what it measured."""
     seconds = statistics.median(per_step["step"])
-    print(f"  {name} seed {seed} step {step}: held-out accuracy {accuracy:.3f}, median s/step {seconds:.3f}",
-          flush=True)
+    print(
+        f"  {name} seed {seed} step {step}: held-out accuracy {accuracy:.3f}, median s/step {seconds:.3f}",
+        flush=True,
+    )
 
 
 def parse_ints(text: str) -> list[int]:
@@ -216,11 +260,21 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="GRPO steps of each run")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains one run per trainer")
-    parser.add_argument("--eval_at", default="", help="comma-separated steps at which to measure held-out "
-                        "accuracy (the last step always is)")
-    parser.add_argument("--stop_after", type=int, default=None, help="train only the first N steps of the "
-                        "--steps schedule (the learning rate still follows --steps); default: all of them")
-    parser.add_argument("--smoke", action="store_true", help="2 steps of 2 prompts: checks that both sides run")
+    parser.add_argument(
+        "--eval_at",
+        default="",
+        help="comma-separated steps at which to measure held-out accuracy (the last step always is)",
+    )
+    parser.add_argument(
+        "--stop_after",
+        type=int,
+        default=None,
+        help="train only the first N steps of the "
+        "--steps schedule (the learning rate still follows --steps); default: all of them",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 steps of 2 prompts: checks that both sides run"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.steps = 2
@@ -238,9 +292,11 @@ def parse_args():
 
 def accuracy_header(args, shared) -> None:
     prompts = shared["batch"] // shared["G"]
-    print(f"{args.stop_after} of {args.steps} steps of {prompts} prompts x {shared['G']}, cosine over "
-          f"{args.steps} steps; greedy accuracy on {len(shared['held_out'])} held-out problems at each step; "
-          f"s/step: median over steps {skip(args) + 1}..{args.stop_after}")
+    print(
+        f"{args.stop_after} of {args.steps} steps of {prompts} prompts x {shared['G']}, cosine over "
+        f"{args.steps} steps; greedy accuracy on {len(shared['held_out'])} held-out problems at each step; "
+        f"s/step: median over steps {skip(args) + 1}..{args.stop_after}"
+    )
     print("| trainer | seed | " + " | ".join(f"acc@{step}" for step in args.eval_points) + " | s/step |")
     print("|---|---:|" + "---:|" * (len(args.eval_points) + 1), flush=True)
 
@@ -251,7 +307,7 @@ def skip(args) -> int:
 
 
 def median_step_seconds(args, per_step: dict) -> float:
-    return statistics.median(per_step["step"][skip(args):])
+    return statistics.median(per_step["step"][skip(args) :])
 
 
 def accuracy_row(args, name: str, seed, accuracy: dict, seconds: float) -> None:
@@ -286,7 +342,7 @@ def stage_table(args, runs: dict) -> None:
     for name in TRAINERS:
         medians[name] = {}
         for stage in STAGES:
-            every_seed = [t for per_step, _ in runs[name].values() for t in per_step[stage][skip(args):]]
+            every_seed = [t for per_step, _ in runs[name].values() for t in per_step[stage][skip(args) :]]
             medians[name][stage] = statistics.median(every_seed)
         print(f"| {name} | " + " | ".join(f"{medians[name][stage]:.3f}" for stage in STAGES) + " |")
     ratio = {stage: medians["trl"][stage] / max(medians["minigrpo"][stage], 1e-9) for stage in STAGES}

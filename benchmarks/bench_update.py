@@ -28,9 +28,9 @@ import json
 import os
 import random
 import statistics
-import traceback
 import sys
 import time
+import traceback
 
 import torch
 
@@ -39,11 +39,20 @@ from common import SHAPES, machine_line, transformers_twin  # noqa: E402
 
 import minigrpo  # noqa: E402
 from minigrpo.loss import grpo_loss  # noqa: E402
+from minigrpo.rollout import (
+    Rollout,
+    collate,
+    group_batches,
+    micro_batches,
+    padding_fraction,
+    token_budget_batches,
+)  # noqa: E402
 from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs  # noqa: E402
-from minigrpo.rollout import Rollout, collate, group_batches, micro_batches, padding_fraction, token_budget_batches  # noqa: E402
 
 PATHS = ("full", "chunked", "budget", "shared", "trl")
-DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+DEFAULT_MODEL = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"
+)
 CASES = {  # rows per micro-batch, token budget, group size G, temperature
     "default": dict(rows=256, budget=4096, G=8, temperature=1.0),
     "vocab": dict(rows=4, budget=4 * 576, G=4, temperature=1.0),
@@ -62,28 +71,41 @@ def build(case: str, blocks: int, smoke: bool):
 
         problems = load_problems("arithmetic", "train", count=4 if smoke else 32, seed=0)
         prompts = [tokenizer.encode(template("tiny").render(p.question)) for p in problems]
-        samples = minigrpo.generate(model, prompts, max_new_tokens=32, num_samples=G, seed=0,
-                                    eos_token_ids=tokenizer.eos_token_ids)
+        samples = minigrpo.generate(
+            model, prompts, max_new_tokens=32, num_samples=G, seed=0, eos_token_ids=tokenizer.eos_token_ids
+        )
         pairs = [(prompts[p], tokens) for tokens, p in zip(samples.tokens, samples.prompt_indices)]
     else:
         torch.manual_seed(0)
         shape = dict(SHAPES["0.6b" if case == "vocab" else "tiny"])
         shape["num_hidden_layers"] = blocks if case == "vocab" else shape["num_hidden_layers"]
         if smoke:
-            shape.update(vocab_size=4096, hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=32, num_hidden_layers=1)
+            shape.update(
+                vocab_size=4096,
+                hidden_size=64,
+                intermediate_size=128,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=32,
+                num_hidden_layers=1,
+            )
         model = minigrpo.Qwen3(minigrpo.Qwen3Config(**shape))
         V, scale = shape["vocab_size"], 0.1 if smoke else 1.0
         n_prompts = 1 if case == "vocab" else 2 if smoke else 8
         pairs = []
         for _ in range(n_prompts):
-            prompt = [rng.randrange(V) for _ in range(int((64 if case == "vocab" else rng.randint(100, 300)) * scale))]
+            prompt = [
+                rng.randrange(V)
+                for _ in range(int((64 if case == "vocab" else rng.randint(100, 300)) * scale))
+            ]
             for _ in range(G):
                 length = 512 if case == "vocab" else rng.randint(20, 400)
                 pairs.append((prompt, [rng.randrange(V) for _ in range(max(1, int(length * scale)))]))
     rollouts = []
-    for i, (prompt, completion) in enumerate(pairs):
-        rollouts.append(Rollout(prompt_ids=list(prompt), completion_ids=list(completion), finish_reason="stop"))
+    for prompt, completion in pairs:
+        rollouts.append(
+            Rollout(prompt_ids=list(prompt), completion_ids=list(completion), finish_reason="stop")
+        )
     rewards = torch.tensor([rng.random() for _ in rollouts]).view(-1, G)
     advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).flatten()
     for r, a in zip(rollouts, advantages.tolist()):
@@ -105,11 +127,15 @@ def logprob_function(path: str, model, case: str):
     """batch -> (logprobs, entropies) (B, Tc) for one path."""
     temperature, G = CASES[case]["temperature"], CASES[case]["G"]
     if path == "full":
-        return lambda b: full_vocabulary_logprobs(model, b.input_ids, b.attention_mask, b.completion_start, temperature)
+        return lambda b: full_vocabulary_logprobs(
+            model, b.input_ids, b.attention_mask, b.completion_start, temperature
+        )
     if path in ("chunked", "budget"):
         return lambda b: token_logprobs(model, b.input_ids, b.attention_mask, b.completion_start, temperature)
     if path == "shared":
-        return lambda b: token_logprobs(model, b.input_ids, b.attention_mask, b.completion_start, temperature, group_size=G)
+        return lambda b: token_logprobs(
+            model, b.input_ids, b.attention_mask, b.completion_start, temperature, group_size=G
+        )
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
     twin = transformers_twin(model).train()
@@ -118,7 +144,7 @@ def logprob_function(path: str, model, case: str):
         Tc = b.input_ids.shape[1] - b.completion_start
         logits = twin(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=Tc + 1).logits
         logits = logits[:, :-1] / temperature  # (B, Tc, V)
-        logprobs = selective_log_softmax(logits, b.input_ids[:, b.completion_start:])
+        logprobs = selective_log_softmax(logits, b.input_ids[:, b.completion_start :])
         with torch.no_grad():
             entropies = entropy_from_logits(logits)
         return logprobs, entropies
@@ -132,8 +158,16 @@ def update(rollouts, batches, logprobs_of) -> None:
     for chunk in batches:
         batch = collate([rollouts[i] for i in chunk], 0, "cpu")
         logprobs, entropies = logprobs_of(batch)
-        loss, _ = grpo_loss(logprobs, logprobs.detach(), batch.advantages, batch.completion_mask, loss_type="dapo",
-                            num_sequences=len(rollouts), num_tokens=tokens, entropies=entropies)
+        loss, _ = grpo_loss(
+            logprobs,
+            logprobs.detach(),
+            batch.advantages,
+            batch.completion_mask,
+            loss_type="dapo",
+            num_sequences=len(rollouts),
+            num_tokens=tokens,
+            entropies=entropies,
+        )
         loss.backward()
 
 
@@ -163,9 +197,14 @@ def measure(path: str, case: str, blocks: int, repeats: int, smoke: bool) -> dic
         update(rollouts, batches, logprobs_of)
         seconds.append(time.perf_counter() - started)
     G = CASES[case]["G"] if path == "shared" else 1
-    return {"seconds": statistics.median(seconds), "growth": resident()[1] - before,
-            "tokens": sum(len(r.completion_ids) for r in rollouts), "rows": len(rollouts),
-            "micro_batches": len(batches), "padding": padding_fraction(rollouts, batches, G)}
+    return {
+        "seconds": statistics.median(seconds),
+        "growth": resident()[1] - before,
+        "tokens": sum(len(r.completion_ids) for r in rollouts),
+        "rows": len(rollouts),
+        "micro_batches": len(batches),
+        "padding": padding_fraction(rollouts, batches, G),
+    }
 
 
 def in_own_process(function, *args) -> dict:
@@ -190,9 +229,13 @@ def in_own_process(function, *args) -> dict:
 
 
 def run_case(case: str, paths, blocks: int, repeats: int, smoke: bool) -> list[str]:
-    lines = [f"case {case}" + (f", {blocks} block(s)" if case == "vocab" else "") + f", {repeats} update(s) per path",
-             f"| path | micro-batches | padding | s / update | tokens/s | peak growth GB | time vs full | tokens/s vs chunked |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"case {case}"
+        + (f", {blocks} block(s)" if case == "vocab" else "")
+        + f", {repeats} update(s) per path",
+        "| path | micro-batches | padding | s / update | tokens/s | peak growth GB | time vs full | tokens/s vs chunked |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     results = {}
     for path in paths:
         done = in_own_process(measure, path, case, blocks, repeats, smoke)
@@ -206,8 +249,11 @@ def run_case(case: str, paths, blocks: int, repeats: int, smoke: bool) -> list[s
     for path, r in results.items():
         lines.append(
             f"| {path} | {r['micro_batches']} | {100 * r['padding']:.1f}% | {r['seconds']:.3f} | {r['tokens'] / r['seconds']:,.0f} | "
-            f"{r['growth'] / 1e9:.2f} | " + (f"{r['seconds'] / full['seconds']:.2f}x" if full else "-") + " | "
-            + (f"{chunked['seconds'] / r['seconds']:.2f}x" if chunked else "-") + " |"
+            f"{r['growth'] / 1e9:.2f} | "
+            + (f"{r['seconds'] / full['seconds']:.2f}x" if full else "-")
+            + " | "
+            + (f"{chunked['seconds'] / r['seconds']:.2f}x" if chunked else "-")
+            + " |"
         )
     return lines
 
@@ -217,9 +263,15 @@ def main():
     parser.add_argument("--case", choices=list(CASES), action="append", help="default: default and vocab")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}")
     parser.add_argument("--blocks", type=int, default=1, help="decoder blocks of the vocab case")
-    parser.add_argument("--budget", type=int, help="token budget of the budget and shared paths (default: per case)")
-    parser.add_argument("--repeats", type=int, help="updates per path (default: 5 for default, 2 for long, 1 for vocab)")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one update: checks that every path runs")
+    parser.add_argument(
+        "--budget", type=int, help="token budget of the budget and shared paths (default: per case)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="updates per path (default: 5 for default, 2 for long, 1 for vocab)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, one update: checks that every path runs"
+    )
     args = parser.parse_args()
     for case in CASES.values() if args.budget else ():
         case["budget"] = args.budget

@@ -61,7 +61,9 @@ def load_peer(directory: str) -> tuple[list[dict], int]:
 def outside_math500(cases, results) -> str:
     """Accuracy on the cases that are not reasoning-from-scratch's 1,500 MATH-500 rows (answers
     against themselves, boxed, and against \\boxed{123}), where a verifier's misses show."""
-    rest = [(case, result) for case, result in zip(cases, results) if "test_math500_" not in case.get("ref", "")]
+    rest = [
+        (case, result) for case, result in zip(cases, results) if "test_math500_" not in case.get("ref", "")
+    ]
     if not rest:
         return "no cases outside the MATH-500 rows"
     right = sum(said == case["expected"] for case, (said, _) in rest)
@@ -146,8 +148,10 @@ def math500_check(path: str) -> None:
     seconds = time.perf_counter() - start
     false_123 = [g for g, r in zip(golds, wrong_123) if r == 1.0 and g.strip() != "123"]
     missed = [g for g, r in zip(golds, self_match) if r != 1.0]
-    print(f"MATH-500 golds boxed in a response: {len(golds) - len(missed)}/{len(golds)} match themselves; "
-          f"\\boxed{{123}} matches {len(false_123)} golds other than 123 ({seconds:.1f} s for both batches)")
+    print(
+        f"MATH-500 golds boxed in a response: {len(golds) - len(missed)}/{len(golds)} match themselves; "
+        f"\\boxed{{123}} matches {len(false_123)} golds other than 123 ({seconds:.1f} s for both batches)"
+    )
     for gold in missed[:10] + false_123[:10]:
         print("   ", repr(gold))
 
@@ -164,11 +168,15 @@ def hostile_batch(cases, rows: int) -> None:
     print("| hostile share | hostile rows | seconds | benign rows right | reward/timeout_frac |")
     print("|---|---|---|---|---|")
     for fraction in HOSTILE_FRACTIONS:
-        hostile = [int((i + 1) * fraction) > int(i * fraction) for i in range(rows)]  # spread through the batch
+        hostile = [
+            int((i + 1) * fraction) > int(i * fraction) for i in range(rows)
+        ]  # spread through the batch
         picked = [benign[i % len(benign)] for i in range(rows)]
         responses = [HOSTILE_ANSWER if h else as_response(c) for h, c in zip(hostile, picked)]
         golds = ["2" if h else c["gold"] for h, c in zip(hostile, picked)]
-        verifier.bounded.shared_pool().reserve(verifier.bounded.default_workers())  # started outside the timing
+        verifier.bounded.shared_pool().reserve(
+            verifier.bounded.default_workers()
+        )  # started outside the timing
         verifier.math_rewards(responses[:2], golds[:2])
         start = time.perf_counter()
         scores = verifier.math_rewards(responses, golds)
@@ -182,12 +190,21 @@ def hostile_batch(cases, rows: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=CORPUS, help="labelled JSONL (default: the shipped test cases)")
-    parser.add_argument("--peer", help="a directory of other projects' grading cases, one JSONL per source (instead of --corpus)")
-    parser.add_argument("--math500", help="MATH-500 JSONL with an 'answer' per line; the self-match check needs it")
+    parser.add_argument(
+        "--peer",
+        help="a directory of other projects' grading cases, one JSONL per source (instead of --corpus)",
+    )
+    parser.add_argument(
+        "--math500", help="MATH-500 JSONL with an 'answer' per line; the self-match check needs it"
+    )
     parser.add_argument("--limit", type=int, help="score only the first N cases (a quick smoke run)")
     parser.add_argument("--against", choices=["math-verify"], help="also run this verifier on the same cases")
-    parser.add_argument("--hostile-batch", type=int, metavar="ROWS",
-                        help="time one math_rewards batch of ROWS with 0%%, 10%%, 30%% hostile answers instead")
+    parser.add_argument(
+        "--hostile-batch",
+        type=int,
+        metavar="ROWS",
+        help="time one math_rewards batch of ROWS with 0%%, 10%%, 30%% hostile answers instead",
+    )
     parser.add_argument("--show-misses", action="store_true", help="print every case we got wrong")
     args = parser.parse_args()
     for flag, path in (("--corpus", args.corpus), ("--math500", args.math500)):
@@ -209,11 +226,15 @@ def main() -> None:
         sys.exit(f"bench_verifier: no labelled cases in {source}")
     load = os.getloadavg()[0]
     if args.hostile_batch is not None:
-        print(f"{args.hostile_batch}-row batches, benign rows from {source}; {os.cpu_count()} cpus, load avg {load:.2f}\n")
+        print(
+            f"{args.hostile_batch}-row batches, benign rows from {source}; {os.cpu_count()} cpus, load avg {load:.2f}\n"
+        )
         hostile_batch(cases, args.hostile_batch)
         return
-    print(f"{len(cases)} cases from {source} ({unlabelled} rows without a label left out); "
-          f"{os.cpu_count()} cpus, load avg {load:.2f}\n")
+    print(
+        f"{len(cases)} cases from {source} ({unlabelled} rows without a label left out); "
+        f"{os.cpu_count()} cpus, load avg {load:.2f}\n"
+    )
     names, summaries = ["minigrpo"], []
     results, errors = run(cases, ours)
     summaries.append(summary(cases, results))
@@ -221,7 +242,9 @@ def main() -> None:
     if args.show_misses:
         for case, (said, _) in zip(cases, results):
             if said != case["expected"]:
-                print(f"  miss [{case['category']}] expected {case['expected']}: gold {case['gold']!r} pred {case['pred'][-120:]!r}")
+                print(
+                    f"  miss [{case['category']}] expected {case['expected']}: gold {case['gold']!r} pred {case['pred'][-120:]!r}"
+                )
     if args.against == "math-verify":
         import importlib.metadata
 

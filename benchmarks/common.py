@@ -7,13 +7,39 @@ import torch
 import minigrpo
 
 SHAPES = {
-    "tiny": dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True),
-    "default": dict(vocab_size=20, hidden_size=128, intermediate_size=512, num_hidden_layers=3,  # models/minigrpo-tiny-arith
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=128),
-    "0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                 rope_theta=1e6, max_position_embeddings=40960),
+    "tiny": dict(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "default": dict(
+        vocab_size=20,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=3,  # models/minigrpo-tiny-arith
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        max_position_embeddings=128,
+    ),
+    "0.6b": dict(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        max_position_embeddings=40960,
+    ),
 }
 
 
@@ -30,7 +56,9 @@ def transformers_twin(model: minigrpo.Qwen3):
     with torch.device("meta"):
         twin = Qwen3ForCausalLM(config)
     twin = twin.to_empty(device=model.device).to(model.dtype)
-    twin.model.rotary_emb = type(twin.model.rotary_emb)(config).to(model.device)  # to_empty left its buffers blank
+    twin.model.rotary_emb = type(twin.model.rotary_emb)(config).to(
+        model.device
+    )  # to_empty left its buffers blank
     state = minigrpo.weights.to_hf_state_dict(model)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]

@@ -22,24 +22,40 @@ from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import RewardSpec
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
+EMBEDDED_MODEL = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+)
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
-parser.add_argument("--data", required=True, help="synthetic kind, JSONL file or hf://datasets/<owner>/<name>/<file>")
+parser.add_argument(
+    "--model",
+    default=EMBEDDED_MODEL,
+    help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)",
+)
+parser.add_argument(
+    "--data", required=True, help="synthetic kind, JSONL file or hf://datasets/<owner>/<name>/<file>"
+)
 parser.add_argument("--split", default="test", choices=["train", "test"], help="synthetic kinds only")
-parser.add_argument("--count", type=int, help="number of problems (default: 200 synthetic, or the whole file)")
+parser.add_argument(
+    "--count", type=int, help="number of problems (default: 200 synthetic, or the whole file)"
+)
 parser.add_argument("--difficulty", type=int, default=1, help="synthetic kinds only: 1, 2 or 3")
-parser.add_argument("--template", default="tiny", choices=list(TEMPLATES), help="how each question is put to the model")
+parser.add_argument(
+    "--template", default="tiny", choices=list(TEMPLATES), help="how each question is put to the model"
+)
 parser.add_argument("--num_samples", type=int, default=8, help="samples per problem; 1 = greedy")
 parser.add_argument("--k", default="1,4,8", help="comma-separated k for pass@k (each at most --num_samples)")
 parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
 parser.add_argument("--top_p", type=float, default=1.0)
 parser.add_argument("--max_new_tokens", type=int, help="default: 512, or what the model's context leaves")
-parser.add_argument("--max_batch_rows", type=int, default=256, help="completions decoding at once (bounds the KV cache)")
+parser.add_argument(
+    "--max_batch_rows", type=int, default=256, help="completions decoding at once (bounds the KV cache)"
+)
 parser.add_argument("--output", default="runs/eval_math/results.jsonl", help="per-problem results, as JSONL")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--device", default="cpu")
-parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU")
+parser.add_argument(
+    "--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU"
+)
 args = parser.parse_args()
 
 
@@ -54,7 +70,9 @@ def check_output(path: str) -> None:
         existing = os.path.dirname(existing)
     if existing == os.path.abspath(path):
         if os.path.isdir(path):
-            fail(f"--output {path} is a directory; give a file, such as {os.path.join(path, 'results.jsonl')}")
+            fail(
+                f"--output {path} is a directory; give a file, such as {os.path.join(path, 'results.jsonl')}"
+            )
         if not os.access(path, os.W_OK):
             fail(f"--output {path} cannot be written: no write permission")
     elif not os.path.isdir(existing):
@@ -74,14 +92,18 @@ if any(k < 1 for k in ks):
     fail(f"--k values must be >= 1, got {args.k!r}")
 ks = [] if greedy else [k for k in ks if k <= samples]
 if args.max_new_tokens is not None and args.max_new_tokens < 1:
-    fail(f"--max_new_tokens must be a positive integer (leave it out for what the context leaves), "
-         f"got {args.max_new_tokens}")
+    fail(
+        f"--max_new_tokens must be a positive integer (leave it out for what the context leaves), "
+        f"got {args.max_new_tokens}"
+    )
 if args.output:
     check_output(args.output)
 
 # 2. problems, model, template, rewards
 try:
-    problems = load_problems(args.data, split=args.split, count=args.count, seed=args.seed, difficulty=args.difficulty)
+    problems = load_problems(
+        args.data, split=args.split, count=args.count, seed=args.seed, difficulty=args.difficulty
+    )
 except ValueError as error:
     fail(error)
 try:
@@ -100,7 +122,9 @@ context = model.config.max_position_embeddings
 sources = sources_of(problems)  # a file's: "data.jsonl, line 7" names a prompt too long
 try:  # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators), and fit
     prompts = [template(args.template).render(p.question, tokenizer) for p in problems]
-    encoded = tokenizer.encode_all(prompts, "prompts", args.model, context - (args.max_new_tokens or 1), sources)
+    encoded = tokenizer.encode_all(
+        prompts, "prompts", args.model, context - (args.max_new_tokens or 1), sources
+    )
     longest = max(map(len, encoded))
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None:  # 0 is refused above, never read as "the default"
@@ -111,9 +135,20 @@ except ValueError as error:
     fail(error)
 start = time.perf_counter()
 try:
-    result = evaluate(model, tokenizer, problems, template(args.template), rewards, samples=samples, temperature=temperature,
-                      top_p=args.top_p, max_new_tokens=max_new_tokens, max_batch_rows=args.max_batch_rows, seed=args.seed,
-                      ks=tuple(ks))
+    result = evaluate(
+        model,
+        tokenizer,
+        problems,
+        template(args.template),
+        rewards,
+        samples=samples,
+        temperature=temperature,
+        top_p=args.top_p,
+        max_new_tokens=max_new_tokens,
+        max_batch_rows=args.max_batch_rows,
+        seed=args.seed,
+        ks=tuple(ks),
+    )
 except ValueError as error:  # a prompt longer than the context, a chat template without a chat tokenizer
     fail(error)
 seconds = time.perf_counter() - start
@@ -122,10 +157,15 @@ seconds = time.perf_counter() - start
 if greedy:
     scores = f"pass@1 (greedy) {result.pass_at_1:.3f}"
 else:
-    scores = "  ".join([f"pass@1 {result.pass_at_1:.3f}"] + [f"pass@{k} {result.pass_at_k[k]:.3f}" for k in ks if k != 1]
-                       + [f"maj@{samples} {result.majority_at_k:.3f}"])
-print(f"{args.data} ({len(problems)} problems, {samples} sample{'s' * (samples > 1)} each, temperature {temperature}): "
-      f"{scores}  [{seconds:.1f} s]")
+    scores = "  ".join(
+        [f"pass@1 {result.pass_at_1:.3f}"]
+        + [f"pass@{k} {result.pass_at_k[k]:.3f}" for k in ks if k != 1]
+        + [f"maj@{samples} {result.majority_at_k:.3f}"]
+    )
+print(
+    f"{args.data} ({len(problems)} problems, {samples} sample{'s' * (samples > 1)} each, temperature {temperature}): "
+    f"{scores}  [{seconds:.1f} s]"
+)
 if args.output:
     try:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

@@ -22,18 +22,22 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
 from minigrpo.evaluate import evaluate
-from minigrpo.token_logprobs import token_logprobs
 from minigrpo.rollout import Rollout, collate
 from minigrpo.tasks import synthetic
 from minigrpo.tasks.prompts import template
+from minigrpo.token_logprobs import token_logprobs
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
+EMBEDDED_MODEL = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+)
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--output", default=EMBEDDED_MODEL)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--max_steps", type=int, default=600, help="upper bound on warm-up steps")
-parser.add_argument("--stop_accuracy", type=float, default=0.30, help="stop once held-out greedy accuracy reaches this")
+parser.add_argument(
+    "--stop_accuracy", type=float, default=0.30, help="stop once held-out greedy accuracy reaches this"
+)
 parser.add_argument("--batch_size", type=int, default=128)
 parser.add_argument("--learning_rate", type=float, default=1e-3)
 parser.add_argument("--eval_every", type=int, default=25)
@@ -70,10 +74,15 @@ texts = [TEMPLATE.render(p.question) + p.solution for p in train]
 # 2. Tokenizer: byte-level BPE over this text, each digit its own token.
 backend = HFTokenizer(models.BPE())
 backend.pre_tokenizer = pre_tokenizers.Sequence(
-    [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    [
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
 )
 backend.decoder = decoders.ByteLevel()
-backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=48, special_tokens=[EOS], show_progress=False))
+backend.train_from_iterator(
+    texts, trainers.BpeTrainer(vocab_size=48, special_tokens=[EOS], show_progress=False)
+)
 staging = args.output + ".tokenizer-staging"
 os.makedirs(staging, exist_ok=True)
 backend.save(os.path.join(staging, "tokenizer.json"))
@@ -86,13 +95,25 @@ eos = tokenizer.eos_token_id
 
 # 3. Model: Qwen3's architecture at 0.6 M parameters.
 config = minigrpo.Qwen3Config(
-    vocab_size=tokenizer.vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
-    rope_theta=10_000.0, tie_word_embeddings=True,
+    vocab_size=tokenizer.vocab_size,
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=128,
+    rope_theta=10_000.0,
+    tie_word_embeddings=True,
 )
 model = minigrpo.Qwen3(config)
-print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, vocabulary {tokenizer.vocab_size}")
-examples = [Rollout(tokenizer.encode(TEMPLATE.render(p.question)), tokenizer.encode(p.solution) + [eos], 0, "stop") for p in train]
+print(
+    f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, vocabulary {tokenizer.vocab_size}"
+)
+examples = [
+    Rollout(tokenizer.encode(TEMPLATE.render(p.question)), tokenizer.encode(p.solution) + [eos], 0, "stop")
+    for p in train
+]
 
 # 4. Warm-up: cross-entropy on the solution tokens only, until held-out accuracy reaches the mark.
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
@@ -113,19 +134,35 @@ for step in range(1, args.max_steps + 1):
     if step % args.eval_every == 0:
         model.eval()
         accuracy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=40).pass_at_1
-        print(f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} ({time.time() - started:.0f} s)")
+        print(
+            f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} ({time.time() - started:.0f} s)"
+        )
         if accuracy >= args.stop_accuracy:
             break
 
 # 5. Where it starts from, and the checkpoint.
 model.eval()
-sampled = evaluate(model, tokenizer, held_out, TEMPLATE, samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8))
-print(f"stopped at step {step}: greedy {accuracy:.3f}, sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}")
+sampled = evaluate(
+    model, tokenizer, held_out, TEMPLATE, samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8)
+)
+print(
+    f"stopped at step {step}: greedy {accuracy:.3f}, sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}"
+)
 minigrpo.save_pretrained(model, tokenizer, args.output)
 with open(os.path.join(args.output, "pretrain.json"), "w") as f:
-    json.dump({"command": "python examples/pretrain_tiny.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
-               "steps": step, "greedy_accuracy": accuracy, "sampled_pass_at_1": sampled.pass_at_1,
-               "pass_at_8": sampled.pass_at_k[8], "seconds": round(time.time() - started)}, f, indent=1)
+    json.dump(
+        {
+            "command": "python examples/pretrain_tiny.py "
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+            "steps": step,
+            "greedy_accuracy": accuracy,
+            "sampled_pass_at_1": sampled.pass_at_1,
+            "pass_at_8": sampled.pass_at_k[8],
+            "seconds": round(time.time() - started),
+        },
+        f,
+        indent=1,
+    )
 for name in os.listdir(staging):
     os.remove(os.path.join(staging, name))
 os.rmdir(staging)

@@ -17,19 +17,29 @@ from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_reward
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
+EMBEDDED_MODEL = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+)
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)")
+parser.add_argument(
+    "--model",
+    default=EMBEDDED_MODEL,
+    help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)",
+)
 parser.add_argument("--prompt", required=True, help="the question, without any template around it")
 parser.add_argument("--answer", help="gold answer: score each completion against it")
-parser.add_argument("--template", default="tiny", choices=list(TEMPLATES), help="how the question is put to the model")
+parser.add_argument(
+    "--template", default="tiny", choices=list(TEMPLATES), help="how the question is put to the model"
+)
 parser.add_argument("--num_samples", type=int, default=4)
 parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
 parser.add_argument("--top_p", type=float, default=1.0)
 parser.add_argument("--max_new_tokens", type=int, help="default: 256, or what the model's context leaves")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--device", default="cpu")
-parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU")
+parser.add_argument(
+    "--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU"
+)
 args = parser.parse_args()
 
 
@@ -38,8 +48,10 @@ def fail(message):
 
 
 if args.max_new_tokens is not None and args.max_new_tokens < 1:
-    fail(f"--max_new_tokens must be a positive integer (leave it out for what the context leaves), "
-         f"got {args.max_new_tokens}")
+    fail(
+        f"--max_new_tokens must be a positive integer (leave it out for what the context leaves), "
+        f"got {args.max_new_tokens}"
+    )
 
 # 1. the model
 try:
@@ -68,9 +80,16 @@ max_new_tokens = args.max_new_tokens
 if max_new_tokens is None:  # 0 is refused above, never read as "the default"
     max_new_tokens = max(1, min(256, room))
 try:
-    samples = minigrpo.generate(model, [prompt_ids], max_new_tokens=max_new_tokens, temperature=args.temperature,
-                                top_p=args.top_p, num_samples=args.num_samples, eos_token_ids=tokenizer.eos_token_ids,
-                                seed=args.seed)
+    samples = minigrpo.generate(
+        model,
+        [prompt_ids],
+        max_new_tokens=max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        num_samples=args.num_samples,
+        eos_token_ids=tokenizer.eos_token_ids,
+        seed=args.seed,
+    )
 except ValueError as error:
     fail(error)
 
@@ -79,7 +98,9 @@ format_config = FormatConfig(require_thinking=prompt_template.chat and prompt_te
 correct = 0
 for i, (ids, reason) in enumerate(zip(samples.tokens, samples.finish_reasons), start=1):
     text = tokenizer.decode_completion(ids)
-    print(f"\n--- sample {i}/{len(samples.tokens)} ({len(ids) - (reason == 'stop')} tokens before EOS, {reason}) ---\n{text}")
+    print(
+        f"\n--- sample {i}/{len(samples.tokens)} ({len(ids) - (reason == 'stop')} tokens before EOS, {reason}) ---\n{text}"
+    )
     line = f"answer: {extract_answer(text)}"
     if args.answer is not None:
         accuracy = math_reward(text, args.answer)

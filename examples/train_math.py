@@ -28,43 +28,89 @@ import tempfile
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed
-from minigrpo.weights import resolve_checkpoint
 from minigrpo.config import add_fields, from_args
 from minigrpo.plots import plot_curves
+from minigrpo.run import build_trainer, initial_evaluation
 from minigrpo.tasks import load_problems, sources_of, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
-from minigrpo.run import build_trainer, initial_evaluation
 from minigrpo.update import NonFiniteWeights
+from minigrpo.weights import resolve_checkpoint
 
 # The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith"))
+EMBEDDED_MODEL = os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
+)
 # This script's defaults where they differ from GRPOConfig's and TrainConfig's: minutes on 2 CPU cores.
-DEFAULTS = dict(output_dir="runs/train_math", max_steps=600, batch_size=256, micro_batch_size=256, micro_batch_tokens=4096,
-                max_completion_length=32, learning_rate=1e-4, warmup_steps=10, lr_schedule="cosine", save_every=50,
-                log_completions_every=50)
+DEFAULTS = dict(
+    output_dir="runs/train_math",
+    max_steps=600,
+    batch_size=256,
+    micro_batch_size=256,
+    micro_batch_tokens=4096,
+    max_completion_length=32,
+    learning_rate=1e-4,
+    warmup_steps=10,
+    lr_schedule="cosine",
+    save_every=50,
+    log_completions_every=50,
+)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
     """This script's own flags, then one per field of GRPOConfig and TrainConfig (its name; its comment is
     the help); and the flags a --config file may set, by name."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--config", help="JSON or YAML file with any of these options (command-line flags override it)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--config", help="JSON or YAML file with any of these options (command-line flags override it)"
+    )
     add = parser.add_argument
-    options = {action.dest: action for action in [
-        add("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id"),
-        add("--task", "--data", dest="data", default="arithmetic", help="synthetic kind, GSM8K/MATH JSONL file or hf://datasets/..."),
-        add("--eval_data", help="held-out problems; None: the synthetic kind's test split, or --data"),
-        add("--eval_count", type=int, default=200, help="held-out problems to evaluate (greedy)"),
-        add("--eval_every", type=int, default=50, help="held-out accuracy every this many steps (0: only before and after)"),
-        add("--train_count", type=int, default=5000, help="synthetic training problems to draw"),
-        add("--difficulty", type=int, default=1, help="synthetic kinds: 1, 2 or 3"),
-        add("--template", choices=list(TEMPLATES), help="prompt format; None: chat if the tokenizer has one, else tiny"),
-        add("--rewards", help="name:weight,... e.g. accuracy:1.0,format:0.1; None: countdown:1.0 for countdown, else accuracy:1.0"),
-        add("--trace", action=argparse.BooleanOptionalAction, default=False, help="print the first step's journey through every stage, and write it as output_dir/trace.html"),
-        add("--device", default="cpu", help="cpu, cuda, cuda:1, ..."),
-        add("--dtype", choices=["float32", "bfloat16", "float16"], help="None: float32 on CPU, bfloat16 on GPU"),
-    ]}
+    options = {
+        action.dest: action
+        for action in [
+            add("--model", default=EMBEDDED_MODEL, help="checkpoint directory or Hub repo id"),
+            add(
+                "--task",
+                "--data",
+                dest="data",
+                default="arithmetic",
+                help="synthetic kind, GSM8K/MATH JSONL file or hf://datasets/...",
+            ),
+            add("--eval_data", help="held-out problems; None: the synthetic kind's test split, or --data"),
+            add("--eval_count", type=int, default=200, help="held-out problems to evaluate (greedy)"),
+            add(
+                "--eval_every",
+                type=int,
+                default=50,
+                help="held-out accuracy every this many steps (0: only before and after)",
+            ),
+            add("--train_count", type=int, default=5000, help="synthetic training problems to draw"),
+            add("--difficulty", type=int, default=1, help="synthetic kinds: 1, 2 or 3"),
+            add(
+                "--template",
+                choices=list(TEMPLATES),
+                help="prompt format; None: chat if the tokenizer has one, else tiny",
+            ),
+            add(
+                "--rewards",
+                help="name:weight,... e.g. accuracy:1.0,format:0.1; None: countdown:1.0 for countdown, else accuracy:1.0",
+            ),
+            add(
+                "--trace",
+                action=argparse.BooleanOptionalAction,
+                default=False,
+                help="print the first step's journey through every stage, and write it as output_dir/trace.html",
+            ),
+            add("--device", default="cpu", help="cpu, cuda, cuda:1, ..."),
+            add(
+                "--dtype",
+                choices=["float32", "bfloat16", "float16"],
+                help="None: float32 on CPU, bfloat16 on GPU",
+            ),
+        ]
+    }
     options.update(add_fields(parser, GRPOConfig))
     options.update(add_fields(parser, TrainConfig, aliases={"max_steps": ["--steps"]}))
     parser.set_defaults(**DEFAULTS)
@@ -93,7 +139,9 @@ def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
         try:
             import yaml
         except ImportError:
-            raise ValueError(f"reading {path} needs PyYAML (pip install pyyaml), or use a JSON file") from None
+            raise ValueError(
+                f"reading {path} needs PyYAML (pip install pyyaml), or use a JSON file"
+            ) from None
         load = yaml.safe_load
     try:
         with open(path, encoding="utf-8") as f:
@@ -126,7 +174,11 @@ def read_error(error: Exception) -> str:
     return f"{where} ({error.context})" if error.context else where
 
 
-WANTED = {str: ("must be text", (str,)), int: ("must be an integer", (str, int)), float: ("must be a number", (str, int, float))}
+WANTED = {
+    str: ("must be text", (str,)),
+    int: ("must be an integer", (str, int)),
+    float: ("must be a number", (str, int, float)),
+}
 
 
 def file_value(action: argparse.Action, value):
@@ -185,11 +237,15 @@ def parse_rewards(spec: str) -> list[RewardSpec]:
         try:
             value = float(weight) if weight else 1.0
         except ValueError:
-            raise ValueError(f"--rewards {spec!r}: the weight of {name!r} must be a number, got {weight!r} "
-                             "(write name:weight,..., e.g. accuracy:1.0,format:0.1)") from None
+            raise ValueError(
+                f"--rewards {spec!r}: the weight of {name!r} must be a number, got {weight!r} "
+                "(write name:weight,..., e.g. accuracy:1.0,format:0.1)"
+            ) from None
         if not name:
-            raise ValueError(f"--rewards {spec!r} has a part with no reward name "
-                             "(write name:weight,..., e.g. accuracy:1.0)")
+            raise ValueError(
+                f"--rewards {spec!r} has a part with no reward name "
+                "(write name:weight,..., e.g. accuracy:1.0)"
+            )
         rewards.append(RewardSpec(name, value))  # RewardSpec refuses an unknown name, a weight not finite
     return rewards
 
@@ -255,26 +311,41 @@ if __name__ == "__main__":
         tokenizer = minigrpo.Tokenizer.from_directory(resolve_checkpoint(args.model))
         prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
         synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
-        train_problems = load_problems(args.data, "train", count=args.train_count if synthetic else None,
-                                       seed=args.seed, difficulty=args.difficulty, note=rank_0_note)
+        train_problems = load_problems(
+            args.data,
+            "train",
+            count=args.train_count if synthetic else None,
+            seed=args.seed,
+            difficulty=args.difficulty,
+            note=rank_0_note,
+        )
         eval_source = args.eval_data or args.data
-        eval_problems = load_problems(eval_source, "test", count=args.eval_count, seed=0,  # the same for every run
-                                      difficulty=args.difficulty, note=rank_0_note)
+        eval_problems = load_problems(
+            eval_source,
+            "test",
+            count=args.eval_count,
+            seed=0,  # the same for every run
+            difficulty=args.difficulty,
+            note=rank_0_note,
+        )
         rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
         task = to_task(train_problems, prompt, rewards, tokenizer)
         trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
         held_out = [prompt.render(p.question, tokenizer) for p in eval_problems]
         sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
         what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
-        room = trainer.model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
+        room = (
+            trainer.model.config.max_position_embeddings - grpo.max_completion_length
+        )  # tokens a prompt may have
         held_out_ids = tokenizer.encode_all(held_out, what, args.model, room, sources)
         trainer.check_context(held_out_ids, what, sources)
     except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
         sys.exit(f"train_math.py: {error}")
 
     def held_out_accuracy() -> float:  # under torchrun each rank evaluates a block of the problems
-        return trainer.evaluate(eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length,
-                                seed=args.seed).pass_at_1
+        return trainer.evaluate(
+            eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length, seed=args.seed
+        ).pass_at_1
 
     def every_few_steps(trainer) -> dict:
         if args.eval_every and trainer.step % args.eval_every == 0:
@@ -290,12 +361,18 @@ if __name__ == "__main__":
         initial = initial_evaluation(trainer, held_out_accuracy, measured_on)
     except (ValueError, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
-    trainer.dist.print(f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)")
+    trainer.dist.print(
+        f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)"
+    )
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
     trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
     try:  # broken weights are never saved; a full disk keeps nothing of the write it stopped
-        trainer.train(on_step=every_few_steps, observer=trace, start_stats={"eval/accuracy": initial["initial_accuracy"]})
+        trainer.train(
+            on_step=every_few_steps,
+            observer=trace,
+            start_stats={"eval/accuracy": initial["initial_accuracy"]},
+        )
     except (NonFiniteWeights, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
 
@@ -303,7 +380,9 @@ if __name__ == "__main__":
     final_accuracy = held_out_accuracy()
     if not main:
         distributed.finish()  # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
-    wall = trainer.wall_seconds()  # this process's, and the earlier ones' up to the checkpoint it resumed from
+    wall = (
+        trainer.wall_seconds()
+    )  # this process's, and the earlier ones' up to the checkpoint it resumed from
     summary = {
         "initial_accuracy": initial["initial_accuracy"],
         "final_accuracy": final_accuracy,
@@ -323,8 +402,13 @@ if __name__ == "__main__":
         checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
     except checkpoint.DiskFull as error:
         sys.exit(f"train_math.py: {error}")
-    plotted = plot_curves(os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png"))
-    print(f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
-          f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
-          f"{args.output_dir}/summary.json" + (", curves.png" if plotted else " (pip install matplotlib for curves.png)"))
+    plotted = plot_curves(
+        os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png")
+    )
+    print(
+        f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
+        f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
+        f"{args.output_dir}/summary.json"
+        + (", curves.png" if plotted else " (pip install matplotlib for curves.png)")
+    )
     distributed.finish()  # torchrun: every rank leaves together; no rank aborts while Python shuts down

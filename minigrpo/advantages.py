@@ -51,11 +51,14 @@ def check_scale(scale: str) -> None:
 def _check(rewards: torch.Tensor, group_size: int, scale: str) -> None:
     check_scale(scale)
     if rewards.dim() != 1:
-        raise ValueError("rewards must be a 1-D tensor ordered group by group, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be a 1-D tensor ordered group by group, got shape {tuple(rewards.shape)}"
+        )
     if group_size < 2:
-        raise ValueError("group_size must be at least 2 (one completion has nothing to be compared with), "
-                         f"got {group_size}")
+        raise ValueError(
+            "group_size must be at least 2 (one completion has nothing to be compared with), "
+            f"got {group_size}"
+        )
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     if not torch.isfinite(rewards).all():

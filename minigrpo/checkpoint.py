@@ -46,7 +46,9 @@ class DiskFull(OSError):
     """The disk (or a quota) ran out while writing; the message names the path and the space left."""
 
 
-def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, keep: int, *, weights: dict | None = None) -> str:
+def save_checkpoint(
+    output_dir: str, step: int, model, tokenizer, state: dict, keep: int, *, weights: dict | None = None
+) -> str:
     """Write checkpoint `step` atomically, keep the newest `keep`; returns its directory. `weights`:
     the model's whole state dict, when the model itself holds only a shard of it (FSDP2)."""
     parent = os.path.join(output_dir, CHECKPOINTS)
@@ -59,8 +61,12 @@ def save_checkpoint(output_dir: str, step: int, model, tokenizer, state: dict, k
             with open(os.path.join(tmp, STATE_FILE), "wb") as f:  # a Python file: a full disk raises ENOSPC
                 torch.save(state, f)
             write_checksums(tmp)  # last: it covers every file above
-            _fsync_tree(tmp)  # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
-            replace_dir(tmp, final)  # the same step saved again: the old copy goes only once the new one is in place
+            _fsync_tree(
+                tmp
+            )  # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
+            replace_dir(
+                tmp, final
+            )  # the same step saved again: the old copy goes only once the new one is in place
             _fsync(parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -80,8 +86,10 @@ def disk_full_named(path: str):
     except Exception as error:
         if isinstance(error, DiskFull) or not _out_of_space(error):  # a DiskFull already names its path
             raise
-        raise DiskFull(f"no space left on the device to write {path} ({_free_space(path)} free there); "
-                       "what was being written is not kept, earlier files are as they were") from None
+        raise DiskFull(
+            f"no space left on the device to write {path} ({_free_space(path)} free there); "
+            "what was being written is not kept, earlier files are as they were"
+        ) from None
 
 
 def _out_of_space(error: BaseException | None) -> bool:
@@ -89,7 +97,9 @@ def _out_of_space(error: BaseException | None) -> bool:
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):  # Rust's I/O errors
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(
+            error
+        ):  # Rust's I/O errors
             return True
         error = error.__cause__ or error.__context__
     return False
@@ -136,8 +146,10 @@ def latest_intact_checkpoint(output_dir: str, note=print, required: tuple[str, .
         damage = _damage(directory, required)
         if damage is None:
             if not os.path.exists(os.path.join(directory, CHECKSUMS)):
-                note(f"note: {directory} has no {CHECKSUMS} (saved by an older minigrpo): its files are read, "
-                     "not verified")
+                note(
+                    f"note: {directory} has no {CHECKSUMS} (saved by an older minigrpo): its files are read, "
+                    "not verified"
+                )
             return directory
         note(f"note: {directory} is damaged ({damage}); trying the checkpoint before it")
     return None
@@ -186,8 +198,10 @@ def load_state(checkpoint: str) -> dict:
     try:
         return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as error:
-        raise ValueError(f"{path} holds more than tensors and plain data (written by minigrpo before 0.2, or "
-                         f"not by minigrpo), so it is not loaded: {str(error).splitlines()[0]}") from None
+        raise ValueError(
+            f"{path} holds more than tensors and plain data (written by minigrpo before 0.2, or "
+            f"not by minigrpo), so it is not loaded: {str(error).splitlines()[0]}"
+        ) from None
 
 
 def read_initial_evaluation(output_dir: str) -> dict:
@@ -240,7 +254,11 @@ def rng_states() -> dict:
     version, internal, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
     states = {
-        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss],  # 625 words of Mersenne Twister
+        "python": [
+            version,
+            torch.tensor(internal, dtype=torch.int64),
+            gauss,
+        ],  # 625 words of Mersenne Twister
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
         "torch": torch.get_rng_state(),
     }
@@ -253,7 +271,9 @@ def set_rng_states(states: dict) -> None:
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(int(x) for x in internal), gauss))
     kind, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), position, has_gauss, cached))
+    np.random.set_state(
+        (kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), position, has_gauss, cached)
+    )
     torch.set_rng_state(states["torch"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available():
@@ -289,7 +309,9 @@ def _checkpoints(parent: str) -> list[tuple[int, str]]:
 
 def _prune(parent: str, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints."""
-    for _, directory in _checkpoints(parent)[:-keep]:  # renamed first: a kill mid-delete leaves no half checkpoint
+    for _, directory in _checkpoints(parent)[
+        :-keep
+    ]:  # renamed first: a kill mid-delete leaves no half checkpoint
         doomed = os.path.join(parent, f".deleting-{os.path.basename(directory)}")
         os.rename(directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -300,5 +322,7 @@ def remove_leftovers(output_dir: str) -> None:
     of it is a checkpoint). The next save does it too; a resume with no step left to take saves nothing."""
     parent = os.path.join(output_dir, CHECKPOINTS)
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
-        if name.startswith((".tmp-step-", ".step-", ".deleting-")):  # a save, replacement or prune that crashed midway
+        if name.startswith(
+            (".tmp-step-", ".step-", ".deleting-")
+        ):  # a save, replacement or prune that crashed midway
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

@@ -26,8 +26,14 @@ from .metrics import REPORT_TO, check_report_to
 from .sampler import SamplingConfig
 
 SCHEDULES = ("constant", "cosine")
-CHOICES = {"loss_type": LOSS_TYPES, "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "scale_rewards": SCALES,
-           "sampler_correction": SAMPLER_CORRECTIONS, "lr_schedule": SCHEDULES, "report_to": REPORT_TO}  # flags' choices
+CHOICES = {
+    "loss_type": LOSS_TYPES,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "scale_rewards": SCALES,
+    "sampler_correction": SAMPLER_CORRECTIONS,
+    "lr_schedule": SCHEDULES,
+    "report_to": REPORT_TO,
+}  # flags' choices
 
 
 @dataclass
@@ -40,41 +46,63 @@ class GRPOConfig:
     top_p: float = 1.0  # nucleus sampling; 1 keeps every token
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set); GSPO's paper: 3e-4
-    epsilon_high: float | None = None  # clip range above 1 (DAPO's clip-higher: 0.28; GSPO: 4e-4); None = epsilon (cispo: 4.0)
+    epsilon_high: float | None = None  # clip above 1 (DAPO's clip-higher: 0.28, GSPO: 4e-4); None: epsilon
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
     loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (see loss.py)
-    importance_sampling_level: str = "token"  # token | sequence (GSPO: one length-normalised ratio per completion)
-    sampler_correction: str = "none"  # weight each token by the trained-on policy's probability over the sampler's (see loss.py)
-    sampler_correction_cap: float = 3.0  # C of sampler_correction: weights truncated at C, or masked outside [1/C, C]
+    importance_sampling_level: str = "token"  # token | sequence (GSPO: one normalised ratio per completion)
+    sampler_correction: str = "none"  # weight tokens by trained-on over sampler probability (loss.py)
+    sampler_correction_cap: float = 3.0  # C: weights truncated at C, or masked outside [1/C, C]
     scale_rewards: str = "group"  # group | batch | none (Dr. GRPO): what the centred reward is divided by
     num_iterations: int = 1  # mu: passes over each batch of rollouts; 1 is on-policy (ratio exactly 1)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length get no loss (DAPO)
-    dynamic_sampling: bool = False  # DAPO: sample more until the batch holds its groups with non-zero variance
+    dynamic_sampling: bool = False  # DAPO: sample more until the batch's groups all have reward variance
     max_sampling_rounds: int = 4  # dynamic sampling gives up after this many sampling calls per step
     drop_zero_variance_groups: bool = False  # leave groups with equal rewards out of the update (no signal)
-    overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last this-many tokens before the limit; 0 = off
-    overlong_penalty: float = 1.0  # the reward a completion of max_completion_length tokens loses (linear over the buffer)
+    overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last this-many tokens; 0 = off
+    overlong_penalty: float = 1.0  # reward lost at max_completion_length (linear over the buffer)
 
     def __post_init__(self):
         _require_finite(self)
-        _require(isinstance(self.num_generations, int) and self.num_generations >= 2,
-                 f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}")
-        _require(isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
-                 f"max_completion_length must be a positive integer, got {self.max_completion_length!r}")
+        _require(
+            isinstance(self.num_generations, int) and self.num_generations >= 2,
+            f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}",
+        )
+        _require(
+            isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
+            f"max_completion_length must be a positive integer, got {self.max_completion_length!r}",
+        )
         self.sampling_config()  # temperature, top_p, top_k: checked where the sampler reads them
-        check_objective(self.loss_type, self.epsilon, self.epsilon_high, self.beta, self.importance_sampling_level,
-                        self.sampler_correction, self.sampler_correction_cap)
+        check_objective(
+            self.loss_type,
+            self.epsilon,
+            self.epsilon_high,
+            self.beta,
+            self.importance_sampling_level,
+            self.sampler_correction,
+            self.sampler_correction_cap,
+        )
         check_scale(self.scale_rewards)
-        _require(isinstance(self.num_iterations, int) and self.num_iterations >= 1,
-                 f"num_iterations must be a positive integer, got {self.num_iterations!r}")
-        _require(self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
-        _require(0 <= self.overlong_buffer < self.max_completion_length,
-                 f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}")
+        _require(
+            isinstance(self.num_iterations, int) and self.num_iterations >= 1,
+            f"num_iterations must be a positive integer, got {self.num_iterations!r}",
+        )
+        _require(
+            self.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}"
+        )
+        _require(
+            0 <= self.overlong_buffer < self.max_completion_length,
+            f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}",
+        )
 
     def sampling_config(self) -> SamplingConfig:
         """The sampler's settings for this run's rollouts (per call, generate adds eos_token_ids and seed)."""
-        return SamplingConfig(max_new_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, num_samples=self.num_generations)
+        return SamplingConfig(
+            max_new_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            num_samples=self.num_generations,
+        )
 
 
 @dataclass
@@ -83,11 +111,11 @@ class TrainConfig:
 
     output_dir: str = "runs/grpo"  # metrics.jsonl, initial_eval.json and checkpoints/step-N go here
     max_steps: int = 100  # GRPO steps of the run; the learning-rate schedule spans them
-    stop_at_step: int = 0  # end this process after this step, with a checkpoint (time-boxed jobs); 0 = max_steps
+    stop_at_step: int = 0  # end this process after this step, checkpointed (time-boxed jobs); 0 = max_steps
     batch_size: int = 64  # completions per step: prompts per step = batch_size / num_generations
     micro_batch_size: int = 8  # completions per forward/backward; gradients accumulate over a step
     micro_batch_tokens: int = 0  # if > 0: micro-batches of similar-length completions, each at most this many padded tokens (and micro_batch_size rows)
-    shared_prompt: bool = True  # update: run each prompt once for its G completions (micro-batches then hold whole groups)
+    shared_prompt: bool = True  # update: each prompt runs once for its G completions (whole groups)
     learning_rate: float = 1e-6  # AdamW peak learning rate
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
@@ -111,24 +139,40 @@ class TrainConfig:
         _require_finite(self)
         for name in ("max_steps", "batch_size", "micro_batch_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
-        _require(isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0,
-                 f"micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), got {self.micro_batch_tokens!r}")
+            _require(
+                isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}"
+            )
+        _require(
+            isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0,
+            f"micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), got {self.micro_batch_tokens!r}",
+        )
         _require(self.adam_epsilon > 0, f"adam_epsilon must be > 0, got {self.adam_epsilon}")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
-        _require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
-        _require(min(self.warmup_steps, self.stop_at_step, self.save_every, self.max_grad_norm) >= 0 and self.save_total_limit >= 1,
-                 "warmup_steps, stop_at_step, save_every and max_grad_norm must be >= 0, save_total_limit >= 1")
+        _require(
+            self.lr_schedule in SCHEDULES,
+            f"lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}",
+        )
+        _require(
+            min(self.warmup_steps, self.stop_at_step, self.save_every, self.max_grad_norm) >= 0
+            and self.save_total_limit >= 1,
+            "warmup_steps, stop_at_step, save_every and max_grad_norm must be >= 0, save_total_limit >= 1",
+        )
         check_report_to(self.report_to)
 
     def check_against(self, grpo: GRPOConfig, world_size: int = 1) -> None:
         """Invariants across the two configs, and the processes of the run (each takes whole groups)."""
         G = grpo.num_generations
-        _require(self.batch_size % G == 0, f"batch_size={self.batch_size} completions do not split into groups of "
-                                           f"num_generations={G}; use a multiple of {G}")
-        _require((self.batch_size // G) % world_size == 0, f"batch_size={self.batch_size} completions are "
-                 f"{self.batch_size // G} prompts per step, which do not split evenly across {world_size} processes; "
-                 f"use a batch_size that is a multiple of {G * world_size}")
+        _require(
+            self.batch_size % G == 0,
+            f"batch_size={self.batch_size} completions do not split into groups of "
+            f"num_generations={G}; use a multiple of {G}",
+        )
+        _require(
+            (self.batch_size // G) % world_size == 0,
+            f"batch_size={self.batch_size} completions are "
+            f"{self.batch_size // G} prompts per step, which do not split evenly across {world_size} processes; "
+            f"use a batch_size that is a multiple of {G * world_size}",
+        )
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of GRPO step `step` (1, 2, ...): a linear warm-up over warmup_steps, then
@@ -145,13 +189,27 @@ class TrainConfig:
 def changed_settings(saved: dict, current: dict) -> list[str]:
     """What a resumed run changed from its checkpoint's settings (as_dict of both), a note each: allowed
     (a longer run, say) but never silent. Settings of the process rather than of the training are skipped."""
-    ignored = {"resume", "stop_at_step", "progress_bar", "log_completions_every", "save_every", "output_dir", "report_to"}
+    ignored = {
+        "resume",
+        "stop_at_step",
+        "progress_bar",
+        "log_completions_every",
+        "save_every",
+        "output_dir",
+        "report_to",
+    }
     notes = []
     for section, values in current.items():
         for key, value in values.items():
             old = saved.get(section, {}).get(key, value)
-            if key not in ignored and old != value and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value)):
-                notes.append(f"note: resuming with {section}.{key} = {value!r}; the checkpoint was trained with {old!r}")
+            if (
+                key not in ignored
+                and old != value
+                and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value))
+            ):
+                notes.append(
+                    f"note: resuming with {section}.{key} = {value!r}; the checkpoint was trained with {old!r}"
+                )
     return notes
 
 
@@ -167,8 +225,10 @@ def _require_finite(config) -> None:
     for field in fields(config):
         value = getattr(config, field.name)
         for item in value if isinstance(value, tuple) else (value,):
-            _require(not isinstance(item, float) or math.isfinite(item),
-                     f"{field.name} must be a finite number, got {value!r}")
+            _require(
+                not isinstance(item, float) or math.isfinite(item),
+                f"{field.name} must be a finite number, got {value!r}",
+            )
 
 
 def as_dict(*configs) -> dict:
@@ -176,7 +236,9 @@ def as_dict(*configs) -> dict:
 
 
 # -- the same fields as command-line flags and config-file keys -------------------------------------
-def add_fields(parser: argparse.ArgumentParser, config_class, aliases: dict | None = None) -> dict[str, argparse.Action]:
+def add_fields(
+    parser: argparse.ArgumentParser, config_class, aliases: dict | None = None
+) -> dict[str, argparse.Action]:
     """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name] too), its
     help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that many values; X | None:
     an X, default None), its choices CHOICES'. The flags' actions by field name."""
@@ -192,8 +254,13 @@ def add_fields(parser: argparse.ArgumentParser, config_class, aliases: dict | No
             typed = dict(type=typing.get_args(kind)[0], nargs=len(typing.get_args(kind)))
         else:
             typed = dict(type=kind, choices=CHOICES.get(field.name))
-        actions[field.name] = group.add_argument(f"--{field.name}", *(aliases or {}).get(field.name, ()), default=field.default,
-                                                 help=comments[field.name].replace("%", "%%"), **typed)
+        actions[field.name] = group.add_argument(
+            f"--{field.name}",
+            *(aliases or {}).get(field.name, ()),
+            default=field.default,
+            help=comments[field.name].replace("%", "%%"),
+            **typed,
+        )
     return actions
 
 

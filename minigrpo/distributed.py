@@ -39,7 +39,9 @@ class Dist:
     rank: int = 0  # this process among all processes, on every node
     world_size: int = 1  # processes in the run
     local_rank: int = 0  # this process among its node's processes: picks its GPU
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's tensors live
+    device: torch.device = field(
+        default_factory=lambda: torch.device("cpu")
+    )  # where this rank's tensors live
 
     @property
     def is_main(self) -> bool:
@@ -124,9 +126,13 @@ def setup(device: str = "cpu") -> Dist:
     else:
         placed = torch.device("cpu")
     if not tdist.is_initialized():
-        tdist.init_process_group("nccl" if kind == "cuda" else "gloo", device_id=placed if kind == "cuda" else None)
+        tdist.init_process_group(
+            "nccl" if kind == "cuda" else "gloo", device_id=placed if kind == "cuda" else None
+        )
         atexit.register(_leave)
-    return Dist(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local_rank, device=placed)
+    return Dist(
+        rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local_rank, device=placed
+    )
 
 
 def finish() -> None:
@@ -149,7 +155,9 @@ def current(device: torch.device) -> Dist:
     """The Dist of a process group someone already joined (one process if none)."""
     if not tdist.is_initialized():
         return Dist(device=torch.device(device))
-    return Dist(tdist.get_rank(), tdist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), torch.device(device))
+    return Dist(
+        tdist.get_rank(), tdist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), torch.device(device)
+    )
 
 
 def digest(rows: list[dict]) -> str:
@@ -177,10 +185,23 @@ class Policy:
 
     A frozen module (`trainable=False`, the reference) that is not sharded stays a plain local copy."""
 
-    def __init__(self, module: torch.nn.Module, dist: Dist, *, shard: bool, blocks=(), trainable: bool = True,
-                 padding=None, warm_up=None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        dist: Dist,
+        *,
+        shard: bool,
+        blocks=(),
+        trainable: bool = True,
+        padding=None,
+        warm_up=None,
+    ):
         self.dist, self.padding = dist, padding
-        self.module = module if dist.world_size == 1 or not (shard or trainable) else _wrap(module, dist, shard, blocks, trainable)
+        self.module = (
+            module
+            if dist.world_size == 1 or not (shard or trainable)
+            else _wrap(module, dist, shard, blocks, trainable)
+        )
         self.sharded = isinstance(self.module, FSDPModule)
         if self.sharded and trainable:
             # FSDP2 sets itself up in the root's first forward, and the sampler calls the blocks directly:
@@ -235,7 +256,9 @@ class Policy:
         model's own state_dict is whole."""
         if not self.sharded:
             return None
-        whole = get_model_state_dict(self.module, options=_WHOLE)  # gathered from the root FSDP2 was applied to
+        whole = get_model_state_dict(
+            self.module, options=_WHOLE
+        )  # gathered from the root FSDP2 was applied to
         return {name.removeprefix("model."): t for name, t in whole.items()}
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
@@ -249,7 +272,9 @@ class Policy:
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
         if state is None:  # saved before the first step: a fresh AdamW is the same
             return
-        set_optimizer_state_dict(self.module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.module, optimizer, state, options=StateDictOptions(full_state_dict=True)
+        )
 
 
 def _wrap(module: torch.nn.Module, dist: Dist, shard: bool, blocks, trainable: bool) -> torch.nn.Module:
@@ -261,18 +286,26 @@ def _wrap(module: torch.nn.Module, dist: Dist, shard: bool, blocks, trainable: b
         fully_shard(module, mesh=mesh, reshard_after_forward=None if trainable else True)
         return module
     device_ids = [dist.device.index] if dist.device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=device_ids)  # Qwen3 has no buffers: no forward syncs any
+    return DistributedDataParallel(
+        module, device_ids=device_ids
+    )  # Qwen3 has no buffers: no forward syncs any
 
 
 def _gpu_for(device: str, local_rank: int) -> torch.device:
     if not torch.cuda.is_available():
-        raise ValueError(f"--device {device} asks for the NCCL backend on GPUs, but torch sees no GPU here "
-                         "(a CPU build of torch, or no driver); use --device cpu, which runs on gloo")
+        raise ValueError(
+            f"--device {device} asks for the NCCL backend on GPUs, but torch sees no GPU here "
+            "(a CPU build of torch, or no driver); use --device cpu, which runs on gloo"
+        )
     if torch.device(device).index is not None:
-        raise ValueError(f"under torchrun each process takes the GPU of its LOCAL_RANK; pass --device cuda, not {device}")
+        raise ValueError(
+            f"under torchrun each process takes the GPU of its LOCAL_RANK; pass --device cuda, not {device}"
+        )
     if local_rank >= torch.cuda.device_count():
-        raise ValueError(f"torchrun started more processes on this node than it has GPUs ({torch.cuda.device_count()}): "
-                         f"use --nproc_per_node {torch.cuda.device_count()} or fewer")
+        raise ValueError(
+            f"torchrun started more processes on this node than it has GPUs ({torch.cuda.device_count()}): "
+            f"use --nproc_per_node {torch.cuda.device_count()} or fewer"
+        )
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 

@@ -27,9 +27,21 @@ class Evaluation:
     results: list[dict]  # per problem: question, answer, completions, correct flags
 
 
-def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewards: list[RewardSpec] | None = None, *,
-             samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 256,
-             max_batch_rows: int = 256, seed: int = 0, ks: tuple[int, ...] = ()) -> Evaluation:
+def evaluate(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    template: Template,
+    rewards: list[RewardSpec] | None = None,
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 256,
+    max_batch_rows: int = 256,
+    seed: int = 0,
+    ks: tuple[int, ...] = (),
+) -> Evaluation:
     """Sample `samples` completions per problem (greedy if temperature is 0) and score them.
 
     One sampler call for every problem: at most `max_batch_rows` rows decode at once (the KV cache
@@ -39,15 +51,30 @@ def evaluate(model, tokenizer, problems: list[Problem], template: Template, rewa
         return summarize([], samples, ks)
     task = to_task(problems, template, rewards or [RewardSpec("accuracy")], tokenizer)
     prompts = tokenizer.encode_all([row["prompt"] for row in task.rows], "held-out prompts")
-    out = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   num_samples=samples, eos_token_ids=tokenizer.eos_token_ids, seed=seed, max_batch_rows=max_batch_rows)
+    out = generate(
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        num_samples=samples,
+        eos_token_ids=tokenizer.eos_token_ids,
+        seed=seed,
+        max_batch_rows=max_batch_rows,
+    )
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
     scores = compute_rewards(texts, task.columns(task.rows, samples), task.rewards).total
     results = []
     for i, p in enumerate(problems):
         mine = slice(i * samples, (i + 1) * samples)
-        results.append({"question": p.question, "answer": p.answer, "completions": texts[mine],
-                        "correct": [s > 0.5 for s in scores[mine]]})
+        results.append(
+            {
+                "question": p.question,
+                "answer": p.answer,
+                "completions": texts[mine],
+                "correct": [s > 0.5 for s in scores[mine]],
+            }
+        )
     return summarize(results, samples, ks)
 
 
@@ -55,7 +82,9 @@ def summarize(results: list[dict], samples: int, ks: tuple[int, ...] = ()) -> Ev
     """The Evaluation of per-problem results (each with `samples` correct flags), e.g. joined from several ranks."""
     return Evaluation(
         pass_at_1=_mean([sum(r["correct"]) / samples for r in results]),
-        pass_at_k={k: _mean([pass_at_k(samples, sum(r["correct"]), k) for r in results]) for k in ks if k <= samples},
+        pass_at_k={
+            k: _mean([pass_at_k(samples, sum(r["correct"]), k) for r in results]) for k in ks if k <= samples
+        },
         majority_at_k=_mean([_majority_correct(r) for r in results]),
         results=results,
     )

@@ -5,7 +5,7 @@ Tensors in, tensors out: nothing here knows the model's config, its caches or th
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +85,9 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: 
     inv_freq = 1.0 / theta**exponents  # (head_dim/2,)
     angles = positions[..., None].float() * inv_freq  # (..., head_dim/2)
     cos, sin = angles.cos(), angles.sin()
-    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)  # (..., head_dim) each
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(
+        dtype
+    )  # (..., head_dim) each
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

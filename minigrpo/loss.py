@@ -87,8 +87,15 @@ def grpo_loss(
     gradient accumulation. max_completion_length: Dr. GRPO's constant (default: T).
     sampler_logprobs (B, T): what the sampler reported for the same tokens (sampler_correction).
     """
-    check_objective(loss_type, epsilon, epsilon_high, beta, importance_sampling_level, sampler_correction,
-                    sampler_correction_cap)
+    check_objective(
+        loss_type,
+        epsilon,
+        epsilon_high,
+        beta,
+        importance_sampling_level,
+        sampler_correction,
+        sampler_correction_cap,
+    )
     _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, sampler_logprobs, sampler_correction)
     if epsilon_high is None:
         epsilon_high = CISPO_EPSILON_HIGH if loss_type == "cispo" else epsilon
@@ -107,8 +114,9 @@ def grpo_loss(
         per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - epsilon, 1 + epsilon_high) * adv)  # (B, T)
     corrected = None
     if sampler_correction != "none":
-        weight, corrected = sampler_weights(old_logprobs, sampler_logprobs, padding, sampler_correction,
-                                            sampler_correction_cap)
+        weight, corrected = sampler_weights(
+            old_logprobs, sampler_logprobs, padding, sampler_correction, sampler_correction_cap
+        )
         per_token = per_token * weight  # (B, T)
     kl = None
     if ref_logprobs is not None and beta != 0.0:
@@ -138,8 +146,9 @@ def sampler_weights(old_logprobs, sampler_logprobs, padding, mode: str, cap: flo
     return inside.to(old_logprobs.dtype), ~inside
 
 
-def sampler_mismatch(old_logprobs, sampler_logprobs, mask,
-                     num_sequences: int | None = None) -> dict[str, float]:
+def sampler_mismatch(
+    old_logprobs, sampler_logprobs, mask, num_sequences: int | None = None
+) -> dict[str, float]:
     """How far the sampler's log-probs of the sampled tokens are from the trainer's ("old") ones:
     token mean and max of |old - sampler|, the share of tokens whose exp(old - sampler) leaves
     [0.9, 1.1], and the per-sequence log-ratio sum(old - sampler), summed over this batch's
@@ -180,8 +189,9 @@ def _aggregate(per_token, mask, loss_type, max_completion_length, num_sequences,
     return masked_sum / max(float(total_tokens), 1.0)
 
 
-def _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies,
-           cispo: bool = False) -> dict[str, float]:
+def _stats(
+    loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies, cispo: bool = False
+) -> dict[str, float]:
     """Token means over unmasked tokens, as plain floats, named for the logger."""
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
@@ -210,8 +220,15 @@ def _stats(loss, ratio, adv, mask, epsilon, epsilon_high, kl, entropies,
     return stats
 
 
-def check_objective(loss_type, epsilon, epsilon_high, beta, importance_sampling_level="token",
-                    sampler_correction="none", sampler_correction_cap=3.0) -> None:
+def check_objective(
+    loss_type,
+    epsilon,
+    epsilon_high,
+    beta,
+    importance_sampling_level="token",
+    sampler_correction="none",
+    sampler_correction_cap=3.0,
+) -> None:
     """The objective's settings, checked once here for grpo_loss and GRPOConfig alike."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
@@ -220,28 +237,41 @@ def check_objective(loss_type, epsilon, epsilon_high, beta, importance_sampling_
     if not beta >= 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
-                         f"got {importance_sampling_level!r}")
+        raise ValueError(
+            f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
+            f"got {importance_sampling_level!r}"
+        )
     if sampler_correction not in SAMPLER_CORRECTIONS:
-        raise ValueError(f"sampler_correction must be one of {', '.join(SAMPLER_CORRECTIONS)}, "
-                         f"got {sampler_correction!r}")
+        raise ValueError(
+            f"sampler_correction must be one of {', '.join(SAMPLER_CORRECTIONS)}, got {sampler_correction!r}"
+        )
     if not sampler_correction_cap > 1:
-        raise ValueError("sampler_correction_cap must be > 1 (weights are kept within [1/cap, cap]), "
-                         f"got {sampler_correction_cap}")
+        raise ValueError(
+            "sampler_correction_cap must be > 1 (weights are kept within [1/cap, cap]), "
+            f"got {sampler_correction_cap}"
+        )
 
 
-def _check(logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, sampler_logprobs,
-           sampler_correction) -> None:
+def _check(
+    logprobs, old_logprobs, advantages, mask, ref_logprobs, beta, sampler_logprobs, sampler_correction
+) -> None:
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (the reference model's log-probs)")
     if sampler_correction != "none" and sampler_logprobs is None:
-        raise ValueError(f"sampler_correction={sampler_correction!r} needs sampler_logprobs (the sampler's "
-                         "log-probs of the tokens)")
+        raise ValueError(
+            f"sampler_correction={sampler_correction!r} needs sampler_logprobs (the sampler's "
+            "log-probs of the tokens)"
+        )
     shape = logprobs.shape
-    for name, t in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs),
-                    ("sampler_logprobs", sampler_logprobs)):
+    for name, t in (
+        ("old_logprobs", old_logprobs),
+        ("mask", mask),
+        ("ref_logprobs", ref_logprobs),
+        ("sampler_logprobs", sampler_logprobs),
+    ):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, logprobs {tuple(shape)}")
     if advantages.shape != shape[:1]:
-        raise ValueError(f"advantages must have shape ({shape[0]},), one per sequence; "
-                         f"got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must have shape ({shape[0]},), one per sequence; got {tuple(advantages.shape)}"
+        )

@@ -36,16 +36,35 @@ CONSOLE = [  # (key, label, format) of the console line, in order; missing keys 
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str, max_steps: int, start_step: int, progress_bar: bool = True, report_to: str = "none",
-                 start_stats: dict | None = None):
+    def __init__(
+        self,
+        output_dir: str,
+        max_steps: int,
+        start_step: int,
+        progress_bar: bool = True,
+        report_to: str = "none",
+        start_stats: dict | None = None,
+    ):
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        first = start_stats if start_step == 0 else None  # step 0's line, written by this logger like every other
-        _drop_lines_after(self.path, start_step if first is None else -1)  # a resume rewrites what followed its checkpoint
-        self.file = open(self.path, "ab", buffering=0)  # unbuffered: _write leaves its whole line on file, or none
-        self.bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar)
+        first = (
+            start_stats if start_step == 0 else None
+        )  # step 0's line, written by this logger like every other
+        _drop_lines_after(
+            self.path, start_step if first is None else -1
+        )  # a resume rewrites what followed its checkpoint
+        self.file = open(
+            self.path, "ab", buffering=0
+        )  # unbuffered: _write leaves its whole line on file, or none
+        self.bar = tqdm(
+            total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar
+        )
         check_report_to(report_to)
-        self.reporter = REPORTERS[report_to](output_dir, start_step if first is None else -1) if report_to != "none" else None
+        self.reporter = (
+            REPORTERS[report_to](output_dir, start_step if first is None else -1)
+            if report_to != "none"
+            else None
+        )
         if first:
             self._write(0, first)
 
@@ -70,7 +89,9 @@ class MetricsLogger:
     def log_completions(self, step: int, examples: list[dict]) -> None:
         for example in examples:
             rewards = ", ".join(f"{k} {v:.2f}" for k, v in example["rewards"].items())
-            self.bar.write(f"--- step {step} | {rewards}\n{example['prompt'][-200:]}\n>>> {example['completion'][:600]}")
+            self.bar.write(
+                f"--- step {step} | {rewards}\n{example['prompt'][-200:]}\n>>> {example['completion'][:600]}"
+            )
 
     def close(self) -> None:
         self.bar.close()
@@ -120,8 +141,10 @@ def check_report_to(report_to: str) -> None:
     if report_to not in REPORT_TO:
         raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
     if report_to != "none" and importlib.util.find_spec(report_to) is None:
-        raise ValueError(f"report_to={report_to} needs the {report_to} package: pip install {report_to} "
-                         f"(or pip install 'minigrpo[{report_to}]')")
+        raise ValueError(
+            f"report_to={report_to} needs the {report_to} package: pip install {report_to} "
+            f"(or pip install 'minigrpo[{report_to}]')"
+        )
 
 
 class Clock:
@@ -137,7 +160,10 @@ class Clock:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
     def stats(self) -> dict[str, float]:
-        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.started}
+        return {
+            **{f"time/{k}": v for k, v in self.seconds.items()},
+            "time/step": time.perf_counter() - self.started,
+        }
 
 
 class NullLogger:
@@ -157,7 +183,9 @@ def console_line(step: int, stats: dict[str, float]) -> str:
     parts = [f"step {step}"]
     components = [k for k in stats if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"]
     only_accuracy = components == ["reward/accuracy/mean"]
-    shown = [(k, label, fmt) for k, label, fmt in CONSOLE if k in stats and not (only_accuracy and label == "acc")]
+    shown = [
+        (k, label, fmt) for k, label, fmt in CONSOLE if k in stats and not (only_accuracy and label == "acc")
+    ]
     parts += [f"{label} {fmt.format(stats[key])}" for key, label, fmt in shown]
     if stats.get("update/no_groups"):
         parts.append("SKIPPED (no group with a reward signal)")

@@ -18,8 +18,16 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from .layers import (Linear, RMSNorm, apply_rotary, logit_dtype, pack_for_decoding, real_positions,
-                     rotary_cos_sin, visibility_mask)
+from .layers import (
+    Linear,
+    RMSNorm,
+    apply_rotary,
+    logit_dtype,
+    pack_for_decoding,
+    real_positions,
+    rotary_cos_sin,
+    visibility_mask,
+)
 
 
 class ConfigError(ValueError):
@@ -35,7 +43,7 @@ class Qwen3Config:
     intermediate_size: int  # width of the SwiGLU MLP's inner layer
     num_hidden_layers: int  # number of decoder blocks
     num_attention_heads: int  # query heads per attention layer
-    num_key_value_heads: int | None = None  # key/value heads (< query heads: grouped-query attention); None = same
+    num_key_value_heads: int | None = None  # key/value heads (fewer: grouped-query attention); None: same
     head_dim: int = 128  # width of one head; Qwen3 keeps 128 whatever hidden_size / heads is
     rms_norm_eps: float = 1e-6  # epsilon inside every RMSNorm
     rope_theta: float = 10000.0  # rotary base wavelength (Qwen3 checkpoints use 1e6)
@@ -63,7 +71,7 @@ class Qwen3Config:
             raise ConfigError("rope_theta and rms_norm_eps must be positive")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Qwen3Config":
+    def from_dict(cls, d: dict) -> Qwen3Config:
         """Build from a parsed config.json: checks model_type, ignores keys it does not use."""
         if d.get("model_type") != "qwen3":
             raise ConfigError(f"model_type is {d.get('model_type')!r}, but minigrpo only runs 'qwen3' models")
@@ -71,7 +79,9 @@ class Qwen3Config:
         if missing:
             raise ConfigError(f"config.json lacks required key(s): {', '.join(missing)}")
         if d.get("use_sliding_window"):
-            raise ConfigError("use_sliding_window=true is not supported (no released Qwen3 dense model uses it)")
+            raise ConfigError(
+                "use_sliding_window=true is not supported (no released Qwen3 dense model uses it)"
+            )
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -109,9 +119,13 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
-        self.rows = torch.arange(batch_size, device=device)  # (B,): row indices, for writing one token per row
+        self.rows = torch.arange(
+            batch_size, device=device
+        )  # (B,): row indices, for writing one token per row
         self.slots = torch.arange(max_len, device=device)  # (max_len,)
-        self.cos, self.sin = rotary_cos_sin(self.slots, config.head_dim, config.rope_theta, dtype)  # (max_len, D) each
+        self.cos, self.sin = rotary_cos_sin(
+            self.slots, config.head_dim, config.rope_theta, dtype
+        )  # (max_len, D) each
 
     @property
     def max_len(self) -> int:
@@ -135,13 +149,13 @@ class KVCache:
         self.v[layer][self.rows, :, self.lengths] = v[:, :, 0]
         return self.k[layer][:, :, :span], self.v[layer][:, :, :span]
 
-    def copy_rows(self, rows: torch.Tensor, source: "KVCache", source_rows: torch.Tensor, length: int) -> None:
+    def copy_rows(self, rows: torch.Tensor, source: KVCache, source_rows: torch.Tensor, length: int) -> None:
         """Rows `rows` of this cache become rows `source_rows` of `source` (slots [0, length) and lengths)."""
         for mine, theirs in zip(self.k + self.v, source.k + source.v):
             mine[rows, :, :length] = theirs[source_rows, :, :length]
         self.lengths[rows] = source.lengths[source_rows]
 
-    def keep_rows(self, rows: torch.Tensor, length: int, *, fresh: bool = False) -> "KVCache":
+    def keep_rows(self, rows: torch.Tensor, length: int, *, fresh: bool = False) -> KVCache:
         """A cache of just `rows` (ascending indices), slots [0, length) copied: this one's first rows,
         moved to the front in place, or with `fresh` new tensors (a compiled graph writes in place
         only into whole tensors, not into views)."""
@@ -194,7 +208,11 @@ class Attention(nn.Module):
     def __init__(self, config: Qwen3Config, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.n_heads, self.n_kv, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.q_proj = Linear(config.hidden_size, q_width, bias=config.attention_bias)
         self.k_proj = Linear(config.hidden_size, kv_width, bias=config.attention_bias)
@@ -208,7 +226,9 @@ class Attention(nn.Module):
         stored, then causal over itself (prefill); or, decoding, one token per row, stored at its row's
         length, attending to the cache's first mask.shape[-1] slots."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, D)
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(
+            1, 2
+        )  # (B, H, T, D)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -265,7 +285,9 @@ class Qwen3(nn.Module):
         self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape))
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False)
+        self.lm_head = (
+            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, False)
+        )
         self.gradient_checkpointing = False  # recompute each block in backward to save activation memory
         self.packed_head = None  # the LM head packed for oneDNN, inside packed_for_decoding only
         if not any(p.is_meta for p in self.parameters()):
@@ -281,28 +303,44 @@ class Qwen3(nn.Module):
             mask, positions = None, torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
         else:
             mask, positions = visibility_mask(attention_mask.bool()), real_positions(attention_mask)  # (B, T)
-        return self.norm(self._blocks(self.embed_tokens(input_ids), self._rotary(positions), mask,
-                                      checkpointed=self._checkpointing))
+        return self.norm(
+            self._blocks(
+                self.embed_tokens(input_ids), self._rotary(positions), mask, checkpointed=self._checkpointing
+            )
+        )
 
     def shared_prompt_hidden_states(self, input_ids, attention_mask, completion_start: int, group_size: int):
         """`hidden_states(input_ids, attention_mask)[:, completion_start - 1 : -1]`, (B, Tc, hidden), with
         each prompt run once for its `group_size` completions (SharedPrompt). input_ids, attention_mask
         (B, Lp + Tc): left-padded prompts, then right-padded completions, a group's rows consecutive."""
         B, Lp, G = input_ids.shape[0], completion_start, group_size
-        if B % G or not all(torch.equal(t[:, :Lp].view(B // G, G, Lp), t[::G, None, :Lp].expand(-1, G, -1))
-                            for t in (input_ids, attention_mask)):
-            raise ValueError(f"a shared-prompt batch needs groups of {G} consecutive rows with the same prompt")
+        if B % G or not all(
+            torch.equal(t[:, :Lp].view(B // G, G, Lp), t[::G, None, :Lp].expand(-1, G, -1))
+            for t in (input_ids, attention_mask)
+        ):
+            raise ValueError(
+                f"a shared-prompt batch needs groups of {G} consecutive rows with the same prompt"
+            )
         prompt_ids, prompt_mask = input_ids[::G, :Lp], attention_mask[::G, :Lp]  # (P, Lp)
         positions = real_positions(attention_mask)  # (B, Lp + Tc)
         shared = SharedPrompt(G)
         # The prompts are never checkpointed: the blocks keep their keys and values in `shared`.
-        x = self._blocks(self.embed_tokens(prompt_ids), self._rotary(positions[::G, :Lp]),
-                         visibility_mask(prompt_mask.bool()), shared)
+        x = self._blocks(
+            self.embed_tokens(prompt_ids),
+            self._rotary(positions[::G, :Lp]),
+            visibility_mask(prompt_mask.bool()),
+            shared,
+        )
         last_prompt = self.norm(x[:, -1])  # (P, hidden): predicts each completion's first token
         shared.completions = True
         completion_rows = visibility_mask(attention_mask.bool())[:, :, Lp:]  # (B, 1, Tc, Lp + Tc)
-        x = self._blocks(self.embed_tokens(input_ids[:, Lp:]), self._rotary(positions[:, Lp:]), completion_rows,
-                         shared, checkpointed=self._checkpointing)
+        x = self._blocks(
+            self.embed_tokens(input_ids[:, Lp:]),
+            self._rotary(positions[:, Lp:]),
+            completion_rows,
+            shared,
+            checkpointed=self._checkpointing,
+        )
         first = last_prompt.repeat_interleave(G, 0)[:, None]  # (B, 1, hidden)
         return torch.cat((first, self.norm(x[:, :-1])), dim=1)  # (B, Tc, hidden)
 
@@ -327,7 +365,9 @@ class Qwen3(nn.Module):
         hidden state at each prompt's last token, (B, hidden). Plain causal attention is exact: a real
         token never sees the padding after it, and decoded tokens overwrite the padded slots first."""
         B, T = input_ids.shape
-        x = self._blocks(self.embed_tokens(input_ids), (cache.cos[:T], cache.sin[:T]), None, cache)  # slot = position
+        x = self._blocks(
+            self.embed_tokens(input_ids), (cache.cos[:T], cache.sin[:T]), None, cache
+        )  # slot = position
         cache.lengths.copy_(lengths)
         return self.norm(x[torch.arange(B, device=x.device), lengths - 1])  # (B, hidden)
 
@@ -338,7 +378,9 @@ class Qwen3(nn.Module):
         positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
         rotary = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D) each
         mask = (cache.slots[:span] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
-        x = self._blocks(self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True)  # (B, 1, hidden)
+        x = self._blocks(
+            self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True
+        )  # (B, 1, hidden)
         cache.lengths.add_(1)
         return self.norm(x[:, 0])  # (B, hidden)
 

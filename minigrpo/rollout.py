@@ -89,8 +89,9 @@ def micro_batches(count: int, size: int, generator: torch.Generator | None = Non
     return [order[i : i + size] for i in range(0, count, size)]
 
 
-def token_budget_batches(lengths: list[tuple[int, int]], max_rows: int, max_tokens: int,
-                         generator: torch.Generator | None = None) -> list[list[int]]:
+def token_budget_batches(
+    lengths: list[tuple[int, int]], max_rows: int, max_tokens: int, generator: torch.Generator | None = None
+) -> list[list[int]]:
     """Indices of rollouts with (prompt, completion) `lengths`, in micro-batches of similar length.
 
     A micro-batch pads to its longest prompt plus its longest completion; it takes rollouts, longest
@@ -123,8 +124,13 @@ def token_budget_batches(lengths: list[tuple[int, int]], max_rows: int, max_toke
     return batches
 
 
-def group_batches(lengths: list[tuple[int, int]], group_size: int, max_rows: int, max_tokens: int = 0,
-                  generator: torch.Generator | None = None) -> list[list[int]]:
+def group_batches(
+    lengths: list[tuple[int, int]],
+    group_size: int,
+    max_rows: int,
+    max_tokens: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
     """Micro-batches of whole groups, for the shared-prompt forward: rollouts g*G .. g*G+G-1 of
     (prompt, completion) `lengths` are group g, and stay together.
 
@@ -169,7 +175,8 @@ def completion_stats(rollouts: list[Rollout]) -> dict[str, float]:
     """Length stats of the logger over (non-empty) rollouts: mean, longest, share cut at the budget."""
     lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float32)  # (N,)
     return {
-        "completion/length_mean": float(lengths.mean()), "completion/length_max": float(lengths.max()),
+        "completion/length_mean": float(lengths.mean()),
+        "completion/length_max": float(lengths.max()),
         "completion/truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
     }
 

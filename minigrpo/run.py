@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint
-from . import distributed
+from . import checkpoint, distributed
 from .config import GRPOConfig, TrainConfig, as_dict, changed_settings
 from .tasks import Task
 from .trainer import Trainer
@@ -24,8 +23,16 @@ from .weights import load_pretrained, parse_device
 STATE_KEYS = ("step", "optimizer", "data", "rng", "model_path", "configs")
 
 
-def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: TrainConfig | None = None,
-          *, device: str = "cpu", dtype=None, on_step=None) -> Trainer:
+def train(
+    model_path: str,
+    task: Task,
+    grpo: GRPOConfig | None = None,
+    config: TrainConfig | None = None,
+    *,
+    device: str = "cpu",
+    dtype=None,
+    on_step=None,
+) -> Trainer:
     """Load the policy from `model_path` (a directory or Hub id), or with config.resume from the latest
     checkpoint in config.output_dir, and run GRPO up to config.max_steps."""
     trainer = build_trainer(model_path, task, grpo, config, device=device, dtype=dtype)
@@ -33,8 +40,15 @@ def train(model_path: str, task: Task, grpo: GRPOConfig | None = None, config: T
     return trainer
 
 
-def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None,
-                  config: TrainConfig | None = None, *, device: str = "cpu", dtype=None) -> Trainer:
+def build_trainer(
+    model_path: str,
+    task: Task,
+    grpo: GRPOConfig | None = None,
+    config: TrainConfig | None = None,
+    *,
+    device: str = "cpu",
+    dtype=None,
+) -> Trainer:
     """The Trainer `train` runs, restored from the latest intact checkpoint when config.resume is set (a
     resume that names another model_path than the run started from is refused). examples/train_math.py
     uses it to evaluate before training."""
@@ -50,13 +64,15 @@ def build_trainer(model_path: str, task: Task, grpo: GRPOConfig | None = None,
     device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:
-        raise ValueError(f"{resume_from or model_path} has no tokenizer.json: the trainer needs one to "
-                         "decode completions")
+        raise ValueError(
+            f"{resume_from or model_path} has no tokenizer.json: the trainer needs one to decode completions"
+        )
     reference = None
     if resume_from is not None and grpo.beta > 0:  # the KL is to the model the run started from
         reference = load_pretrained(model_path, dtype=dtype, device=device)[0]
-    trainer = Trainer(model, tokenizer, task, grpo, config, model_path=model_path, reference=reference,
-                      dist=dist)
+    trainer = Trainer(
+        model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist
+    )
     if saved is not None:
         for note in changed_settings(saved["configs"], as_dict(grpo, config)):
             dist.print(note)
@@ -81,8 +97,10 @@ def restore(trainer: Trainer, state: dict) -> None:
     if len(rng) == dist.world_size:
         checkpoint.set_rng_states(rng[dist.rank])
     else:  # nothing in the loop draws from them (its seeds derive from seed and step), so go on
-        dist.print(f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
-                   f"{dist.world_size}: global RNGs start afresh")
+        dist.print(
+            f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
+            f"{dist.world_size}: global RNGs start afresh"
+        )
 
 
 def initial_evaluation(trainer: Trainer, measure, measured_on: dict) -> dict:
@@ -100,9 +118,11 @@ def initial_evaluation(trainer: Trainer, measure, measured_on: dict) -> dict:
         return saved
     if trainer.step > 0:  # the starting policy is gone: measuring now would compare the run with itself
         was = _described(saved["held_out"]) if saved.get("held_out") else "problems not recorded"
-        raise ValueError(f"this run's accuracy before GRPO was measured on {was}, not on "
-                         f"{_described(measured_on)}: resume with the same held-out problems (or start a "
-                         "new output_dir), so that before and after count the same problems")
+        raise ValueError(
+            f"this run's accuracy before GRPO was measured on {was}, not on "
+            f"{_described(measured_on)}: resume with the same held-out problems (or start a "
+            "new output_dir), so that before and after count the same problems"
+        )
     initial = {"initial_accuracy": measure(), "wall_seconds_before": 0.0, "held_out": measured_on}
     if dist.is_main:
         checkpoint.save_initial_evaluation(config.output_dir, initial)
@@ -114,14 +134,18 @@ def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) 
     config.resume are refused, and what a killed save or prune left is removed."""
     latest = dist.broadcast(checkpoint.latest_checkpoint(config.output_dir))  # rank 0's view of output_dir
     if latest and not config.resume:
-        raise ValueError(f"{config.output_dir} already holds checkpoints of an earlier run "
-                         f"(latest: {latest}); resume it (resume=True, --resume) or choose another output "
-                         "directory")
+        raise ValueError(
+            f"{config.output_dir} already holds checkpoints of an earlier run "
+            f"(latest: {latest}); resume it (resume=True, --resume) or choose another output "
+            "directory"
+        )
     if not config.resume:
         return None
     if latest and not os.path.isdir(latest):
-        raise ValueError(f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
-                         "output_dir must be on a file system that every node sees")
+        raise ValueError(
+            f"rank {dist.rank} cannot see {latest}, the checkpoint rank 0 resumes from: "
+            "output_dir must be on a file system that every node sees"
+        )
     if dist.is_main:  # a resume with no step left to take saves nothing, so clean up here
         checkpoint.remove_leftovers(config.output_dir)
     if not latest:
@@ -132,8 +156,9 @@ def _resume_point(config: TrainConfig, model_path: str, dist: distributed.Dist) 
         intact = checkpoint.latest_intact_checkpoint(config.output_dir, dist.print, STATE_KEYS)
     resume_from = dist.broadcast(intact)
     if resume_from is None:
-        raise ValueError(f"every checkpoint in {config.output_dir} is damaged (see the notes above); "
-                         "nothing to resume")
+        raise ValueError(
+            f"every checkpoint in {config.output_dir} is damaged (see the notes above); nothing to resume"
+        )
     return resume_from
 
 
@@ -142,15 +167,19 @@ def _check_same_start(saved_model: str, model_path: str, resume_from: str, note)
     model's. A Trainer built from a model in memory (model_path "") recorded none: that is said, not
     refused."""
     if not saved_model:
-        note(f"note: {resume_from} does not record the model its run started from; the KL reference is "
-             f"{model_path}")
+        note(
+            f"note: {resume_from} does not record the model its run started from; the KL reference is "
+            f"{model_path}"
+        )
         return
     both_directories = os.path.isdir(saved_model) and os.path.isdir(model_path)
     same_directory = both_directories and os.path.samefile(saved_model, model_path)
     if saved_model != model_path and not same_directory:
-        raise ValueError(f"{resume_from} continues a run that started from {saved_model}, not "
-                         f"{model_path}: resume with that model (--model {saved_model}), whose KL reference "
-                         "and summary the run keeps, or start a new output_dir")
+        raise ValueError(
+            f"{resume_from} continues a run that started from {saved_model}, not "
+            f"{model_path}: resume with that model (--model {saved_model}), whose KL reference "
+            "and summary the run keeps, or start a new output_dir"
+        )
 
 
 def _described(settings: dict) -> str:

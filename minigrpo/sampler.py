@@ -47,16 +47,18 @@ class SamplingConfig:
     num_samples: int = 1  # completions per prompt (GRPO's group size G)
     eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
     seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
-    max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every requested row
+    max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every row
     compile: bool = False  # decode steps as torch.compile graphs (each costs seconds to build) or eager
-    check_every: int | None = None  # decode steps between checks (the only host syncs); None: 1 on CPU, 8 on GPU
+    check_every: int | None = None  # decode steps between host syncs; None: 1 on CPU, 8 on GPU
     compact: bool = True  # drop finished rows from the batch once they are half of it
 
     def __post_init__(self):
         self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not 0 <= self.temperature < float("inf"):  # inf would make every token equally likely; nan fails too
+        if (
+            not 0 <= self.temperature < float("inf")
+        ):  # inf would make every token equally likely; nan fails too
             raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -64,11 +66,16 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {self.num_samples!r}")
-        if self.max_batch_rows is not None and (not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1):
-            raise ValueError(f"max_batch_rows must be a positive integer (or None for no limit), got {self.max_batch_rows!r}")
+        if self.max_batch_rows is not None and (
+            not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1
+        ):
+            raise ValueError(
+                f"max_batch_rows must be a positive integer (or None for no limit), got {self.max_batch_rows!r}"
+            )
         if not isinstance(self.compile, bool):
-            raise ValueError("compile must be True (compiled decode steps) or False (eager), "
-                             f"got {self.compile!r}")
+            raise ValueError(
+                f"compile must be True (compiled decode steps) or False (eager), got {self.compile!r}"
+            )
         if self.check_every is not None and self.check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {self.check_every}")
 
@@ -78,7 +85,9 @@ class Samples:
     """What one generate() call produced, ordered prompt by prompt (prompt 0's samples first)."""
 
     tokens: list[list[int]]  # completion ids per sample, EOS included when emitted
-    logprobs: list[list[float]]  # per completion token: log softmax(logits / temperature); temperature 1 when greedy
+    logprobs: list[
+        list[float]
+    ]  # per completion token: log softmax(logits / temperature); temperature 1 when greedy
     finish_reasons: list[str]  # "stop" (an EOS id was emitted) or "length" (max_new_tokens reached)
     prompt_indices: list[int]  # the prompt each sample continues
     prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
@@ -102,7 +111,9 @@ class Samples:
         return 1e3 * self.decode_seconds / max(self.decode_steps, 1)
 
 
-def generate(model: Qwen3, prompts: list[list[int]], config: SamplingConfig | None = None, **settings) -> Samples:
+def generate(
+    model: Qwen3, prompts: list[list[int]], config: SamplingConfig | None = None, **settings
+) -> Samples:
     """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields (over `config`'s)."""
     config = replace(config, **settings) if config is not None else SamplingConfig(**settings)
     check_prompts(prompts, config, model.config.vocab_size, model.config.max_position_embeddings)
@@ -111,8 +122,14 @@ def generate(model: Qwen3, prompts: list[list[int]], config: SamplingConfig | No
         return Engine(model, prompts, config, seed).run()
 
 
-def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int, what: str = "",
-                  sources: list[str] | None = None) -> None:
+def check_prompts(
+    prompts,
+    config: SamplingConfig,
+    vocab_size: int,
+    context: int,
+    what: str = "",
+    sources: list[str] | None = None,
+) -> None:
     """Token-id lists the model can continue by max_new_tokens. A prompt too long is named by its source
     ("data.jsonl, line 7") when `sources` are given, else as a row of `what` counted from 1, as a file's
     rows are ("row 3 of the task's prompts"), else by its index in `prompts` ("prompt 2")."""
@@ -122,7 +139,9 @@ def check_prompts(prompts, config: SamplingConfig, vocab_size: int, context: int
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
         if not all(isinstance(t, numbers.Integral) for t in prompt):
-            raise ValueError(f"prompt {i} must be a list of token ids (ints); encode text with the tokenizer first")
+            raise ValueError(
+                f"prompt {i} must be a list of token ids (ints); encode text with the tokenizer first"
+            )
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
         if len(prompt) + config.max_new_tokens > context:
@@ -150,7 +169,9 @@ class Engine:
         self.eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=self.device)
         self.keys = row_keys(seed, self.requests, self.device)  # (R,): one random stream per request
         self.tokens = torch.zeros(self.requests, self.N + 1, dtype=torch.long, device=self.device)  # (R, N+1)
-        self.logprobs = torch.zeros(self.requests, self.N + 1, device=self.device)  # (R, N+1); column N: done rows' scratch
+        self.logprobs = torch.zeros(
+            self.requests, self.N + 1, device=self.device
+        )  # (R, N+1); column N: done rows' scratch
         self.check_every = config.check_every or (1 if self.device.type == "cpu" else 8)
         self.prefill_seconds, self.decode_steps, self.prefill_cache_bytes = 0.0, 0, 0
 
@@ -167,7 +188,9 @@ class Engine:
             first_prefill = self.prefill_seconds
             start = time.perf_counter()
             self.decode_loop()
-            decode_seconds = time.perf_counter() - start - (self.prefill_seconds - first_prefill)  # refills are prefill
+            decode_seconds = (
+                time.perf_counter() - start - (self.prefill_seconds - first_prefill)
+            )  # refills are prefill
         return self.to_samples(decode_seconds)
 
     def allocate(self, rows: int) -> None:
@@ -178,13 +201,17 @@ class Engine:
         self.cache = self.model.new_cache(rows, slots)
         self.batch_rows, self.cache_bytes = rows, self.cache.nbytes
         self.batch_sizes = batch_buckets(rows)
-        self.waiting = list(range(self.requests - 1, rows - 1, -1))  # requests not yet in the batch, next last
+        self.waiting = list(
+            range(self.requests - 1, rows - 1, -1)
+        )  # requests not yet in the batch, next last
         self.rows = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
         self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its next token's index
         self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
         self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
         self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
-        self.row_keys = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its request's random key
+        self.row_keys = torch.zeros(
+            rows, dtype=torch.long, device=self.device
+        )  # (b,): its request's random key
         # host: each row's length minus the decode steps run so far; every step adds one to every row,
         # so the longest row then holds decode_steps + max(reach) tokens
         self.reach = [0] * rows
@@ -200,7 +227,10 @@ class Engine:
         scratch = self.model.new_cache(len(distinct), ids.shape[1])
         self.prefill_cache_bytes = max(self.prefill_cache_bytes, scratch.nbytes)
         logits = self.model.logits(self.model.prefill(ids, lengths, scratch))[source]  # (b', V)
-        where, request_ids = torch.tensor(slots, device=self.device), torch.tensor(requests, device=self.device)
+        where, request_ids = (
+            torch.tensor(slots, device=self.device),
+            torch.tensor(requests, device=self.device),
+        )
         self.cache.copy_rows(where, scratch, source, ids.shape[1])
         self.rows[where], self.steps[where], self.done[where] = request_ids, 0, False
         self.row_keys[where] = self.keys[request_ids]
@@ -225,7 +255,9 @@ class Engine:
     def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
         """Sample the next token of the batch rows `which` (all by default) and record it."""
         rows, steps = self.rows[which], self.steps[which]
-        token, logprob = sample(logits, self.config, self.noise[which], steps, self.row_keys[which])  # (b,) each
+        token, logprob = sample(
+            logits, self.config, self.noise[which], steps, self.row_keys[which]
+        )  # (b,) each
         self.tokens[rows, steps], self.logprobs[rows, steps] = token, logprob
         done = self.done[which] | torch.isin(token, self.eos) | (steps == self.N - 1)
         self.done[which], self.token[which] = done, token
@@ -238,7 +270,9 @@ class Engine:
             refill = finished[: len(self.waiting)]
             requests = [self.waiting.pop() for _ in refill]
             logits = self.start_rows(refill, requests)
-            self.choose(logits, torch.tensor(refill, device=self.device))  # their first tokens, from the prefill
+            self.choose(
+                logits, torch.tensor(refill, device=self.device)
+            )  # their first tokens, from the prefill
             return True
         running = len(self.reach) - len(finished)
         if running == 0:
@@ -266,11 +300,15 @@ class Engine:
         tokens = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
         eos = set(self.config.eos_token_ids)
         return Samples(
-            tokens, [row[:n] for row, n in zip(logprobs.tolist(), lengths)],
+            tokens,
+            [row[:n] for row, n in zip(logprobs.tolist(), lengths)],
             finish_reasons=["stop" if row and row[-1] in eos else "length" for row in tokens],
             prompt_indices=[r // self.G for r in range(self.requests)],
-            prefill_seconds=self.prefill_seconds, decode_seconds=decode_seconds, decode_steps=self.decode_steps,
-            batch_rows=self.batch_rows, compiled=self.compiled,
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=decode_seconds,
+            decode_steps=self.decode_steps,
+            batch_rows=self.batch_rows,
+            compiled=self.compiled,
             kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
         )
 
@@ -308,7 +346,9 @@ def batch_buckets(rows: int) -> list[int]:
 
 def right_pad(prompts, device):
     """(P, T) token ids, each prompt from column 0 and padded with 0 on the right, and (P,) lengths."""
-    ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(p, dtype=torch.long) for p in prompts], batch_first=True)
+    ids = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(p, dtype=torch.long) for p in prompts], batch_first=True
+    )
     return ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
 
 

@@ -22,8 +22,15 @@ from .layers import logit_dtype
 LOGPROB_CHUNK_ROWS = 512
 
 
-def token_logprobs(model, input_ids, attention_mask, completion_start: int, temperature: float,
-                   chunk_rows: int = LOGPROB_CHUNK_ROWS, group_size: int = 1):
+def token_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    completion_start: int,
+    temperature: float,
+    chunk_rows: int = LOGPROB_CHUNK_ROWS,
+    group_size: int = 1,
+):
     """(logprobs, entropies), both (B, Tc): each completion token's log-prob, and the entropy of the
     distribution it was drawn from, under softmax(logits / temperature); temperature 0 (greedy) means 1.
 
@@ -33,8 +40,9 @@ def token_logprobs(model, input_ids, attention_mask, completion_start: int, temp
     of one prompt, and each prompt runs once (Qwen3.shared_prompt_hidden_states).
     """
     if group_size > 1:
-        predicting = model.shared_prompt_hidden_states(input_ids, attention_mask, completion_start,
-                                                       group_size)  # (B, Tc, hidden)
+        predicting = model.shared_prompt_hidden_states(
+            input_ids, attention_mask, completion_start, group_size
+        )  # (B, Tc, hidden)
     else:
         hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
         # (B, Tc, hidden): the positions before each completion token
@@ -98,8 +106,9 @@ class ChunkedLogprobs(torch.autograd.Function):
             grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)  # (V, H)
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            grad_z = _chunk_grad_logits(hidden[rows], weight, targets[rows], normalisers[rows],
-                                        grad_logprobs[rows], ctx.scale, dtype)  # (c, V)
+            grad_z = _chunk_grad_logits(
+                hidden[rows], weight, targets[rows], normalisers[rows], grad_logprobs[rows], ctx.scale, dtype
+            )  # (c, V)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ weight  # (c, H)
             if grad_weight is not None and grad_weight.dtype == grad_z.dtype:
@@ -148,8 +157,10 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, completion_start: int, temperature: float,
-                group_size: int = 1):
-        logprobs, entropies = token_logprobs(self.model, input_ids, attention_mask, completion_start,
-                                             temperature, group_size=group_size)
+    def forward(
+        self, input_ids, attention_mask, completion_start: int, temperature: float, group_size: int = 1
+    ):
+        logprobs, entropies = token_logprobs(
+            self.model, input_ids, attention_mask, completion_start, temperature, group_size=group_size
+        )
         return logprobs.clone(), entropies  # a copy, not a view of the chunked result: FSDP2 hooks outputs

@@ -21,25 +21,39 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 class Tokenizer:
     """encode / decode text, plus the special ids the sampler and trainer need."""
 
-    def __init__(self, tokenizer: _HFTokenizer, tokenizer_config: dict | None = None, generation_config: dict | None = None):
+    def __init__(
+        self,
+        tokenizer: _HFTokenizer,
+        tokenizer_config: dict | None = None,
+        generation_config: dict | None = None,
+    ):
         self.backend = tokenizer
         self.tokenizer_config = dict(tokenizer_config or {})  # written back unchanged by save()
-        self.generation_config = dict(generation_config or {})  # written back by weights.write_files, with these EOS/pad ids
+        self.generation_config = dict(
+            generation_config or {}
+        )  # written back by weights.write_files, with these EOS/pad ids
         self.eos_token_ids = self._eos_ids()  # every id that ends a completion, first = the canonical one
         self.pad_token_id = self._pad_id()  # id used to fill ragged batches (never attended to)
 
     @classmethod
-    def from_directory(cls, directory: str) -> "Tokenizer":
+    def from_directory(cls, directory: str) -> Tokenizer:
         """The tokenizer of a checkpoint directory; a missing or unreadable file is a ValueError naming it."""
         path = os.path.join(directory, "tokenizer.json")
         if not os.path.exists(path):
             raise ValueError(f"{directory} has no tokenizer.json")
-        configs = [_read_json_if_exists(os.path.join(directory, name)) for name in ("tokenizer_config.json", "generation_config.json")]
+        configs = [
+            _read_json_if_exists(os.path.join(directory, name))
+            for name in ("tokenizer_config.json", "generation_config.json")
+        ]
         try:
             backend = _HFTokenizer.from_file(path)
-        except Exception as e:  # the tokenizers library raises a bare Exception: bad JSON, an unknown model, ...
+        except (
+            Exception
+        ) as e:  # the tokenizers library raises a bare Exception: bad JSON, an unknown model, ...
             cause = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"{path} is not a tokenizer file the tokenizers library can read ({cause})") from None
+            raise ValueError(
+                f"{path} is not a tokenizer file the tokenizers library can read ({cause})"
+            ) from None
         return cls(backend, *configs)
 
     def save(self, directory: str) -> None:
@@ -52,8 +66,14 @@ class Tokenizer:
         """Token ids of `text`; no BOS/EOS is added (Qwen3 uses none)."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
-    def encode_all(self, texts: list[str], what: str = "prompts", source: str = "this model",
-                   max_tokens: int | None = None, sources: list[str] | None = None) -> list[list[int]]:
+    def encode_all(
+        self,
+        texts: list[str],
+        what: str = "prompts",
+        source: str = "this model",
+        max_tokens: int | None = None,
+        sources: list[str] | None = None,
+    ) -> list[list[int]]:
         """Token ids of every text, refused when the tokenizer loses characters: a tokenizer without
         a byte fallback drops what its vocabulary lacks (the embedded model's keeps digits and
         operators), and a model trained on what is left learns from other prompts than it is given.
@@ -71,8 +91,10 @@ class Tokenizer:
                 example = example or (text, back)
         if example is not None:
             text, back = (t if len(t) <= 80 else t[:77] + "..." for t in example)
-            raise ValueError(f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} of the characters of "
-                             f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)")
+            raise ValueError(
+                f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} of the characters of "
+                f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)"
+            )
         return ids
 
     def fewest_tokens(self, text: str) -> int:
@@ -86,17 +108,20 @@ class Tokenizer:
         """The most characters a token spells: its vocabulary entry's length (bytes, for byte-level ones)."""
         return max(map(len, self.backend.get_vocab(with_added_tokens=True)))
 
-    def _refuse_too_long(self, texts: list[str], max_tokens: int, what: str, source: str,
-                         sources: list[str] | None) -> None:
+    def _refuse_too_long(
+        self, texts: list[str], max_tokens: int, what: str, source: str, sources: list[str] | None
+    ) -> None:
         for i, text in enumerate(texts):
             if self.fewest_tokens(text) > max_tokens:
                 if sources is not None:
                     name = f"{sources[i]} ({what})"
                 else:
                     name = f"row {i + 1} of the {what}" if len(texts) > 1 else f"the {what}"
-                raise ValueError(f"{name} has {len(text):,} characters, too many for the {max_tokens} tokens the "
-                                 f"model's context leaves it: no token of {source}'s tokenizer spells more than "
-                                 f"{self.longest_token} characters")
+                raise ValueError(
+                    f"{name} has {len(text):,} characters, too many for the {max_tokens} tokens the "
+                    f"model's context leaves it: no token of {source}'s tokenizer spells more than "
+                    f"{self.longest_token} characters"
+                )
 
     def decode(self, ids) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)  # the backend drops them by default
@@ -124,14 +149,18 @@ class Tokenizer:
     def has_chat_format(self) -> bool:
         return self.token_to_id(IM_START) is not None and self.token_to_id(IM_END) is not None
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True
+    ) -> str:
         """Qwen3's ChatML text for [{"role", "content"}, ...] (tool calls are not supported).
 
         With enable_thinking=False an empty <think></think> block is pre-filled, which is how
         Qwen3's own template switches its reasoning off.
         """
         if not self.has_chat_format:
-            raise ValueError("this tokenizer has no <|im_start|>/<|im_end|> tokens: it is not a chat tokenizer")
+            raise ValueError(
+                "this tokenizer has no <|im_start|>/<|im_end|> tokens: it is not a chat tokenizer"
+            )
         parts = []
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
@@ -177,7 +206,9 @@ def read_json_object(path: str, holding: str) -> dict:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         shown = json.dumps(value)
-        raise ValueError(f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object with {holding}")
+        raise ValueError(
+            f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object with {holding}"
+        )
     return value
 
 

@@ -24,7 +24,14 @@ from .token_logprobs import token_logprobs
 from .verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
-BRIEF = ("loss", "ratio/mean", "clip/region_frac", "kl", "entropy", "grad_norm")  # the update stats shown, in order
+BRIEF = (
+    "loss",
+    "ratio/mean",
+    "clip/region_frac",
+    "kl",
+    "entropy",
+    "grad_norm",
+)  # the update stats shown, in order
 
 
 class Trace:
@@ -37,37 +44,67 @@ class Trace:
         self.group = rollouts[:G]
         self.before = self._logprobs(trainer)
         rewards = torch.tensor([r.reward for r in self.group])
-        self.record = {"step": trainer.step, "prompt": trainer.tokenizer.decode(self.group[0].prompt_ids),
-                       "mean": float(rewards.mean()), "std": float(rewards.std()), "completions": [
-                           dict(text=r.text, answer=extract_answer(r.text), rewards=dict(r.rewards), reward=r.reward,
-                                advantage=r.advantage, finish_reason=r.finish_reason) for r in self.group]}
+        self.record = {
+            "step": trainer.step,
+            "prompt": trainer.tokenizer.decode(self.group[0].prompt_ids),
+            "mean": float(rewards.mean()),
+            "std": float(rewards.std()),
+            "completions": [
+                dict(
+                    text=r.text,
+                    answer=extract_answer(r.text),
+                    rewards=dict(r.rewards),
+                    reward=r.reward,
+                    advantage=r.advantage,
+                    finish_reason=r.finish_reason,
+                )
+                for r in self.group
+            ],
+        }
         w = self._writer(trainer)
         w("=" * 30 + f" step {trainer.step}: one group's journey " + "=" * 30)
         w(f"[task -> prompt]   {self.record['prompt']!r}")
         w(f"[1 sample]         {G} completions at temperature {trainer.grpo.temperature}:")
         for i, r in enumerate(self.group):
             rewards_text = ", ".join(f"{k}={v:g}" for k, v in r.rewards.items())
-            w(f"  #{i} {r.text!r:60.60}  answer={extract_answer(r.text)!r} ({r.finish_reason}, {len(r.completion_ids)} tokens)")
+            w(
+                f"  #{i} {r.text!r:60.60}  answer={extract_answer(r.text)!r} ({r.finish_reason}, {len(r.completion_ids)} tokens)"
+            )
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
-        w(f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} (scale={trainer.grpo.scale_rewards}); "
-          f"advantage = (reward - mean) / (std + eps)" + ("  -> all equal: no signal" if rewards.std() == 0 else ""))
+        w(
+            f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} (scale={trainer.grpo.scale_rewards}); "
+            f"advantage = (reward - mean) / (std + eps)"
+            + ("  -> all equal: no signal" if rewards.std() == 0 else "")
+        )
 
     def updated(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
         for i, (r, shown) in enumerate(zip(self.group, self.record["completions"])):
-            shown["tokens"] = [(trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]))
-                               for t, token in enumerate(r.completion_ids)]  # (text, log p before, log p after)
+            shown["tokens"] = [
+                (trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]))
+                for t, token in enumerate(r.completion_ids)
+            ]  # (text, log p before, log p after)
         self.record["stats"] = dict(stats)
         w = self._writer(trainer)
-        w(f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: the {MAX_TOKENS_SHOWN} "
-          "tokens of each completion it moved most, position:token log p before -> after the AdamW step (ratio)")
+        w(
+            f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: the {MAX_TOKENS_SHOWN} "
+            "tokens of each completion it moved most, position:token log p before -> after the AdamW step (ratio)"
+        )
         for i, shown in enumerate(self.record["completions"]):
             w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(_most_moved(shown["tokens"])))
-        brief = {k: round(stats[k], 5) for k in BRIEF if k in stats}  # in BRIEF's order: stats' own order varies by run
-        w(f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss")
-        w("                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)")
+        brief = {
+            k: round(stats[k], 5) for k in BRIEF if k in stats
+        }  # in BRIEF's order: stats' own order varies by run
+        w(
+            f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss"
+        )
+        w(
+            "                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)"
+        )
         if self.html_path and trainer.dist.is_main:
-            with replaced_whole(self.html_path) as f:  # a page of an earlier run stays whole until this one is
+            with replaced_whole(
+                self.html_path
+            ) as f:  # a page of an earlier run stays whole until this one is
                 f.write(render_html(self.record))
             w(f"[trace page]       {self.html_path}")
         w("=" * 92)
@@ -78,8 +115,13 @@ class Trace:
     def _logprobs(self, trainer) -> torch.Tensor:
         batch = collate(self.group, trainer.pad_id, trainer.model.device)
         with torch.no_grad(), trainer.policy.gathered():
-            logprobs, _ = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask,
-                                         batch.completion_start, trainer.grpo.temperature)
+            logprobs, _ = token_logprobs(
+                trainer.model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.completion_start,
+                trainer.grpo.temperature,
+            )
         return logprobs.cpu()  # (G, Tc)
 
 
@@ -94,37 +136,52 @@ pre { background: #f4f4f4; padding: 8px 12px; border-radius: 6px }
 def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
     """Green when the update raised the token's log-prob, red when it lowered it; the shade is on a
     log scale, full at |delta| = scale (the page's largest change), none at scale / 10**decades."""
-    alpha = min(max(1 + math.log10(abs(delta) / scale) / decades, 0.0), 1.0) * 0.85 if delta and scale else 0.0
+    alpha = (
+        min(max(1 + math.log10(abs(delta) / scale) / decades, 0.0), 1.0) * 0.85 if delta and scale else 0.0
+    )
     return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
 
 
 def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:
     """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after) whose log-prob moved most, in order."""
     moved = sorted(range(len(tokens)), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
-    return [f"{t}:{tokens[t][0]!r} {tokens[t][1]:.2f}->{tokens[t][2]:.2f}(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
-            for t in sorted(moved)]
+    return [
+        f"{t}:{tokens[t][0]!r} {tokens[t][1]:.2f}->{tokens[t][2]:.2f}(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
+        for t in sorted(moved)
+    ]
 
 
 def render_html(record: dict) -> str:
     """Trace.record as one page: inline CSS, no script, no URL; each token's numbers in its title."""
     e, step, completions = html.escape, record["step"], record["completions"]
     scale = max((abs(a - b) for c in completions for _, b, a in c["tokens"]), default=0.0)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",
-             f"<style>{CSS}</style></head><body><h1>Step {step}: one group's journey</h1>",
-             f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre><h2>{len(completions)} completions</h2>",
-             f"<p>Group reward mean {record['mean']:.4g}, std {record['std']:.4g}; advantage = (reward − mean) / (std + eps). "
-             f"A token's colour is its log p after − before the update: <span style='background:{_colour(1, 1)}'>up</span>, "
-             f"<span style='background:{_colour(-1, 1)}'>down</span>, shaded on a log scale from |Δ| = {scale / 1000:.2g} "
-             f"to {scale:.2g}; hover over a token for its numbers.</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",
+        f"<style>{CSS}</style></head><body><h1>Step {step}: one group's journey</h1>",
+        f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre><h2>{len(completions)} completions</h2>",
+        f"<p>Group reward mean {record['mean']:.4g}, std {record['std']:.4g}; advantage = (reward − mean) / (std + eps). "
+        f"A token's colour is its log p after − before the update: <span style='background:{_colour(1, 1)}'>up</span>, "
+        f"<span style='background:{_colour(-1, 1)}'>down</span>, shaded on a log scale from |Δ| = {scale / 1000:.2g} "
+        f"to {scale:.2g}; hover over a token for its numbers.</p>",
+    ]
     for i, c in enumerate(completions):
         rewards = ", ".join(f"{k} {v:g}" for k, v in c["rewards"].items())
         before, after = sum(b for _, b, _ in c["tokens"]), sum(a for _, _, a in c["tokens"])
-        spans = "".join(f"<span class='tok' style='background:{_colour(a - b, scale)}' "
-                        f"title='log p {b:.6f} → {a:.6f} (Δ {a - b:+.3g})'>{e(t)}</span>" for t, b, a in c["tokens"])
-        parts.append(f"<div class='completion'><b>#{i}</b> <span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> "
-                     f"({e(rewards)}) <span class='key'>advantage</span> <b class='advantage'>{c['advantage']:+.6g}</b> "
-                     f"<span class='key'>answer</span> {e(repr(c['answer']))} <span class='key'>{e(c['finish_reason'])}, "
-                     f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span><div class='tokens'>{spans}</div></div>")
-    stats = "".join(f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>"
-                    for k, v in sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0])))  # the loss first
-    return "\n".join(parts + [f"<h2>Loss and stats of the update</h2><div class='stats'>{stats}</div></body></html>"])
+        spans = "".join(
+            f"<span class='tok' style='background:{_colour(a - b, scale)}' "
+            f"title='log p {b:.6f} → {a:.6f} (Δ {a - b:+.3g})'>{e(t)}</span>"
+            for t, b, a in c["tokens"]
+        )
+        parts.append(
+            f"<div class='completion'><b>#{i}</b> <span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> "
+            f"({e(rewards)}) <span class='key'>advantage</span> <b class='advantage'>{c['advantage']:+.6g}</b> "
+            f"<span class='key'>answer</span> {e(repr(c['answer']))} <span class='key'>{e(c['finish_reason'])}, "
+            f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span><div class='tokens'>{spans}</div></div>"
+        )
+    stats = "".join(
+        f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>"
+        for k, v in sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0]))
+    )  # the loss first
+    return "\n".join(
+        parts + [f"<h2>Loss and stats of the update</h2><div class='stats'>{stats}</div></body></html>"]
+    )

@@ -42,8 +42,7 @@ import time
 
 import torch
 
-from . import checkpoint
-from . import distributed
+from . import checkpoint, distributed
 from .advantages import group_advantages, zero_variance_groups
 from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
@@ -59,18 +58,37 @@ class Trainer:
     """GRPO on one task: `train_step` is one step of the README's diagram, `train` steps to the end
     of the run, logging each step and saving checkpoints (run.py builds or resumes a Trainer)."""
 
-    def __init__(self, model, tokenizer, task: Task, grpo: GRPOConfig, config: TrainConfig, *,
-                 model_path: str = "", reference=None, dist: distributed.Dist | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        task: Task,
+        grpo: GRPOConfig,
+        config: TrainConfig,
+        *,
+        model_path: str = "",
+        reference=None,
+        dist: distributed.Dist | None = None,
+    ):
         if model.dtype == torch.float16:  # AdamW's eps (1e-8) is 0 in float16: a step divides by zero
-            raise ValueError("the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 "
-                             "rounds to 0 and the first step turns most weights into NaN or inf); use "
-                             "bfloat16 or float32")
+            raise ValueError(
+                "the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 "
+                "rounds to 0 and the first step turns most weights into NaN or inf); use "
+                "bfloat16 or float32"
+            )
         self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
         config.check_against(grpo, self.dist.world_size)
         if self.dist.world_size > 1:  # (the digest reads every row: not for one process)
-            self.dist.check_same({"configs": as_dict(grpo, config), "model_path": model_path,
-                                  "dtype": str(model.dtype), "device": model.device.type,
-                                  "task": distributed.digest(task.rows), "rewards": repr(task.rewards)})
+            self.dist.check_same(
+                {
+                    "configs": as_dict(grpo, config),
+                    "model_path": model_path,
+                    "dtype": str(model.dtype),
+                    "device": model.device.type,
+                    "task": distributed.digest(task.rows),
+                    "rewards": repr(task.rewards),
+                }
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.task = task
@@ -79,16 +97,18 @@ class Trainer:
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
         room = model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
         prompts = [self._text(row["prompt"]) for row in task.rows]
-        self.prompt_ids = tokenizer.encode_all(prompts, "task's prompts", model_path or "the policy", room,
-                                               task.sources)
+        self.prompt_ids = tokenizer.encode_all(
+            prompts, "task's prompts", model_path or "the policy", room, task.sources
+        )
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.reference = None  # a frozen copy of the starting policy, only when the KL needs one
         if grpo.beta > 0:
             self.reference = _frozen_copy(reference if reference is not None else model)
-        self.updater = Updater(model, self.reference, grpo, config, self.dist, self._padding_rollout(),
-                               self.pad_id)
+        self.updater = Updater(
+            model, self.reference, grpo, config, self.dist, self._padding_rollout(), self.pad_id
+        )
         self.policy = self.updater.policy  # sampling and checkpoints use it and the optimizer
         self.optimizer = self.updater.optimizer
         self.stream = PromptStream(len(task.rows), config.seed)
@@ -104,8 +124,14 @@ class Trainer:
         `observer` if one is given. `start_stats` (the accuracy before training, say) are logged as
         step 0 when the run starts from step 0."""
         if self.dist.is_main:  # rank 0 alone writes; the stats it logs are already reduced over ranks
-            logger = MetricsLogger(self.config.output_dir, self.config.max_steps, self.step,
-                                   self.config.progress_bar, self.config.report_to, start_stats)
+            logger = MetricsLogger(
+                self.config.output_dir,
+                self.config.max_steps,
+                self.step,
+                self.config.progress_bar,
+                self.config.report_to,
+                start_stats,
+            )
         else:
             logger = NullLogger()
         first_step = self.step
@@ -166,15 +192,18 @@ class Trainer:
         expected = len(indices) * self.grpo.num_generations
         assert len(samples.tokens) == expected, f"{len(samples.tokens)} completions, {expected} expected"
         rollouts = []
-        for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons,
-                                               samples.prompt_indices):
-            rollouts.append(Rollout(
-                prompt_ids=self.prompt_ids[indices[p]],
-                completion_ids=tokens,
-                finish_reason=reason,
-                in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
-                sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
-            ))
+        for tokens, logprobs, reason, p in zip(
+            samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices
+        ):
+            rollouts.append(
+                Rollout(
+                    prompt_ids=self.prompt_ids[indices[p]],
+                    completion_ids=tokens,
+                    finish_reason=reason,
+                    in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
+                    sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
+                )
+            )
         return rollouts
 
     def _sample(self, indices: list[int], round_: int) -> Samples:
@@ -187,8 +216,9 @@ class Trainer:
             if not indices:  # dynamic sampling may leave a rank nothing to sample this round
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
             prompts = [self.prompt_ids[i] for i in indices]
-            return generate(self.model, prompts, self.grpo.sampling_config(), eos_token_ids=self.eos_ids,
-                            seed=seed)
+            return generate(
+                self.model, prompts, self.grpo.sampling_config(), eos_token_ids=self.eos_ids, seed=seed
+            )
 
     # -- 2. verify ------------------------------------------------------------------------------
     def verify(self, rollouts: list[Rollout], indices: list[int]) -> None:
@@ -230,9 +260,15 @@ class Trainer:
         """A rollout that weighs nothing (no token in the loss, advantage 0), for a rank's empty
         micro-batch."""
         zeros = torch.zeros(1)  # (1,) sampler, old and reference log-probs, never read: the token is masked
-        return Rollout(prompt_ids=self.prompt_ids[0][:1], completion_ids=[self.pad_id],
-                       finish_reason="length", in_loss=False, sampler_logprobs=zeros, old_logprobs=zeros,
-                       ref_logprobs=zeros)
+        return Rollout(
+            prompt_ids=self.prompt_ids[0][:1],
+            completion_ids=[self.pad_id],
+            finish_reason="length",
+            in_loss=False,
+            sampler_logprobs=zeros,
+            old_logprobs=zeros,
+            ref_logprobs=zeros,
+        )
 
     # -- 5. metrics and checkpoints -------------------------------------------------------------
     def metrics(self, batch: StepRollouts, update: dict[str, float], clock: Clock) -> dict[str, float]:
@@ -265,8 +301,15 @@ class Trainer:
         state = self.state_dict()
         path = None
         if self.dist.is_main:
-            path = checkpoint.save_checkpoint(self.config.output_dir, self.step, self.model, self.tokenizer,
-                                              state, self.config.save_total_limit, weights=weights)
+            path = checkpoint.save_checkpoint(
+                self.config.output_dir,
+                self.step,
+                self.model,
+                self.tokenizer,
+                state,
+                self.config.save_total_limit,
+                weights=weights,
+            )
         return self.dist.broadcast(path)  # no rank goes on before the checkpoint is complete
 
     def state_dict(self) -> dict:
@@ -297,8 +340,14 @@ class Trainer:
     def check_context(self, prompt_ids: list[list[int]], what: str, sources: list[str] | None = None) -> None:
         """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens;
         `sources` name them in an error ("data.jsonl, line 7")."""
-        check_prompts(prompt_ids, self.grpo.sampling_config(), self.model.config.vocab_size,
-                      self.model.config.max_position_embeddings, what, sources)
+        check_prompts(
+            prompt_ids,
+            self.grpo.sampling_config(),
+            self.model.config.vocab_size,
+            self.model.config.max_position_embeddings,
+            what,
+            sources,
+        )
 
     def wall_seconds(self) -> float:
         """The run's wall time so far: this process's since the trainer was built, and that of the earlier
@@ -317,8 +366,11 @@ class Trainer:
         """The first completion of the first `count` groups, with its prompt and rewards."""
         firsts = rollouts[: count * self.grpo.num_generations : self.grpo.num_generations]
         return [
-            {"prompt": self.tokenizer.decode(r.prompt_ids), "completion": r.text,
-             "rewards": {**r.rewards, "total": r.reward}}
+            {
+                "prompt": self.tokenizer.decode(r.prompt_ids),
+                "completion": r.text,
+                "rewards": {**r.rewards, "total": r.reward},
+            }
             for r in firsts
         ]
 

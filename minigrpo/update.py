@@ -21,9 +21,16 @@ import torch
 from . import distributed
 from .config import GRPOConfig, TrainConfig
 from .loss import grpo_loss, sampler_mismatch
+from .rollout import (
+    Rollout,
+    collate,
+    group_batches,
+    micro_batches,
+    padding_fraction,
+    store_logprobs,
+    token_budget_batches,
+)
 from .token_logprobs import TokenLogprobs
-from .rollout import (Rollout, collate, group_batches, micro_batches, padding_fraction, store_logprobs,
-                      token_budget_batches)
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
@@ -37,8 +44,16 @@ class NonFiniteWeights(RuntimeError):
 class Updater:
     """The policy's optimizer step from rollouts; holds the policy (and reference) as every rank uses them."""
 
-    def __init__(self, model, reference, grpo: GRPOConfig, config: TrainConfig, dist: distributed.Dist,
-                 padding: Rollout, pad_id: int):
+    def __init__(
+        self,
+        model,
+        reference,
+        grpo: GRPOConfig,
+        config: TrainConfig,
+        dist: distributed.Dist,
+        padding: Rollout,
+        pad_id: int,
+    ):
         self.model = model
         self.grpo = grpo
         self.config = config
@@ -46,16 +61,31 @@ class Updater:
         self.pad_id = pad_id
         self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
         # The log-probs as modules: one process, or DDP copies, or FSDP2 shards (config.fsdp).
-        self.policy = distributed.Policy(TokenLogprobs(model), dist, shard=config.fsdp, blocks=model.layers,
-                                         padding=padding,
-                                         warm_up=lambda module: self._forward(module, [padding]))
+        self.policy = distributed.Policy(
+            TokenLogprobs(model),
+            dist,
+            shard=config.fsdp,
+            blocks=model.layers,
+            padding=padding,
+            warm_up=lambda module: self._forward(module, [padding]),
+        )
         self.reference = None
         if reference is not None:
-            self.reference = distributed.Policy(TokenLogprobs(reference), dist, shard=config.fsdp,
-                                                blocks=reference.layers, trainable=False, padding=padding)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
-                                           betas=config.adam_betas, eps=config.adam_epsilon,
-                                           weight_decay=config.weight_decay)
+            self.reference = distributed.Policy(
+                TokenLogprobs(reference),
+                dist,
+                shard=config.fsdp,
+                blocks=reference.layers,
+                trainable=False,
+                padding=padding,
+            )
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_epsilon,
+            weight_decay=config.weight_decay,
+        )
 
     def __call__(self, rollouts: list[Rollout], step: int) -> dict[str, float]:
         """num_iterations AdamW steps on the whole batch's rollouts at GRPO step `step`, each rank
@@ -125,9 +155,11 @@ class Updater:
             return
         bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(_local(p)).all()]
         if self.dist.max([float(len(bad))])[0]:  # every rank takes this branch (`suspect` is over all ranks)
-            raise NonFiniteWeights(f"step {step}: the AdamW step left NaN or inf in the weights "
-                                   f"({_few(bad)}), so the run stops without saving them (lower the learning "
-                                   "rate, or train in float32)")
+            raise NonFiniteWeights(
+                f"step {step}: the AdamW step left NaN or inf in the weights "
+                f"({_few(bad)}), so the run stops without saving them (lower the learning "
+                "rate, or train in float32)"
+            )
 
     def _combine(self, micro_stats: list[dict]) -> dict[str, float]:
         """One pass's stats from its micro-batches' on every rank: shares of the step's totals add up,
@@ -155,20 +187,30 @@ class Updater:
         batch, logprobs, entropies = self._forward(self.policy, rollouts)
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
         loss, stats = grpo_loss(
-            logprobs, old, batch.advantages, batch.completion_mask,
-            ref_logprobs=batch.ref_logprobs, beta=self.grpo.beta, epsilon=self.grpo.epsilon,
-            epsilon_high=self.grpo.epsilon_high, loss_type=self.grpo.loss_type,
+            logprobs,
+            old,
+            batch.advantages,
+            batch.completion_mask,
+            ref_logprobs=batch.ref_logprobs,
+            beta=self.grpo.beta,
+            epsilon=self.grpo.epsilon,
+            epsilon_high=self.grpo.epsilon_high,
+            loss_type=self.grpo.loss_type,
             importance_sampling_level=self.grpo.importance_sampling_level,
-            sampler_logprobs=batch.sampler_logprobs, sampler_correction=self.grpo.sampler_correction,
+            sampler_logprobs=batch.sampler_logprobs,
+            sampler_correction=self.grpo.sampler_correction,
             sampler_correction_cap=self.grpo.sampler_correction_cap,
-            max_completion_length=self.grpo.max_completion_length, num_sequences=totals["sequences"],
-            num_tokens=totals["tokens"], entropies=entropies,
+            max_completion_length=self.grpo.max_completion_length,
+            num_sequences=totals["sequences"],
+            num_tokens=totals["tokens"],
+            entropies=entropies,
         )
         # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart
         # in fp32.
         if batch.sampler_logprobs is not None:
-            mismatch = sampler_mismatch(old, batch.sampler_logprobs, batch.completion_mask,
-                                        totals["sequences"])
+            mismatch = sampler_mismatch(
+                old, batch.sampler_logprobs, batch.completion_mask, totals["sequences"]
+            )
             stats.update(mismatch)
         # Every rank runs every backward, even of a non-finite loss, so that the gradient collectives
         # match; a non-finite loss or gradient on any rank then skips the step on all of them.
@@ -189,12 +231,18 @@ class Updater:
         # the padding rollout shares its prompt with no other row
         rows_per_prompt = 1 if rollouts[0] is self.padding else self._group_size
         with self._autocast():
-            logprobs, entropies = policy(batch.input_ids, batch.attention_mask, batch.completion_start,
-                                         self.grpo.temperature, rows_per_prompt)
+            logprobs, entropies = policy(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.completion_start,
+                self.grpo.temperature,
+                rows_per_prompt,
+            )
         return batch, logprobs, entropies
 
-    def _micro_batches(self, rollouts: list[Rollout],
-                       generator: torch.Generator | None = None) -> list[list[int]]:
+    def _micro_batches(
+        self, rollouts: list[Rollout], generator: torch.Generator | None = None
+    ) -> list[list[int]]:
         """Micro-batches of this rank's rollouts: by rows, or by a token budget over rollouts of similar
         length."""
         lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]

@@ -24,7 +24,14 @@ from .tokenizer import Tokenizer, read_json_object, write_json
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # the files a checkpoint needs, the only ones fetched from the Hub
-CHECKPOINT_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "*.safetensors", INDEX_FILE]
+CHECKPOINT_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "*.safetensors",
+    INDEX_FILE,
+]
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
 
 
@@ -40,7 +47,9 @@ def hf_name(name: str) -> str:
 
 def to_hf_state_dict(model: Qwen3, weights: dict | None = None) -> dict[str, torch.Tensor]:
     """Our parameters (or `weights`, a state dict of the model) under Hugging Face names."""
-    return {hf_name(name): tensor for name, tensor in (model.state_dict() if weights is None else weights).items()}
+    return {
+        hf_name(name): tensor for name, tensor in (model.state_dict() if weights is None else weights).items()
+    }
 
 
 # --- loading --------------------------------------------------------------------------------------
@@ -71,13 +80,19 @@ def parse_device(device) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N (GPU N) or mps") from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asks for a GPU, but torch sees none here (a CPU build of torch, or no "
-                         "driver); use cpu")
+        raise ValueError(
+            f"device {device!r} asks for a GPU, but torch sees none here (a CPU build of torch, or no "
+            "driver); use cpu"
+        )
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device!r} asks for GPU {parsed.index}, but torch sees {torch.cuda.device_count()} "
-                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+        raise ValueError(
+            f"device {device!r} asks for GPU {parsed.index}, but torch sees {torch.cuda.device_count()} "
+            f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+        )
     if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} asks for Apple's GPU (MPS), which torch does not see here; use cpu")
+        raise ValueError(
+            f"device {device!r} asks for Apple's GPU (MPS), which torch does not see here; use cpu"
+        )
     return parsed
 
 
@@ -86,7 +101,9 @@ def resolve_checkpoint(path_or_repo_id: str, revision: str | None = None) -> str
     if os.path.isdir(path_or_repo_id):
         return path_or_repo_id
     if os.path.exists(path_or_repo_id):
-        raise CheckpointError(f"{path_or_repo_id} is a file; a checkpoint is a directory with config.json and *.safetensors")
+        raise CheckpointError(
+            f"{path_or_repo_id} is a file; a checkpoint is a directory with config.json and *.safetensors"
+        )
     looks_local = os.path.isdir(path_or_repo_id.split("/")[0])  # "models/x" when ./models exists
     if looks_local or not re.fullmatch(r"[\w.-]+/[\w.-]+", path_or_repo_id):
         raise CheckpointError(f"no such checkpoint directory: {path_or_repo_id}")
@@ -98,7 +115,9 @@ def download(repo_id: str, local_dir: str | None = None, revision: str | None = 
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(repo_id, revision=revision, local_dir=local_dir, allow_patterns=CHECKPOINT_FILES)
+        return snapshot_download(
+            repo_id, revision=revision, local_dir=local_dir, allow_patterns=CHECKPOINT_FILES
+        )
     except Exception as e:  # offline, unknown repo, gated repo, network error: all end here
         raise CheckpointError(
             f"could not fetch {repo_id!r} from the Hugging Face Hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
@@ -154,7 +173,9 @@ def check_tensors(directory: str) -> None:
     handles = {}
     for name, param in expected.items():
         if files[name] not in handles:
-            handles[files[name]] = _open_safetensors_listed(files[name])  # checks the length against the header
+            handles[files[name]] = _open_safetensors_listed(
+                files[name]
+            )  # checks the length against the header
         shape = tuple(handles[files[name]].get_slice(name).get_shape())
         if shape != tuple(param.shape):
             raise CheckpointError(_shape_error(name, directory, shape, param.shape))
@@ -182,7 +203,11 @@ def _check_names(params: dict, files: dict[str, str], directory: str) -> None:
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint in {directory} does not match its config.json: "
-            + "; ".join(f"{label}: {_few(names)}" for label, names in (("missing", missing), ("unexpected", unexpected)) if names)
+            + "; ".join(
+                f"{label}: {_few(names)}"
+                for label, names in (("missing", missing), ("unexpected", unexpected))
+                if names
+            )
         )
 
 
@@ -211,7 +236,9 @@ def _open_safetensors(path: str):
     try:
         return safe_open(path, framework="pt")
     except Exception as e:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
-        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or damaged?): {e}") from None
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (truncated or damaged?): {e}"
+        ) from None
 
 
 def _read_json(path: str, holding: str) -> dict:
@@ -230,15 +257,23 @@ def _parse_dtype(dtype, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
     return names[dtype]
 
 
 # --- saving ---------------------------------------------------------------------------------------
-def save_pretrained(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30) -> None:
+def save_pretrained(
+    model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30
+) -> None:
     """Write model (and tokenizer) in Hugging Face layout, atomically.
 
     Everything is written to a temporary sibling directory which then replaces `directory`, so a
@@ -259,12 +294,21 @@ def save_pretrained(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *
         raise
 
 
-def write_files(model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30,
-                weights: dict | None = None) -> None:
+def write_files(
+    model: Qwen3,
+    tokenizer: Tokenizer | None,
+    directory: str,
+    *,
+    max_shard_bytes: int = 4 * 2**30,
+    weights: dict | None = None,
+) -> None:
     """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
     weights: the model's state dict, if not its own (a sharded model's, gathered)."""
     _write_weights(model, directory, max_shard_bytes, weights)
-    write_json(os.path.join(directory, "config.json"), {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")})
+    write_json(
+        os.path.join(directory, "config.json"),
+        {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+    )
     if tokenizer is not None:
         tokenizer.save(directory)
         generation = {**tokenizer.generation_config, "eos_token_id": list(tokenizer.eos_token_ids)}
@@ -291,7 +335,9 @@ def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: 
         save_file(shard, os.path.join(directory, file), metadata={"format": "pt"})
         weight_map.update({name: file for name in shard})
     total = sum(t.nbytes for t in tensors.values())
-    write_json(os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_json(
+        os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map}
+    )
 
 
 def replace_dir(new: str, target: str) -> None:

@@ -14,8 +14,8 @@ import torch
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
-from minigrpo.sampler import Samples
 from minigrpo.run import build_trainer
+from minigrpo.sampler import Samples
 from minigrpo.trainer import Trainer
 from minigrpo.verifier import register_reward
 
@@ -37,8 +37,12 @@ def fixed_sample(self, indices, round_):
             rng = random.Random(f"{i}-{0 if i % 3 == 0 else j}-{self.step}")
             length = rng.randint(2, self.grpo.max_completion_length)
             tokens.append([rng.randrange(self.model.config.vocab_size) for _ in range(length)])
-    return Samples(tokens=tokens, logprobs=[[0.0] * len(t) for t in tokens], finish_reasons=["length"] * len(tokens),
-                   prompt_indices=[p for p in range(len(indices)) for _ in range(G)])
+    return Samples(
+        tokens=tokens,
+        logprobs=[[0.0] * len(t) for t in tokens],
+        finish_reasons=["length"] * len(tokens),
+        prompt_indices=[p for p in range(len(indices)) for _ in range(G)],
+    )
 
 
 GRADIENTS = []  # one {parameter name: whole gradient} per AdamW step of the run in progress
@@ -49,15 +53,22 @@ def recording_clip(clip):
     clip, whole (FSDP2 gathers its shards: every rank joins) and named as one process names them."""
 
     def clip_gradients(self, max_norm: float) -> float:
-        GRADIENTS.append({name.removeprefix("module."): _whole(p.grad) for name, p in self.module.named_parameters()
-                          if p.grad is not None})
+        GRADIENTS.append(
+            {
+                name.removeprefix("module."): _whole(p.grad)
+                for name, p in self.module.named_parameters()
+                if p.grad is not None
+            }
+        )
         return clip(self, max_norm)
 
     return clip_gradients
 
 
 def _whole(gradient: torch.Tensor) -> torch.Tensor:
-    return gradient.full_tensor() if hasattr(gradient, "full_tensor") else gradient.detach().clone()  # FSDP2: a DTensor
+    return (
+        gradient.full_tensor() if hasattr(gradient, "full_tensor") else gradient.detach().clone()
+    )  # FSDP2: a DTensor
 
 
 def main(job: dict) -> None:

@@ -5,12 +5,20 @@ import os
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers, decoders, trainers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
 
-TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0)
+TINY = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=5000.0,
+)
 
 # Random tiny shapes covering what the decoder must get right.
 CONFIGS = {
@@ -38,12 +46,22 @@ def tiny_tokenizer(directory: str) -> minigrpo.Tokenizer:
     backend = HFTokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(["What is 12 + 30? The answer is \\boxed{42}.", "user assistant system think"] * 20, trainer)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(
+        ["What is 12 + 30? The answer is \\boxed{42}.", "user assistant system think"] * 20, trainer
+    )
     os.makedirs(directory, exist_ok=True)
     backend.save(os.path.join(directory, "tokenizer.json"))
-    write_json(os.path.join(directory, "tokenizer_config.json"), {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
-    write_json(os.path.join(directory, "generation_config.json"), {"eos_token_id": [backend.token_to_id("<|im_end|>"), backend.token_to_id("<|endoftext|>")]})
+    write_json(
+        os.path.join(directory, "tokenizer_config.json"),
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    )
+    write_json(
+        os.path.join(directory, "generation_config.json"),
+        {"eos_token_id": [backend.token_to_id("<|im_end|>"), backend.token_to_id("<|endoftext|>")]},
+    )
     return minigrpo.Tokenizer.from_directory(directory)
 
 

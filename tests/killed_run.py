@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 
+import tool_runner  # imports torch and what the examples need; runs one as __main__ in a forked process
 import torch
 
-import tool_runner  # imports torch and what the examples need; runs one as __main__ in a forked process
 from minigrpo.verifier import register_reward
 
 TIME_LIMIT = 120  # seconds a run may take before the server kills it and reports a time-out
@@ -61,14 +61,23 @@ def _path_of(args) -> str:
 # Where a run of 3 steps that saves every step and keeps 2 checkpoints is killed; the call counts
 # are those of a fresh run (the metrics rewrite happens only on resume). Step 3's save prunes step 1.
 KILL_POINTS = {
-    "save 2: weights written, trainer state not": lambda: _kill_at(torch, "save", r"/trainer_state\.pt$", call=2),
-    "save 2: every file written and fsynced, not yet renamed into place": lambda: _kill_at(os, "rename", r"/step-000002$"),
-    "save 2: renamed into place, its directory not fsynced": lambda: _kill_at(os, "rename", r"/step-000002$", after=True),
-    "prune: step 1 renamed to .deleting-": lambda: _kill_at(os, "rename", r"/\.deleting-step-000001$", after=True),
+    "save 2: weights written, trainer state not": lambda: _kill_at(
+        torch, "save", r"/trainer_state\.pt$", call=2
+    ),
+    "save 2: every file written and fsynced, not yet renamed into place": lambda: _kill_at(
+        os, "rename", r"/step-000002$"
+    ),
+    "save 2: renamed into place, its directory not fsynced": lambda: _kill_at(
+        os, "rename", r"/step-000002$", after=True
+    ),
+    "prune: step 1 renamed to .deleting-": lambda: _kill_at(
+        os, "rename", r"/\.deleting-step-000001$", after=True
+    ),
     # rmtree's unlinks: bare names relative to its directory's fd (any other unlink of a run names a path)
     "prune: step 1 half deleted": lambda: _kill_at(os, "unlink", r"^[^/]+$", call=3, after=True),
-    "resume: trimmed metrics in a temporary file, not renamed over metrics.jsonl":
-        lambda: _kill_at(os, "replace", r"/metrics\.jsonl$"),
+    "resume: trimmed metrics in a temporary file, not renamed over metrics.jsonl": lambda: _kill_at(
+        os, "replace", r"/metrics\.jsonl$"
+    ),
     "end: initial_eval.json being rewritten": lambda: _kill_at(json, "dump", r"/initial_eval\.json", call=2),
 }
 
@@ -105,22 +114,37 @@ class Server:
     """The fork server as a test sees it: train_math(args, kill_point, ...) -> exit code (-9: killed)."""
 
     def __init__(self):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model on a busy machine: a second thread only spins
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # runs start where a user would run them
-        self.process = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                                        cwd=root)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+        }  # a tiny model on a busy machine: a second thread only spins
+        root = os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__))
+        )  # runs start where a user would run them
+        self.process = subprocess.Popen(
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=root,
+        )
 
     def train_math(self, args: list[str], kill_point: str | None, log_dir: str, name: str) -> int:
         """examples/train_math.py *args, killed at kill_point; its output in log_dir/name.out and .err."""
         return self.run("train_math.py", args, log_dir, name, kill_point)
 
-    def run(self, script: str, args: list[str], log_dir: str, name: str, kill_point: str | None = None) -> int:
+    def run(
+        self, script: str, args: list[str], log_dir: str, name: str, kill_point: str | None = None
+    ) -> int:
         """`python script *args` (a file of examples/, or a path) as a forked child: its exit code (-9: killed)."""
         self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name]) + "\n")
         self.process.stdin.flush()
         answer = self.process.stdout.readline().strip()
         if answer in ("", "timeout"):
-            raise RuntimeError(f"{script} {' '.join(args)}: {'ran past the time limit' if answer else 'the server died'}")
+            raise RuntimeError(
+                f"{script} {' '.join(args)}: {'ran past the time limit' if answer else 'the server died'}"
+            )
         return int(answer)
 
     def close(self) -> None:

@@ -11,7 +11,9 @@ import torch
 from minigrpo.sampler import SamplingConfig
 
 
-def next_token_distribution(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def next_token_distribution(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float
+) -> torch.Tensor:
     """(V,) probabilities of the next token after temperature, top-k and top-p, from (V,) logits."""
     probs = (logits / temperature).softmax(-1)
     sorted_probs, order = probs.sort(descending=True)
@@ -42,7 +44,9 @@ def naive_generate(model, prompts, **settings):
                         token = int(logits.argmax())
                         logprob = logits.log_softmax(-1)[token]
                     else:
-                        probs = next_token_distribution(logits, config.temperature, config.top_k, config.top_p)
+                        probs = next_token_distribution(
+                            logits, config.temperature, config.top_k, config.top_p
+                        )
                         token = int(torch.multinomial(probs, 1, generator=generator))
                         logprob = (logits / config.temperature).log_softmax(-1)[token]
                     sequence.append(token)

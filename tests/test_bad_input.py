@@ -22,110 +22,328 @@ import minigrpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-EMBEDDED = os.path.join(ROOT, "models", "minigrpo-tiny-arith")  # its tokenizer keeps digits and operators only
+EMBEDDED = os.path.join(
+    ROOT, "models", "minigrpo-tiny-arith"
+)  # its tokenizer keeps digits and operators only
 LONG = "What is 12 + 30? " * 40  # about 280 tokens, beyond the tiny model's context of 64
 HUGE = "What is 12 + 30? " * 600_000  # 10 MB: tokenizing it takes half a minute, refusing it must not
 
 # What each tool is given besides the input under test (a case's own flags replace these); {name}: the case's.
 BASE = {
     "sample.py": {"--prompt": "12+30", "--max_new_tokens": "4"},
-    "eval_math.py": {"--data": "arithmetic", "--count": "2", "--max_new_tokens": "4", "--output": "{tmp}/results/{name}.jsonl"},
-    "train_math.py": {"--template": "tiny", "--train_count": "20", "--eval_count": "2", "--steps": "1",
-                      "--output_dir": "{tmp}/runs/{name}"},
+    "eval_math.py": {
+        "--data": "arithmetic",
+        "--count": "2",
+        "--max_new_tokens": "4",
+        "--output": "{tmp}/results/{name}.jsonl",
+    },
+    "train_math.py": {
+        "--template": "tiny",
+        "--train_count": "20",
+        "--eval_count": "2",
+        "--steps": "1",
+        "--output_dir": "{tmp}/runs/{name}",
+    },
 }
 
 # The inputs every tool that loads a checkpoint must refuse: (case, arguments, what stderr says).
 MODEL_INPUTS = [
     ("device_unknown", ["--model", "{ckpt}", "--device", "bogus"], "unknown device 'bogus'"),
-    ("device_cuda_without_gpu", ["--model", "{ckpt}", "--device", "cuda"], "device 'cuda' asks for a GPU, but torch sees none"),
+    (
+        "device_cuda_without_gpu",
+        ["--model", "{ckpt}", "--device", "cuda"],
+        "device 'cuda' asks for a GPU, but torch sees none",
+    ),
     ("no_tokenizer_json", ["--model", "{no_tokenizer}"], "{no_tokenizer} has no tokenizer.json"),
-    ("safetensors_truncated", ["--model", "{truncated}"], "{truncated}/model.safetensors is not a readable safetensors file"),
-    ("safetensors_empty", ["--model", "{empty}"], "{empty}/model.safetensors is not a readable safetensors file"),
-    ("safetensors_corrupt", ["--model", "{corrupt}"], "{corrupt}/model.safetensors is not a readable safetensors file"),
-    ("config_json_null", ["--model", "{config_null}"], "{config_null}/config.json holds null, not a JSON object"),
-    ("config_json_list", ["--model", "{config_list}"], "{config_list}/config.json holds [1, 2], not a JSON object"),
-    ("tokenizer_json_bad", ["--model", "{bad_tokenizer}"], "{bad_tokenizer}/tokenizer.json is not a tokenizer file"),
+    (
+        "safetensors_truncated",
+        ["--model", "{truncated}"],
+        "{truncated}/model.safetensors is not a readable safetensors file",
+    ),
+    (
+        "safetensors_empty",
+        ["--model", "{empty}"],
+        "{empty}/model.safetensors is not a readable safetensors file",
+    ),
+    (
+        "safetensors_corrupt",
+        ["--model", "{corrupt}"],
+        "{corrupt}/model.safetensors is not a readable safetensors file",
+    ),
+    (
+        "config_json_null",
+        ["--model", "{config_null}"],
+        "{config_null}/config.json holds null, not a JSON object",
+    ),
+    (
+        "config_json_list",
+        ["--model", "{config_list}"],
+        "{config_list}/config.json holds [1, 2], not a JSON object",
+    ),
+    (
+        "tokenizer_json_bad",
+        ["--model", "{bad_tokenizer}"],
+        "{bad_tokenizer}/tokenizer.json is not a tokenizer file",
+    ),
 ]
 # (tool, case, arguments, what stderr says); "output" cases also pass a damaged --model, whose error
 # would show instead if the output check came after loading it: they prove the check comes first.
 CASES = [(tool, case, args, message) for tool in BASE for case, args, message in MODEL_INPUTS] + [
-    ("sample.py", "prompt_beyond_context", ["--model", "{ckpt}", "--prompt", LONG], "exceeds the model's context of 64"),
-    ("eval_math.py", "prompt_beyond_context", ["--model", "{ckpt}", "--data", "{long}"],
-     "{long}, line 2 (prompts) has"),  # and "exceeds the model's context of 64"
-    ("train_math.py", "prompt_beyond_context", ["--model", "{ckpt}", "--eval_data", "{long}", "--max_completion_length", "8"],
-     "{long}, line 2 (held-out prompts) has"),  # the file's line, counted from 1, not the row's index
-    ("train_math.py", "config_model_is_a_number", ["--config", "{config_model_5}"], "{config_model_5}: model must be text, got 5"),
-    ("train_math.py", "config_data_is_a_list", ["--config", "{config_data_list}", "--model", "{ckpt}"],
-     "{config_data_list}: data must be text, got [1, 2]"),
-    ("train_math.py", "config_unknown_keys", ["--config", "{config_unknown}"], "{config_unknown} has unknown options: epochs, lr"),
-    ("train_math.py", "config_top_p_0", ["--config", "{config_top_p_0}"], "top_p must be in (0, 1], got 0"),  # SamplingConfig's check
-    ("train_math.py", "output_dir_is_a_file", ["--model", "{truncated}", "--output_dir", "{file}"],
-     "--output_dir {file} is a file; it must be a directory"),
-    ("train_math.py", "output_dir_under_a_file", ["--model", "{truncated}", "--output_dir", "{file}/run"],
-     "--output_dir {file}/run cannot be created: {file} is a file"),
-    ("train_math.py", "output_dir_not_writable", ["--model", "{truncated}", "--output_dir", "{read_only}/run"],
-     "--output_dir {read_only}/run cannot be written: no write permission in {read_only}"),
-    ("eval_math.py", "max_batch_rows_0", ["--model", "{ckpt}", "--max_batch_rows", "0"],
-     "max_batch_rows must be a positive integer (or None for no limit), got 0"),
-    ("eval_math.py", "max_batch_rows_negative", ["--model", "{ckpt}", "--max_batch_rows", "-1"],  # once pass@1 0.000
-     "max_batch_rows must be a positive integer (or None for no limit), got -1"),
-    ("eval_math.py", "output_is_a_directory", ["--model", "{truncated}", "--output", "{tmp}"], "--output {tmp} is a directory"),
-    ("eval_math.py", "output_under_a_file", ["--model", "{truncated}", "--output", "{file}/results.jsonl"],
-     "--output {file}/results.jsonl cannot be created: {file} is a file"),
-    ("eval_math.py", "output_not_writable", ["--model", "{truncated}", "--output", "{read_only}/results.jsonl"],
-     "--output {read_only}/results.jsonl cannot be created: no write permission in {read_only}"),
-    ("pretrain_tiny.py", "output_is_a_file", ["--output", "{file}"], "--output {file} is a file; it must be a directory"),
-    ("pretrain_tiny.py", "output_under_a_file", ["--output", "{file}/model"], "--output {file}/model cannot be created: {file} is a file"),
+    (
+        "sample.py",
+        "prompt_beyond_context",
+        ["--model", "{ckpt}", "--prompt", LONG],
+        "exceeds the model's context of 64",
+    ),
+    (
+        "eval_math.py",
+        "prompt_beyond_context",
+        ["--model", "{ckpt}", "--data", "{long}"],
+        "{long}, line 2 (prompts) has",
+    ),  # and "exceeds the model's context of 64"
+    (
+        "train_math.py",
+        "prompt_beyond_context",
+        ["--model", "{ckpt}", "--eval_data", "{long}", "--max_completion_length", "8"],
+        "{long}, line 2 (held-out prompts) has",
+    ),  # the file's line, counted from 1, not the row's index
+    (
+        "train_math.py",
+        "config_model_is_a_number",
+        ["--config", "{config_model_5}"],
+        "{config_model_5}: model must be text, got 5",
+    ),
+    (
+        "train_math.py",
+        "config_data_is_a_list",
+        ["--config", "{config_data_list}", "--model", "{ckpt}"],
+        "{config_data_list}: data must be text, got [1, 2]",
+    ),
+    (
+        "train_math.py",
+        "config_unknown_keys",
+        ["--config", "{config_unknown}"],
+        "{config_unknown} has unknown options: epochs, lr",
+    ),
+    (
+        "train_math.py",
+        "config_top_p_0",
+        ["--config", "{config_top_p_0}"],
+        "top_p must be in (0, 1], got 0",
+    ),  # SamplingConfig's check
+    (
+        "train_math.py",
+        "output_dir_is_a_file",
+        ["--model", "{truncated}", "--output_dir", "{file}"],
+        "--output_dir {file} is a file; it must be a directory",
+    ),
+    (
+        "train_math.py",
+        "output_dir_under_a_file",
+        ["--model", "{truncated}", "--output_dir", "{file}/run"],
+        "--output_dir {file}/run cannot be created: {file} is a file",
+    ),
+    (
+        "train_math.py",
+        "output_dir_not_writable",
+        ["--model", "{truncated}", "--output_dir", "{read_only}/run"],
+        "--output_dir {read_only}/run cannot be written: no write permission in {read_only}",
+    ),
+    (
+        "eval_math.py",
+        "max_batch_rows_0",
+        ["--model", "{ckpt}", "--max_batch_rows", "0"],
+        "max_batch_rows must be a positive integer (or None for no limit), got 0",
+    ),
+    (
+        "eval_math.py",
+        "max_batch_rows_negative",
+        ["--model", "{ckpt}", "--max_batch_rows", "-1"],  # once pass@1 0.000
+        "max_batch_rows must be a positive integer (or None for no limit), got -1",
+    ),
+    (
+        "eval_math.py",
+        "output_is_a_directory",
+        ["--model", "{truncated}", "--output", "{tmp}"],
+        "--output {tmp} is a directory",
+    ),
+    (
+        "eval_math.py",
+        "output_under_a_file",
+        ["--model", "{truncated}", "--output", "{file}/results.jsonl"],
+        "--output {file}/results.jsonl cannot be created: {file} is a file",
+    ),
+    (
+        "eval_math.py",
+        "output_not_writable",
+        ["--model", "{truncated}", "--output", "{read_only}/results.jsonl"],
+        "--output {read_only}/results.jsonl cannot be created: no write permission in {read_only}",
+    ),
+    (
+        "pretrain_tiny.py",
+        "output_is_a_file",
+        ["--output", "{file}"],
+        "--output {file} is a file; it must be a directory",
+    ),
+    (
+        "pretrain_tiny.py",
+        "output_under_a_file",
+        ["--output", "{file}/model"],
+        "--output {file}/model cannot be created: {file} is a file",
+    ),
     # Earlier one-line errors, here to share the runner: a missing model or data set, and (item 17) prompts that
     # the embedded default's tokenizer cannot represent.
-    ("sample.py", "model_missing", ["--model", "{tmp}/missing"], "no such checkpoint directory: {tmp}/missing"),
-    ("sample.py", "model_missing_local_path", ["--model", "models/no-such-model"],  # ./models exists: never a Hub look-up
-     "no such checkpoint directory: models/no-such-model"),
-    ("eval_math.py", "model_missing", ["--model", "{tmp}/missing"], "no such checkpoint directory: {tmp}/missing"),
-    ("eval_math.py", "data_missing", ["--model", "{ckpt}", "--data", "{tmp}/none.jsonl"], "unknown dataset '{tmp}/none.jsonl'"),
-    ("sample.py", "prompt_the_tokenizer_cannot_represent", ["--prompt", "What is 12+7*3?"],  # it keeps only 12+7*3
-     "minigrpo-tiny-arith cannot represent"),
-    ("train_math.py", "prompt_the_tokenizer_cannot_represent", ["--data", "{gsm8k}"], "minigrpo-tiny-arith cannot represent"),
+    (
+        "sample.py",
+        "model_missing",
+        ["--model", "{tmp}/missing"],
+        "no such checkpoint directory: {tmp}/missing",
+    ),
+    (
+        "sample.py",
+        "model_missing_local_path",
+        ["--model", "models/no-such-model"],  # ./models exists: never a Hub look-up
+        "no such checkpoint directory: models/no-such-model",
+    ),
+    (
+        "eval_math.py",
+        "model_missing",
+        ["--model", "{tmp}/missing"],
+        "no such checkpoint directory: {tmp}/missing",
+    ),
+    (
+        "eval_math.py",
+        "data_missing",
+        ["--model", "{ckpt}", "--data", "{tmp}/none.jsonl"],
+        "unknown dataset '{tmp}/none.jsonl'",
+    ),
+    (
+        "sample.py",
+        "prompt_the_tokenizer_cannot_represent",
+        ["--prompt", "What is 12+7*3?"],  # it keeps only 12+7*3
+        "minigrpo-tiny-arith cannot represent",
+    ),
+    (
+        "train_math.py",
+        "prompt_the_tokenizer_cannot_represent",
+        ["--data", "{gsm8k}"],
+        "minigrpo-tiny-arith cannot represent",
+    ),
 ]
 # Issue 22, item 12: numbers that are not finite, 0 read as "the default", a YAML error, a reward weight, a data set's
 # NaN, a data set of golds nothing can match; item 10: output_dir where os.access says yes but nothing can be written.
 CASES += [
-    ("train_math.py", "temperature_inf", ["--model", "{ckpt}", "--temperature", "inf"], "temperature must be a finite number, got inf"),
-    ("train_math.py", "learning_rate_nan", ["--model", "{ckpt}", "--learning_rate", "nan"],
-     "learning_rate must be a finite number, got nan"),
-    ("sample.py", "temperature_inf", ["--model", "{ckpt}", "--temperature", "inf"], "temperature must be >= 0 and finite"),
-    ("eval_math.py", "temperature_inf", ["--model", "{ckpt}", "--temperature", "inf"], "temperature must be >= 0 and finite"),
-    ("sample.py", "max_new_tokens_0", ["--model", "{ckpt}", "--max_new_tokens", "0"],
-     "--max_new_tokens must be a positive integer (leave it out for what the context leaves), got 0"),
-    ("eval_math.py", "max_new_tokens_0", ["--model", "{ckpt}", "--max_new_tokens", "0"],
-     "--max_new_tokens must be a positive integer (leave it out for what the context leaves), got 0"),
-    ("train_math.py", "config_yaml_error", ["--config", "{config_bad_yaml}"],
-     "cannot read the config file {config_bad_yaml}: line 3, column 1: expected ',' or ']'"),
-    ("train_math.py", "rewards_weight_not_a_number", ["--model", "{ckpt}", "--rewards", "accuracy:abc"],
-     "--rewards 'accuracy:abc': the weight of 'accuracy' must be a number, got 'abc'"),
-    ("eval_math.py", "answer_nan", ["--model", "{ckpt}", "--data", "{answer_nan}"], "{answer_nan}, line 2: field 'answer' is nan"),
-    ("train_math.py", "answer_infinity", ["--model", "{ckpt}", "--eval_data", "{answer_infinity}"],
-     "{answer_infinity}, line 2: field 'answer' is inf, not a finite number"),
-    ("eval_math.py", "no_gold_can_match", ["--model", "{ckpt}", "--data", "{golds_unmatchable}"],
-     "{golds_unmatchable}: no row has a gold answer that a completion can match"),
-    ("train_math.py", "output_dir_in_proc", ["--model", "{truncated}", "--output_dir", "/proc/minigrpo-run"],
-     "--output_dir /proc/minigrpo-run cannot be written"),
-    ("train_math.py", "output_dir_in_sys", ["--model", "{truncated}", "--output_dir", "/sys/minigrpo-run/a"],
-     "--output_dir /sys/minigrpo-run/a cannot be written"),
-    ("train_math.py", "output_dir_empty", ["--model", "{truncated}", "--output_dir", ""], "--output_dir is empty"),
-    ("pretrain_tiny.py", "learning_rate_inf", ["--output", "{tmp}/pretrained", "--learning_rate", "inf", "--max_steps", "1"],
-     "--learning_rate must be a finite number, got inf"),
-    ("pretrain_tiny.py", "stop_accuracy_nan", ["--output", "{tmp}/pretrained", "--stop_accuracy", "nan", "--max_steps", "1"],
-     "--stop_accuracy must be a finite number, got nan"),
+    (
+        "train_math.py",
+        "temperature_inf",
+        ["--model", "{ckpt}", "--temperature", "inf"],
+        "temperature must be a finite number, got inf",
+    ),
+    (
+        "train_math.py",
+        "learning_rate_nan",
+        ["--model", "{ckpt}", "--learning_rate", "nan"],
+        "learning_rate must be a finite number, got nan",
+    ),
+    (
+        "sample.py",
+        "temperature_inf",
+        ["--model", "{ckpt}", "--temperature", "inf"],
+        "temperature must be >= 0 and finite",
+    ),
+    (
+        "eval_math.py",
+        "temperature_inf",
+        ["--model", "{ckpt}", "--temperature", "inf"],
+        "temperature must be >= 0 and finite",
+    ),
+    (
+        "sample.py",
+        "max_new_tokens_0",
+        ["--model", "{ckpt}", "--max_new_tokens", "0"],
+        "--max_new_tokens must be a positive integer (leave it out for what the context leaves), got 0",
+    ),
+    (
+        "eval_math.py",
+        "max_new_tokens_0",
+        ["--model", "{ckpt}", "--max_new_tokens", "0"],
+        "--max_new_tokens must be a positive integer (leave it out for what the context leaves), got 0",
+    ),
+    (
+        "train_math.py",
+        "config_yaml_error",
+        ["--config", "{config_bad_yaml}"],
+        "cannot read the config file {config_bad_yaml}: line 3, column 1: expected ',' or ']'",
+    ),
+    (
+        "train_math.py",
+        "rewards_weight_not_a_number",
+        ["--model", "{ckpt}", "--rewards", "accuracy:abc"],
+        "--rewards 'accuracy:abc': the weight of 'accuracy' must be a number, got 'abc'",
+    ),
+    (
+        "eval_math.py",
+        "answer_nan",
+        ["--model", "{ckpt}", "--data", "{answer_nan}"],
+        "{answer_nan}, line 2: field 'answer' is nan",
+    ),
+    (
+        "train_math.py",
+        "answer_infinity",
+        ["--model", "{ckpt}", "--eval_data", "{answer_infinity}"],
+        "{answer_infinity}, line 2: field 'answer' is inf, not a finite number",
+    ),
+    (
+        "eval_math.py",
+        "no_gold_can_match",
+        ["--model", "{ckpt}", "--data", "{golds_unmatchable}"],
+        "{golds_unmatchable}: no row has a gold answer that a completion can match",
+    ),
+    (
+        "train_math.py",
+        "output_dir_in_proc",
+        ["--model", "{truncated}", "--output_dir", "/proc/minigrpo-run"],
+        "--output_dir /proc/minigrpo-run cannot be written",
+    ),
+    (
+        "train_math.py",
+        "output_dir_in_sys",
+        ["--model", "{truncated}", "--output_dir", "/sys/minigrpo-run/a"],
+        "--output_dir /sys/minigrpo-run/a cannot be written",
+    ),
+    (
+        "train_math.py",
+        "output_dir_empty",
+        ["--model", "{truncated}", "--output_dir", ""],
+        "--output_dir is empty",
+    ),
+    (
+        "pretrain_tiny.py",
+        "learning_rate_inf",
+        ["--output", "{tmp}/pretrained", "--learning_rate", "inf", "--max_steps", "1"],
+        "--learning_rate must be a finite number, got inf",
+    ),
+    (
+        "pretrain_tiny.py",
+        "stop_accuracy_nan",
+        ["--output", "{tmp}/pretrained", "--stop_accuracy", "nan", "--max_steps", "1"],
+        "--stop_accuracy must be a finite number, got nan",
+    ),
 ]
 # Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case, arguments, note).
 NOTED = [
-    ("eval_math.py", "golds_skipped_and_unparsed", ["--model", "{ckpt}", "--data", "{golds_mixed}", "--count", "5", "--num_samples", "1"],
-     ["note: {golds_mixed}: skipped 2 of 5 rows whose gold answer no completion can match (empty once normalised, or its "
-      "braces unbalanced), first line 3 ('$$')",
-      "note: {golds_mixed}: 1 of 5 rows have a gold answer the verifier cannot parse, first line 5 ('\\\\int_0^1 x dx'); kept, "
-      "but only an answer written the same way scores right on them",
-      "{golds_mixed} (3 problems"]),
+    (
+        "eval_math.py",
+        "golds_skipped_and_unparsed",
+        ["--model", "{ckpt}", "--data", "{golds_mixed}", "--count", "5", "--num_samples", "1"],
+        [
+            "note: {golds_mixed}: skipped 2 of 5 rows whose gold answer no completion can match (empty once normalised, or its "
+            "braces unbalanced), first line 3 ('$$')",
+            "note: {golds_mixed}: 1 of 5 rows have a gold answer the verifier cannot parse, first line 5 ('\\\\int_0^1 x dx'); kept, "
+            "but only an answer written the same way scores right on them",
+            "{golds_mixed} (3 problems",
+        ],
+    ),
 ]
 SKIPPED = {}  # case -> why it cannot be shown on this machine
 if importlib.util.find_spec("yaml") is None:
@@ -134,7 +352,8 @@ if torch.cuda.is_available():
     SKIPPED["device_cuda_without_gpu"] = "this machine has a GPU"
 if os.geteuid() == 0:
     SKIPPED["output_dir_not_writable"] = SKIPPED["output_not_writable"] = (
-        "run as root, who writes through a read-only mode; the 'under a file' cases reach the same check")
+        "run as root, who writes through a read-only mode; the 'under a file' cases reach the same check"
+    )
 
 
 def name_of(tool, case):
@@ -145,42 +364,78 @@ def checkpoints(tmp) -> dict:
     """A good tiny checkpoint (context 64) and one damaged copy per bad input; the other paths the table names."""
     tokenizer = tiny_tokenizer(str(tmp / "tokenizer"))
     good = tmp / "ckpt"
-    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64), tokenizer, good)
+    minigrpo.save_pretrained(
+        tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64), tokenizer, good
+    )
     weights = (good / "model.safetensors").read_bytes()
     damage = {
         "no_tokenizer": lambda d: (d / "tokenizer.json").unlink(),
-        "truncated": lambda d: (d / "model.safetensors").write_bytes(weights[:len(weights) // 2]),
+        "truncated": lambda d: (d / "model.safetensors").write_bytes(weights[: len(weights) // 2]),
         "empty": lambda d: (d / "model.safetensors").write_bytes(b""),
-        "corrupt": lambda d: (d / "model.safetensors").write_bytes(weights[:8] + b"x" * 32 + weights[40:]),  # the header's JSON
+        "corrupt": lambda d: (d / "model.safetensors").write_bytes(
+            weights[:8] + b"x" * 32 + weights[40:]
+        ),  # the header's JSON
         "config_null": lambda d: (d / "config.json").write_text("null"),
         "config_list": lambda d: (d / "config.json").write_text("[1, 2]"),
         "bad_tokenizer": lambda d: (d / "tokenizer.json").write_text("{not json"),
     }
-    paths = {"tmp": tmp, "ckpt": good, "long": tmp / "long.jsonl", "file": tmp / "a-file", "read_only": tmp / "read-only",
-             "config_model_5": tmp / "model-5.json", "config_data_list": tmp / "data-list.json",
-             "config_unknown": tmp / "unknown.json", "config_top_p_0": tmp / "top-p-0.yaml",
-             "config_bad_yaml": tmp / "bad.yaml", "answer_nan": tmp / "answer-nan.jsonl",
-             "answer_infinity": tmp / "answer-infinity.jsonl", "golds_unmatchable": tmp / "golds-unmatchable.jsonl",
-             "golds_mixed": tmp / "golds-mixed.jsonl"}
+    paths = {
+        "tmp": tmp,
+        "ckpt": good,
+        "long": tmp / "long.jsonl",
+        "file": tmp / "a-file",
+        "read_only": tmp / "read-only",
+        "config_model_5": tmp / "model-5.json",
+        "config_data_list": tmp / "data-list.json",
+        "config_unknown": tmp / "unknown.json",
+        "config_top_p_0": tmp / "top-p-0.yaml",
+        "config_bad_yaml": tmp / "bad.yaml",
+        "answer_nan": tmp / "answer-nan.jsonl",
+        "answer_infinity": tmp / "answer-infinity.jsonl",
+        "golds_unmatchable": tmp / "golds-unmatchable.jsonl",
+        "golds_mixed": tmp / "golds-mixed.jsonl",
+    }
     for name, edit in damage.items():
         paths[name] = tmp / name
         paths[name].mkdir()
         for file in good.iterdir():
             (paths[name] / file.name).write_bytes(file.read_bytes())
         edit(paths[name])
-    paths["long"].write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n"
-                             + json.dumps({"question": LONG, "answer": "#### 42"}) + "\n")
-    paths["config_bad_yaml"].write_text("learning_rate: 1e-5\nadam_betas: [0.9, 0.95\n")  # the list never closes
+    paths["long"].write_text(
+        json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"})
+        + "\n"
+        + json.dumps({"question": LONG, "answer": "#### 42"})
+        + "\n"
+    )
+    paths["config_bad_yaml"].write_text(
+        "learning_rate: 1e-5\nadam_betas: [0.9, 0.95\n"
+    )  # the list never closes
     first = json.dumps({"problem": "What is 1 + 1?", "answer": "2"})
-    paths["answer_nan"].write_text(first + '\n{"problem": "What is 0 / 0?", "answer": NaN}\n')  # Python's json reads both
+    paths["answer_nan"].write_text(
+        first + '\n{"problem": "What is 0 / 0?", "answer": NaN}\n'
+    )  # Python's json reads both
     paths["answer_infinity"].write_text(first + '\n{"problem": "What is 1 / 0?", "answer": Infinity}\n')
-    paths["golds_unmatchable"].write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n"
-                                                  for i, gold in enumerate(["$$", "\\frac{1", "\\$"])))
-    golds = ["2", "\\frac{1}{2}", "$$", "\\frac{1", "\\int_0^1 x dx"]  # kept, kept, skipped, skipped, kept (not parsed)
-    paths["golds_mixed"].write_text("".join(json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n"
-                                            for i, gold in enumerate(golds)))
+    paths["golds_unmatchable"].write_text(
+        "".join(
+            json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n"
+            for i, gold in enumerate(["$$", "\\frac{1", "\\$"])
+        )
+    )
+    golds = [
+        "2",
+        "\\frac{1}{2}",
+        "$$",
+        "\\frac{1",
+        "\\int_0^1 x dx",
+    ]  # kept, kept, skipped, skipped, kept (not parsed)
+    paths["golds_mixed"].write_text(
+        "".join(json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n" for i, gold in enumerate(golds))
+    )
     paths["gsm8k"] = tmp / "gsm8k.jsonl"
-    paths["gsm8k"].write_text(json.dumps({"question": "Janet has 3 ducks and 4 eggs. How many?", "answer": "3 + 4 = 7\n#### 7"}) + "\n")
+    paths["gsm8k"].write_text(
+        json.dumps({"question": "Janet has 3 ducks and 4 eggs. How many?", "answer": "3 + 4 = 7\n#### 7"})
+        + "\n"
+    )
     paths["file"].write_text("not a directory\n")
     paths["config_model_5"].write_text(json.dumps({"model": 5}))
     paths["config_data_list"].write_text(json.dumps({"data": [1, 2]}))
@@ -205,18 +460,38 @@ def runs(tmp_path_factory):
     jobs.append({"name": "crash", "script": "no_such_tool.py", "argv": []})  # the runner shows tracebacks too
     out = tmp / "out"
     out.mkdir()
-    runner = subprocess.run([sys.executable, os.path.join(HERE, "tool_runner.py"), str(out)], input=json.dumps(jobs), cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    runner = subprocess.run(
+        [sys.executable, os.path.join(HERE, "tool_runner.py"), str(out)],
+        input=json.dumps(jobs),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert runner.returncode == 0, runner.stderr[-3000:]
     statuses = json.loads(runner.stdout)
-    yield {name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
-           for name, status in statuses.items()}, paths
+    yield (
+        {
+            name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
+            for name, status in statuses.items()
+        },
+        paths,
+    )
     paths["read_only"].chmod(0o755)  # so that pytest can remove it
 
 
-@pytest.mark.parametrize("tool, case, args, message", [
-    pytest.param(*row, id=name_of(*row[:2]), marks=[pytest.mark.skip(reason=SKIPPED[row[1]])] if row[1] in SKIPPED else [])
-    for row in CASES])
+@pytest.mark.parametrize(
+    "tool, case, args, message",
+    [
+        pytest.param(
+            *row,
+            id=name_of(*row[:2]),
+            marks=[pytest.mark.skip(reason=SKIPPED[row[1]])] if row[1] in SKIPPED else [],
+        )
+        for row in CASES
+    ],
+)
 def test_bad_input_is_refused_in_one_line(runs, tool, case, args, message):
     results, paths = runs
     status, stdout, stderr = results[name_of(tool, case)]
@@ -224,7 +499,9 @@ def test_bad_input_is_refused_in_one_line(runs, tool, case, args, message):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{tool}: "), stderr
     assert message.format(**paths) in lines[0]
-    if "output" in case:  # refused before anything ran: the damaged --model was never read, nothing was printed
+    if (
+        "output" in case
+    ):  # refused before anything ran: the damaged --model was never read, nothing was printed
         assert stdout == ""
     if tool == "train_math.py":  # nothing written
         assert not (paths["tmp"] / "runs" / name_of(tool, case)).exists()
@@ -244,10 +521,16 @@ def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_
     in time linear in its length (a look at its characters), naming its file and line."""
     huge = tmp_path / "huge.jsonl"
     huge.write_text(json.dumps({"question": HUGE, "answer": "#### 42"}) + "\n")
-    examples_server.run("eval_math.py", ["--data", "no-such-kind"], str(tmp_path), "warm-up")  # the server has imported
+    examples_server.run(
+        "eval_math.py", ["--data", "no-such-kind"], str(tmp_path), "warm-up"
+    )  # the server has imported
     started = time.monotonic()
-    code = examples_server.run("eval_math.py", ["--model", EMBEDDED, "--data", str(huge), "--output", str(tmp_path / "r.jsonl")],
-                               str(tmp_path), "huge")
+    code = examples_server.run(
+        "eval_math.py",
+        ["--model", EMBEDDED, "--data", str(huge), "--output", str(tmp_path / "r.jsonl")],
+        str(tmp_path),
+        "huge",
+    )
     seconds = time.monotonic() - started
     stderr = (tmp_path / "huge.err").read_text()
     assert code == 1 and stderr.count("\n") == 1, stderr
@@ -257,7 +540,9 @@ def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_
 
 def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(tmp_path, monkeypatch):
     """ENOSPC while probing --output_dir (a write, or the fsync after it) says so, and leaves nothing behind."""
-    spec = importlib.util.spec_from_file_location("train_math", os.path.join(ROOT, "examples", "train_math.py"))
+    spec = importlib.util.spec_from_file_location(
+        "train_math", os.path.join(ROOT, "examples", "train_math.py")
+    )
     train_math = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_math)
 
@@ -269,8 +554,9 @@ def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(t
         patched.setattr(os, "fsync", full)
         with pytest.raises(SystemExit) as stop:
             train_math.check_output_dir(str(out))
-    assert str(stop.value.code).startswith(f"train_math.py: --output_dir {out} cannot be written: no space left on the "
-                                           "device (") and str(stop.value.code).endswith(" bytes free)")
+    assert str(stop.value.code).startswith(
+        f"train_math.py: --output_dir {out} cannot be written: no space left on the device ("
+    ) and str(stop.value.code).endswith(" bytes free)")
     assert list(tmp_path.iterdir()) == []  # neither the directories it made nor the probe file are left
 
 
@@ -278,21 +564,53 @@ def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_
     """A run killed as it saves its last step, then resumed: the resumed process has nothing left to train, and
     summary.json's wall_seconds still holds the killed process's time (kept in the checkpoint), not only its own."""
     out = tmp_path / "run"
-    args = ["--template", "tiny", "--train_count", "20", "--eval_count", "2", "--steps", "2", "--save_every", "1",
-            "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2", "--max_completion_length", "6",
-            "--output_dir", str(out)]
-    code = examples_server.train_math(args, "save 2: renamed into place, its directory not fsynced", str(tmp_path), "killed")
+    args = [
+        "--template",
+        "tiny",
+        "--train_count",
+        "20",
+        "--eval_count",
+        "2",
+        "--steps",
+        "2",
+        "--save_every",
+        "1",
+        "--num_generations",
+        "2",
+        "--batch_size",
+        "4",
+        "--micro_batch_size",
+        "2",
+        "--max_completion_length",
+        "6",
+        "--output_dir",
+        str(out),
+    ]
+    code = examples_server.train_math(
+        args, "save 2: renamed into place, its directory not fsynced", str(tmp_path), "killed"
+    )
     assert code == -9, (tmp_path / "killed.err").read_text()[-3000:]
-    saved = torch.load(out / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=True).get("wall_seconds", 0)
+    saved = torch.load(out / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=True).get(
+        "wall_seconds", 0
+    )
     started = time.monotonic()
-    assert examples_server.train_math(args + ["--resume"], None, str(tmp_path), "resumed") == 0, \
-        (tmp_path / "resumed.err").read_text()[-3000:]
+    assert examples_server.train_math(args + ["--resume"], None, str(tmp_path), "resumed") == 0, (
+        tmp_path / "resumed.err"
+    ).read_text()[-3000:]
     resumed = time.monotonic() - started  # the resumed process's time, start-up included
     wall = json.load(open(out / "summary.json"))["wall_seconds"]
-    assert saved > 0 and saved <= wall <= saved + resumed + 0.05, (saved, wall, resumed)  # 0.05: the summary's rounding
+    assert saved > 0 and saved <= wall <= saved + resumed + 0.05, (
+        saved,
+        wall,
+        resumed,
+    )  # 0.05: the summary's rounding
 
 
 def test_the_runner_shows_what_the_interpreter_would(runs):
     """A tool that raises prints its traceback through the runner: "no Traceback" above is not for want of one."""
     status, _, stderr = runs[0]["crash"]
-    assert status == 1 and stderr.startswith("Traceback (most recent call last):") and "no_such_tool.py" in stderr
+    assert (
+        status == 1
+        and stderr.startswith("Traceback (most recent call last):")
+        and "no_such_tool.py" in stderr
+    )

@@ -26,7 +26,9 @@ def test_shipped_corpus_is_what_the_generator_writes(tmp_path):
     script = os.path.join(DATA, "make_verifier_cases.py")
     subprocess.run([sys.executable, script, "--out", str(out)], check=True, capture_output=True, timeout=60)
     with open(CORPUS, "rb") as shipped:
-        assert out.read_bytes() == shipped.read(), "stale corpus: rerun benchmarks/data/make_verifier_cases.py"
+        assert out.read_bytes() == shipped.read(), (
+            "stale corpus: rerun benchmarks/data/make_verifier_cases.py"
+        )
 
 
 def test_every_case_has_the_schema():

@@ -18,8 +18,26 @@ ROOT = os.path.dirname(TESTS)
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 SMALLEST = {
-    "bench_sampler.py": ["--shapes", "tiny", "--batches", "1,2", "--paths", "eager", "--new", "6", "--prompt", "8",
-                         "--rounds", "1", "--naive-tokens", "3", "--refill-rows", "2", "--compaction-batch", "2"],
+    "bench_sampler.py": [
+        "--shapes",
+        "tiny",
+        "--batches",
+        "1,2",
+        "--paths",
+        "eager",
+        "--new",
+        "6",
+        "--prompt",
+        "8",
+        "--rounds",
+        "1",
+        "--naive-tokens",
+        "3",
+        "--refill-rows",
+        "2",
+        "--compaction-batch",
+        "2",
+    ],
     "bench_forward.py": ["--shapes", "tiny", "--batch", "1", "--seq", "8", "--rounds", "1"],
     "bench_verifier.py": ["--limit", "5"],
     "bench_update.py": ["--smoke", "--case", "default", "--paths", "full,shared,trl"],
@@ -47,12 +65,24 @@ def write_peer_cases(peer) -> None:
     peer.mkdir()
 
     def case(source, gold, pred, expected, kind):
-        return {"source": source, "gold": gold, "pred": pred, "expected": expected, "kind": kind, "ref": "here"}
+        return {
+            "source": source,
+            "gold": gold,
+            "pred": pred,
+            "expected": expected,
+            "kind": kind,
+            "ref": "here",
+        }
 
     rows = {
-        "alpha.jsonl": [case("alpha", "1/2", "0.5", True, "extracted"), case("alpha", "3", "so \\boxed{4}", False, "response")],
+        "alpha.jsonl": [
+            case("alpha", "1/2", "0.5", True, "extracted"),
+            case("alpha", "3", "so \\boxed{4}", False, "response"),
+        ],
         "beta.jsonl": [case("beta", "7", "The answer is 7.", True, "response")],
-        "skipped.jsonl": [{"source": "beta", "gold": None, "pred": "A", "expected": None, "ref": "here", "why": "a letter"}],
+        "skipped.jsonl": [
+            {"source": "beta", "gold": None, "pred": "A", "expected": None, "ref": "here", "why": "a letter"}
+        ],
     }
     for name, cases in rows.items():
         (peer / name).write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")
@@ -64,15 +94,25 @@ def write_escape_suite(suite) -> None:
     payloads = {
         "escaped.py": ('print("ESCAPED")\n', {"verdict": "RE"}),
         "blocked.py": ("import socket\nsocket.socket()\n", {"verdict_any": ["RE", "SIG"]}),
-        "says_why.py": ('print("blocked here")\nraise SystemExit(1)\n', {"verdict": "RE", "stdout_contains": "here"}),
-        "read_etc_passwd.py": ("print(open('/etc/passwd').read())\n", {"verdict": "RE"}),  # a documented non-goal
+        "says_why.py": (
+            'print("blocked here")\nraise SystemExit(1)\n',
+            {"verdict": "RE", "stdout_contains": "here"},
+        ),
+        "read_etc_passwd.py": (
+            "print(open('/etc/passwd').read())\n",
+            {"verdict": "RE"},
+        ),  # a documented non-goal
     }
     (suite / "payloads" / "python").mkdir(parents=True)
     tests = []
     for name, (program, expect) in payloads.items():
         (suite / "payloads" / "python" / name).write_text(program)
-        tests.append({"name": name[:-3] + "_python", "file": f"python/{name}", "language": "python", "expect": expect})
-    tests.append({"name": "fork_bomb_c", "file": "c/fork_bomb.c", "language": "c", "expect": {"verdict": "RE"}})
+        tests.append(
+            {"name": name[:-3] + "_python", "file": f"python/{name}", "language": "python", "expect": expect}
+        )
+    tests.append(
+        {"name": "fork_bomb_c", "file": "c/fork_bomb.c", "language": "c", "expect": {"verdict": "RE"}}
+    )
     (suite / "manifest.json").write_text(json.dumps({"name": "tiny", "tests": tests}))
 
 
@@ -88,19 +128,33 @@ def runs(tmp_path_factory):
     commands["peer"] = ("bench_verifier.py", ["--peer", str(tmp / "peer")])
     commands["sandbox"] = ("bench_sandbox.py", ["--suite", str(tmp / "suite")])
     commands["hostile"] = ("bench_verifier.py", ["--hostile-batch", "4"])
-    jobs = [{"name": name, "script": os.path.join(BENCHMARKS, script), "argv": argv}
-            for name, (script, argv) in commands.items()]
+    jobs = [
+        {"name": name, "script": os.path.join(BENCHMARKS, script), "argv": argv}
+        for name, (script, argv) in commands.items()
+    ]
     out = tmp / "out"
     out.mkdir()
     preload = [module for module in ("transformers", "trl") if importlib.util.find_spec(module)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    runner = subprocess.run([sys.executable, os.path.join(TESTS, "tool_runner.py"), str(out), *preload],
-                            input=json.dumps(jobs), cwd=tmp, capture_output=True, text=True, timeout=600, env=env)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+    }
+    runner = subprocess.run(
+        [sys.executable, os.path.join(TESTS, "tool_runner.py"), str(out), *preload],
+        input=json.dumps(jobs),
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert runner.returncode == 0, runner.stderr[-3000:]
     statuses = json.loads(runner.stdout.strip().splitlines()[-1])
-    return {name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
-            for name, status in statuses.items()}
+    return {
+        name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
+        for name, status in statuses.items()
+    }
 
 
 def stdout_of(runs, name: str) -> str:
@@ -128,7 +182,10 @@ def test_bench_sandbox_scores_a_directory_of_escape_payloads(runs):
     stdout = stdout_of(runs, "sandbox")
     assert "4 Python payloads run, 1 in other languages not run" in stdout
     assert "| escaped_python | RE | AC | NO | **not a documented non-goal** |" in stdout
-    assert "| blocked_python | any of RE,SIG | RE | yes |  |" in stdout and "| says_why_python | RE | RE | yes |  |" in stdout
+    assert (
+        "| blocked_python | any of RE,SIG | RE | yes |  |" in stdout
+        and "| says_why_python | RE | RE | yes |  |" in stdout
+    )
     assert "| read_etc_passwd_python | RE | AC | NO | world-readable files are readable" in stdout
     assert "2 / 4 contained; of the 2 not contained, 1 are documented non-goals and 1 are not" in stdout
 

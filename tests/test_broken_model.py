@@ -13,13 +13,21 @@ import subprocess
 
 import pytest
 import torch
+from helpers import tiny_policy
 from safetensors.torch import load_file, save_file
 
 import minigrpo
-from helpers import tiny_policy
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
-from minigrpo.checkpoint import (CHECKPOINTS, CHECKSUMS, STATE_FILE, DiskFull, latest_intact_checkpoint,
-                                 replace_json, save_checkpoint, write_checksums)
+from minigrpo.checkpoint import (
+    CHECKPOINTS,
+    CHECKSUMS,
+    STATE_FILE,
+    DiskFull,
+    latest_intact_checkpoint,
+    replace_json,
+    save_checkpoint,
+    write_checksums,
+)
 from minigrpo.metrics import MetricsLogger
 from minigrpo.run import STATE_KEYS, build_trainer
 from minigrpo.update import NonFiniteWeights
@@ -50,8 +58,17 @@ def other_policy(tmp_path_factory):
 
 def settings(out, **overrides) -> tuple[GRPOConfig, TrainConfig]:
     grpo = GRPOConfig(num_generations=2, max_completion_length=6)
-    config = dict(output_dir=str(out), max_steps=2, batch_size=4, micro_batch_size=4, learning_rate=1e-2,
-                  save_every=1, save_total_limit=3, progress_bar=False, log_completions_every=0)
+    config = dict(
+        output_dir=str(out),
+        max_steps=2,
+        batch_size=4,
+        micro_batch_size=4,
+        learning_rate=1e-2,
+        save_every=1,
+        save_total_limit=3,
+        progress_bar=False,
+        log_completions_every=0,
+    )
     return grpo, TrainConfig(**{**config, **overrides})
 
 
@@ -102,7 +119,9 @@ def test_weights_that_are_not_finite_stop_the_run_before_any_save(run, policy, m
             trainer.model.norm.weight[0] = float("nan")
 
     monkeypatch.setattr(trainer.optimizer, "step", step_then_poison)
-    with pytest.raises(NonFiniteWeights, match=r"step 3: the AdamW step left NaN or inf in the weights \(norm\.weight\)"):
+    with pytest.raises(
+        NonFiniteWeights, match=r"step 3: the AdamW step left NaN or inf in the weights \(norm\.weight\)"
+    ):
         trainer.train()
     assert sorted(os.listdir(os.path.join(run, CHECKPOINTS))) == ["step-000001", "step-000002"]
     assert [json.loads(line)["step"] for line in open(os.path.join(run, "metrics.jsonl"))] == [1, 2]
@@ -124,9 +143,31 @@ def test_the_check_tells_huge_finite_weights_from_nan_and_inf(policy, tmp_path):
 def test_train_math_says_float16_and_broken_weights_in_one_line(examples_server, policy, tmp_path):
     """The command line: --dtype float16 is one line before any work; a step that breaks the weights
     is one line naming the step, exit 1, and no checkpoint of it."""
-    args = ["--model", policy, "--template", "tiny", "--rewards", "killed_run_vowels", "--steps", "2",
-            "--save_every", "1", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "4",
-            "--max_completion_length", "6", "--train_count", "6", "--eval_count", "2", "--no-progress_bar"]
+    args = [
+        "--model",
+        policy,
+        "--template",
+        "tiny",
+        "--rewards",
+        "killed_run_vowels",
+        "--steps",
+        "2",
+        "--save_every",
+        "1",
+        "--num_generations",
+        "2",
+        "--batch_size",
+        "4",
+        "--micro_batch_size",
+        "4",
+        "--max_completion_length",
+        "6",
+        "--train_count",
+        "6",
+        "--eval_count",
+        "2",
+        "--no-progress_bar",
+    ]
     fp16 = [*args, "--output_dir", str(tmp_path / "fp16"), "--dtype", "float16"]
     code = examples_server.train_math(fp16, None, str(tmp_path), "fp16")
     err = (tmp_path / "fp16.err").read_text()
@@ -163,9 +204,13 @@ runpy.run_path({train_math!r}, run_name="__main__")
 # -- 8: a resume that names another model -------------------------------------------------------
 def test_a_resume_from_another_model_is_refused(trained, policy, other_policy, tmp_path):
     out = shutil.copytree(trained, tmp_path / "run")
-    with pytest.raises(ValueError, match=f"started from {policy}, not {other_policy}: resume with that model"):
+    with pytest.raises(
+        ValueError, match=f"started from {policy}, not {other_policy}: resume with that model"
+    ):
         build_trainer(other_policy, task(), *settings(out, max_steps=3, resume=True))
-    same_model = build_trainer(policy + "/", task(), *settings(out, max_steps=3, resume=True))  # another spelling
+    same_model = build_trainer(
+        policy + "/", task(), *settings(out, max_steps=3, resume=True)
+    )  # another spelling
     assert same_model.step == 2
 
 
@@ -307,13 +352,17 @@ def tiny_disk(tmp_path):
         command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (root only): {result.stderr.strip() or result.returncode}")
+            pytest.skip(
+                f"cannot mount a tmpfs here (root only): {result.stderr.strip() or result.returncode}"
+            )
         mounted.append(path)
         return str(path)
 
     yield mount
     for path in mounted:
-        subprocess.run(["umount", "--lazy", str(path)], check=True)  # lazy: an open file cannot keep it mounted
+        subprocess.run(
+            ["umount", "--lazy", str(path)], check=True
+        )  # lazy: an open file cannot keep it mounted
 
 
 @pytest.mark.parametrize("overflows", ["weights", "trainer state", "json"])

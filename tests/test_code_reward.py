@@ -14,11 +14,22 @@ import time
 import pytest
 
 from minigrpo.verifier import code as code_module
-from minigrpo.verifier.code import SandboxConfig, code_reward, code_rewards, extract_code, run_cases, run_tests
+from minigrpo.verifier.code import (
+    SandboxConfig,
+    code_reward,
+    code_rewards,
+    extract_code,
+    run_cases,
+    run_tests,
+)
 
 ROOT = os.geteuid() == 0
-as_root = pytest.mark.skipif(not ROOT, reason="not root: the uid drop and the namespaces need root (sandbox case not run)")
-FAST = SandboxConfig(timeout=0.5, cpu_seconds=5, memory_bytes=512 << 20)  # hostile cases end at the 0.5 s wall clock
+as_root = pytest.mark.skipif(
+    not ROOT, reason="not root: the uid drop and the namespaces need root (sandbox case not run)"
+)
+FAST = SandboxConfig(
+    timeout=0.5, cpu_seconds=5, memory_bytes=512 << 20
+)  # hostile cases end at the 0.5 s wall clock
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
@@ -29,7 +40,10 @@ def fenced(code, language="python"):
     return f"Here is my solution.\n```{language}\n{code}```\nIt adds the numbers."
 
 
-def sandbox_processes(first_uid=SandboxConfig().first_uid, count=64):
+FIRST_UID = SandboxConfig().first_uid
+
+
+def sandbox_processes(first_uid=FIRST_UID, count=64):
     """Pids of live or zombie processes running as a sandbox uid."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -67,10 +81,16 @@ def test_stdin_stdout_tests():
     ]
     assert run_tests(SUM_STDIN, tests) == [True, True, False, True]
     assert code_reward(fenced(SUM_STDIN), tests) == 0.75
-    assert run_tests("print(' 3')", [{"input": "", "output": "3"}]) == [False]  # leading whitespace does count
+    assert run_tests("print(' 3')", [{"input": "", "output": "3"}]) == [
+        False
+    ]  # leading whitespace does count
     crashes_after = "print(3)\nraise ValueError('late')\n"  # the right output, then a crash: not a pass
     result = run_cases(crashes_after, [{"input": "", "output": "3"}])[0]
-    assert (result.passed, result.exit_code, result.stdout) == (False, 1, "3\n") and "ValueError: late" in result.stderr
+    assert (result.passed, result.exit_code, result.stdout) == (
+        False,
+        1,
+        "3\n",
+    ) and "ValueError: late" in result.stderr
     assert run_tests("import sys\nprint(3)\nsys.exit(0)\n", [{"input": "", "output": "3"}]) == [True]
 
 
@@ -81,7 +101,10 @@ def test_main_block_runs_for_stdin_tests_only():
 
 def test_each_test_starts_from_a_fresh_process_and_an_empty_directory():
     program = "import os\ncalls = []\n"
-    tests = ["calls.append(1)\nopen('state', 'w').write('x')", "assert calls == [] and not os.path.exists('state')"]
+    tests = [
+        "calls.append(1)\nopen('state', 'w').write('x')",
+        "assert calls == [] and not os.path.exists('state')",
+    ]
     assert run_tests(program, tests) == [True, True]
 
 
@@ -103,7 +126,12 @@ def test_extract_code_takes_the_last_python_block():
 
 
 def test_extract_code_is_linear_on_megabyte_inputs():
-    inputs = ["`" * 3_000_000, "\n```" * 250_000, " " * 3_000_000 + "```", "```python\n" + "x = 1\n" * 500_000 + "```"]
+    inputs = [
+        "`" * 3_000_000,
+        "\n```" * 250_000,
+        " " * 3_000_000 + "```",
+        "```python\n" + "x = 1\n" * 500_000 + "```",
+    ]
     start = time.process_time()  # CPU time: a busy machine's waits do not count, a quadratic scan would
     results = [extract_code(text) for text in inputs]
     assert time.process_time() - start < 1.0
@@ -145,7 +173,9 @@ def test_huge_allocation_fails_and_the_trainer_is_unaffected():
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = run_cases("x = bytearray(8 << 30)\n", ["pass"], config)[0]
     assert not result.passed and "MemoryError" in result.stderr
-    assert run_tests("x = bytearray(64 << 20)\n", ["assert len(x) == 64 << 20"], config) == [True]  # within the limit
+    assert run_tests("x = bytearray(64 << 20)\n", ["assert len(x) == 64 << 20"], config) == [
+        True
+    ]  # within the limit
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 20 << 10  # KiB: under 20 MiB
 
 
@@ -158,8 +188,14 @@ def test_cannot_write_outside_its_directory(tmp_path):
     with open(shared, "w") as f:
         f.write("original")
     os.chmod(shared, 0o666)  # world-writable, in the world-writable /tmp
-    targets = [str(victim), str(tmp_path / "new.txt"), shared, f"/tmp/minigrpo-test-new-{os.getpid()}.txt",
-               os.path.abspath(__file__) + ".new", "inside.txt"]
+    targets = [
+        str(victim),
+        str(tmp_path / "new.txt"),
+        shared,
+        f"/tmp/minigrpo-test-new-{os.getpid()}.txt",
+        os.path.abspath(__file__) + ".new",
+        "inside.txt",
+    ]
     program = (
         "def try_write(path):\n    try:\n        open(path, 'a').write('pwned')\n        return 'ok'\n"
         "    except OSError as error:\n        return type(error).__name__\n"
@@ -222,7 +258,9 @@ def test_huge_output_is_bounded():
     result = run_cases(flood, [{"input": "", "output": "x"}], config)[0]
     assert time.perf_counter() - start < 3.0
     assert not result.passed and len(result.stdout) == 64 << 10 and "File too large" in result.stderr
-    result = run_cases("print('y' * 100_000)", [{"input": "", "output": "y"}], config)[0]  # under the file limit
+    result = run_cases("print('y' * 100_000)", [{"input": "", "output": "y"}], config)[
+        0
+    ]  # under the file limit
     assert not result.passed and result.exit_code == 0 and len(result.stdout) == 64 << 10
 
 
@@ -331,21 +369,28 @@ def write_everywhere():
 
 
 ESCAPES = {  # name: (program, what the host must look like after it)
-    "files in the shared writable directories": (write_everywhere(), lambda: not any(
-        os.path.exists(os.path.join(d, PROBE)) for d in SHARED)),
+    "files in the shared writable directories": (
+        write_everywhere(),
+        lambda: not any(os.path.exists(os.path.join(d, PROBE)) for d in SHARED),
+    ),
     "3,000 nested directories": (
         "import os\nfor _ in range(3000):\n    os.mkdir('a')\n    os.chdir('a')\nopen('deep', 'w').write('x')\n",
-        lambda: True),
+        lambda: True,
+    ),
     "a directory closed to its owner": (
         "import os\nos.makedirs('closed/inner')\nopen('closed/inner/f', 'w').write('x')\nos.chmod('closed/inner', 0)\n"
-        "os.chmod('closed', 0)\n", lambda: True),
+        "os.chmod('closed', 0)\n",
+        lambda: True,
+    ),
     "a symlink to the host's files": (
         f"import os\nos.symlink({os.path.dirname(os.path.abspath(__file__))!r}, 'tests')\n"
         f"os.symlink({os.path.abspath(__file__)!r}, 'this_file')\n",
-        lambda: os.path.isfile(__file__)),
+        lambda: os.path.isfile(__file__),
+    ),
     "a connection to a host UNIX socket": (
         f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/{PROBE}.sock')\ns.sendall(b'pwned')\n",
-        None),  # checked against the server below
+        None,
+    ),  # checked against the server below
 }
 
 
@@ -354,7 +399,9 @@ ESCAPES = {  # name: (program, what the host must look like after it)
 def test_escape_attempts_are_contained_and_leave_nothing_on_the_host(name, unix_server):
     program, host_is_intact = ESCAPES[name]
     before = sandbox_owned_entries()
-    result = run_cases(program, ["pass"], FAST)[0]  # returns: nothing the program did raises out of the reward
+    result = run_cases(program, ["pass"], FAST)[
+        0
+    ]  # returns: nothing the program did raises out of the reward
     assert sandbox_owned_entries() == before  # no file, directory or sandbox directory left behind
     if host_is_intact is not None:
         assert host_is_intact(), result.stderr
@@ -383,8 +430,10 @@ def test_a_failed_mount_stops_the_sandbox(monkeypatch, tmp_path):
 def sandbox_with_failing_mount(directory):
     """A copy of sandbox.py whose bind mount over /var/tmp fails, as it did when its source path was unreachable."""
     source = open(code_module.sandbox.__file__).read()
-    hooked = source.replace("_mount(f\"/proc/self/fd/{directory}\", shared,",
-                            "_mount(\"/nonexistent\" if shared == \"/var/tmp\" else f\"/proc/self/fd/{directory}\", shared,")
+    hooked = source.replace(
+        '_mount(f"/proc/self/fd/{directory}", shared,',
+        '_mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
+    )
     assert hooked != source
     path = directory / "sandbox.py"
     path.write_text(hooked)
@@ -398,19 +447,23 @@ def sandbox_with_failing_mount(directory):
 def test_two_processes_sandboxes_do_not_kill_each_others_tests(tmp_path):
     """Each supervisor kills every process of its uid after each test: with one uid block per process, as before,
     one trainer's clean-up killed the other's running tests."""
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         from minigrpo.verifier.code import run_tests
         slow = "import time\\ndef add(a, b):\\n    time.sleep(0.3)\\n    return a + b\\n"
         print(run_tests(slow, ["assert add(1, 2) == 3"] * 4))
     """)
-    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     assert [run.communicate(timeout=60)[0].strip() for run in runs] == ["[True, True, True, True]"] * 2
 
 
 # ---------------------------------------------------------------- what a test could share with the host
 
 LIBC = ctypes.CDLL(None, use_errno=True)
-SYSCALL = {"x86_64": dict(add_key=248, keyctl=250), "aarch64": dict(add_key=217, keyctl=219)}.get(os.uname().machine)
+SYSCALL = {"x86_64": dict(add_key=248, keyctl=250), "aarch64": dict(add_key=217, keyctl=219)}.get(
+    os.uname().machine
+)
 SESSION_KEYRING, KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_INVALIDATE = -3, 10, 11, 21
 STDIO = [{"input": "", "output": ""}]  # a test that passes whatever the program prints
 ATTEMPT = (  # program text: raw(number, *args) is a system call; attempt() prints 'ok' or the error's class and errno
@@ -442,22 +495,29 @@ def test_the_trainers_session_keyring_is_out_of_reach():
         "attempt('search', search)\nattempt('read', read)\nprint(open('/proc/keys').read())\n"
     )
     try:
-        assert raw_syscall(keyctl, KEYCTL_SEARCH, SESSION_KEYRING, b"user", description, 0) == key  # here it is found
+        assert (
+            raw_syscall(keyctl, KEYCTL_SEARCH, SESSION_KEYRING, b"user", description, 0) == key
+        )  # here it is found
         result = run_cases(program, STDIO)[0]
     finally:
         raw_syscall(keyctl, KEYCTL_INVALIDATE, key)
     assert secret.decode() not in result.stdout and description.decode() not in result.stdout, result.stdout
-    assert result.stdout.startswith("search PermissionError 1\nread PermissionError 1\n"), result.stdout + result.stderr
+    assert result.stdout.startswith("search PermissionError 1\nread PermissionError 1\n"), (
+        result.stdout + result.stderr
+    )
 
 
 IPC_CREAT, IPC_RMID, SHM_RDONLY = 0o1000, 0, 0o10000
-SHM = ATTEMPT + (  # peek(key): the first bytes of SysV segment `key`; leave(key): a segment that outlives the test
-    "libc.shmat.restype = ctypes.c_void_p\n"
-    "def segment(key, size=0, flags=0):\n    shmid = libc.shmget(key, size, flags)\n"
-    "    if shmid < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n    return shmid\n"
-    f"peek = lambda key: ctypes.string_at(libc.shmat(segment(key), None, {SHM_RDONLY}), 5)\n"
-    f"def leave(key):\n    address = libc.shmat(segment(key, 4096, {IPC_CREAT} | 0o666), None, 0)\n"
-    "    ctypes.memmove(address, b'left!', 5)\n"
+SHM = (
+    ATTEMPT
+    + (  # peek(key): the first bytes of SysV segment `key`; leave(key): a segment that outlives the test
+        "libc.shmat.restype = ctypes.c_void_p\n"
+        "def segment(key, size=0, flags=0):\n    shmid = libc.shmget(key, size, flags)\n"
+        "    if shmid < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n    return shmid\n"
+        f"peek = lambda key: ctypes.string_at(libc.shmat(segment(key), None, {SHM_RDONLY}), 5)\n"
+        f"def leave(key):\n    address = libc.shmat(segment(key, 4096, {IPC_CREAT} | 0o666), None, 0)\n"
+        "    ctypes.memmove(address, b'left!', 5)\n"
+    )
 )
 
 
@@ -470,15 +530,19 @@ def test_sysv_ipc_is_each_tests_own():
     LIBC.shmat.restype = ctypes.c_void_p
     host_segment = LIBC.shmget(host_key, 4096, IPC_CREAT | 0o644)
     huge = f"lambda: segment(0, {(8 << 20) + 4096}, {IPC_CREAT} | 0o600)"  # IPC_PRIVATE, past scratch_bytes
-    tests = [f"attempt('host', lambda: peek({host_key}))\nleave({left_key})\nattempt('huge', {huge})",
-             f"attempt('earlier', lambda: peek({left_key}))"]
+    tests = [
+        f"attempt('host', lambda: peek({host_key}))\nleave({left_key})\nattempt('huge', {huge})",
+        f"attempt('earlier', lambda: peek({left_key}))",
+    ]
     try:
         ctypes.memmove(LIBC.shmat(host_segment, None, 0), b"host!", 5)
         first, second = run_cases(SHM, tests, config)
         later = run_cases(SHM, tests[1:], config)[0]
     finally:
         LIBC.shmctl(host_segment, IPC_RMID, None)
-    assert first.stdout.splitlines() == ["host FileNotFoundError 2", "huge OSError 22"], first.stdout + first.stderr
+    assert first.stdout.splitlines() == ["host FileNotFoundError 2", "huge OSError 22"], (
+        first.stdout + first.stderr
+    )
     assert second.stdout == later.stdout == "earlier FileNotFoundError 2\n", second.stdout + later.stdout
     assert LIBC.shmget(left_key, 0, 0) == -1  # nothing left on the host
 
@@ -513,10 +577,13 @@ def test_no_host_unix_socket_is_reachable_through_a_socketpair(datagram_server):
     )
     result = run_cases(program, STDIO)[0]
     assert result.stdout.splitlines() == [
-        "datagram pair PermissionError 1", "raw pair PermissionError 1", "stream sendto PermissionError 1",
+        "datagram pair PermissionError 1",
+        "raw pair PermissionError 1",
+        "stream sendto PermissionError 1",
         "stream sendmsg OSError 106",  # EISCONN: Linux refuses an address on a connected stream socket
         "seqpacket sendmsg ok 5",  # delivered to its own pair: Linux ignores the address on a seqpacket socket
-        "connect PermissionError 1", "bind PermissionError 1",
+        "connect PermissionError 1",
+        "bind PermissionError 1",
     ], result.stdout + result.stderr
     with pytest.raises(BlockingIOError):
         server.recv(16)  # nothing arrived
@@ -534,8 +601,9 @@ HOLD_A_UID = (
 def test_uid_locks_do_not_follow_tmpdir(tmp_path):
     """Two trainers with different TMPDIRs (a per-job TMPDIR, systemd's PrivateTmp) still take different uids."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_UID], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_UID], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         theirs = int(holder.stdout.readline())
         with code_module._sandbox_uid(SandboxConfig()) as (ours, _):
@@ -548,15 +616,21 @@ def test_uid_locks_do_not_follow_tmpdir(tmp_path):
 @as_root
 def test_an_unusable_uid_lock_directory_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(code_module, "UID_LOCKS", str(tmp_path / "missing" / "uids"))
-    with pytest.raises(RuntimeError, match="cannot make the sandbox uid lock directory .*: No such file or directory"):
+    with pytest.raises(
+        RuntimeError, match="cannot make the sandbox uid lock directory .*: No such file or directory"
+    ):
         run_tests(ADD, ADD_TESTS[:1])
 
 
 @as_root
 def test_a_uid_that_a_process_still_runs_as_is_not_taken():
     first = SandboxConfig().first_uid
-    become_first = f"import os, sys\nos.setgid({first})\nos.setuid({first})\nprint(flush=True)\nsys.stdin.read()"
-    straggler = subprocess.Popen([sys.executable, "-c", become_first], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    become_first = (
+        f"import os, sys\nos.setgid({first})\nos.setuid({first})\nprint(flush=True)\nsys.stdin.read()"
+    )
+    straggler = subprocess.Popen(
+        [sys.executable, "-c", become_first], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         straggler.stdout.readline()  # it runs as `first` now, holding no lock
         with code_module._sandbox_uid(SandboxConfig()) as (uid, _):
@@ -596,8 +670,14 @@ def sandbox_child(parent):
     """(pid, uid) of a live child of `parent` that runs as a sandbox uid and is still there a moment later
     (the supervisor's brief kill(-1) helpers are not); None if there is none."""
     first = SandboxConfig().first_uid
-    live = lambda: {(pid, uid) for pid, (ppid, uid, state) in process_table().items()
-                    if ppid == parent and uid >= first and state != "Z"}
+
+    def live():
+        return {
+            (pid, uid)
+            for pid, (ppid, uid, state) in process_table().items()
+            if ppid == parent and uid >= first and state != "Z"
+        }
+
     seen = live()
     time.sleep(0.1)
     return next(iter(seen & live()), None)
@@ -620,8 +700,10 @@ def test_the_supervisor_and_its_test_die_with_the_trainer():
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER])
     supervisor = test = None
     try:
-        supervisor = wait_for(lambda: next((pid for pid, (ppid, _, _) in process_table().items()
-                                            if ppid == trainer.pid), None), 10)
+        supervisor = wait_for(
+            lambda: next((pid for pid, (ppid, _, _) in process_table().items() if ppid == trainer.pid), None),
+            10,
+        )
         found = wait_for(lambda: sandbox_child(supervisor), 10)
         assert found is not None, "the test never started"
         test, uid = found
@@ -629,7 +711,10 @@ def test_the_supervisor_and_its_test_die_with_the_trainer():
         assert f"{code_module.UID_LOCKS}/{uid}" in held  # the uid stays locked while the supervisor runs
         trainer.kill()
         trainer.wait()
-        running = lambda: [pid for pid in (supervisor, test) if process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
+
+        def running():
+            return [pid for pid in (supervisor, test) if process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
+
         assert wait_for(lambda: not running(), 5), f"still running: {running()}"
     finally:
         trainer.kill()
@@ -667,10 +752,15 @@ def test_no_new_namespaces_ptrace_or_unaccounted_memory():
     )
     result = run_cases(program, STDIO)[0]
     assert result.stdout.splitlines() == [
-        "unshare user PermissionError 1", "unshare net PermissionError 1", "clone user PermissionError 1",
-        "ptrace traceme PermissionError 1", "memfd_secret PermissionError 1",
+        "unshare user PermissionError 1",
+        "unshare net PermissionError 1",
+        "clone user PermissionError 1",
+        "ptrace traceme PermissionError 1",
+        "memfd_secret PermissionError 1",
         "memfd_create OSError 38",  # ENOSYS, as on a kernel without it
-        "userfaultfd PermissionError 1", "personality set PermissionError 1", "personality query ok True",
+        "userfaultfd PermissionError 1",
+        "personality set PermissionError 1",
+        "personality query ok True",
         "fork ok 0",  # clone without a namespace flag is fork
     ], result.stdout + result.stderr
 
@@ -713,13 +803,21 @@ def test_a_host_name_of_its_own_and_nothing_executable_in_its_directories():
     )
     result = run_cases(program, STDIO)[0]
     assert socket.gethostname() != "sandbox"
-    refused = [". PermissionError 13", "/tmp PermissionError 13", "/dev/shm PermissionError 13"]  # EACCES: noexec
-    assert result.stdout.splitlines() == ["sandbox", "sethostname PermissionError 1", *refused], result.stdout + result.stderr
+    refused = [
+        ". PermissionError 13",
+        "/tmp PermissionError 13",
+        "/dev/shm PermissionError 13",
+    ]  # EACCES: noexec
+    assert result.stdout.splitlines() == ["sandbox", "sethostname PermissionError 1", *refused], (
+        result.stdout + result.stderr
+    )
 
 
 @as_root
 def test_its_directories_hold_at_most_scratch_bytes_and_scratch_inodes():
-    config = SandboxConfig(scratch_bytes=4 << 20, scratch_inodes=200, file_size_bytes=1 << 20, max_output_bytes=1 << 20)
+    config = SandboxConfig(
+        scratch_bytes=4 << 20, scratch_inodes=200, file_size_bytes=1 << 20, max_output_bytes=1 << 20
+    )
     program = (
         "import errno, glob, os\n"
         "def fill(make):\n    count = 0\n    try:\n        while True:\n"
@@ -741,8 +839,13 @@ def test_its_directories_hold_at_most_scratch_bytes_and_scratch_inodes():
 def test_batch_equals_one_at_a_time():
     times = "def add(a, b):\n    return a * b\n"
     completions = [fenced(ADD), fenced(times), "no code", fenced("def add(:"), fenced(SUM_STDIN)]
-    tests = [ADD_TESTS, ["assert add(2, 2) == 4", "assert add(1, 2) == 3"], ADD_TESTS, ADD_TESTS,
-             [{"input": "1 1", "output": "2"}, {"input": "1 1", "output": "3"}]]
+    tests = [
+        ADD_TESTS,
+        ["assert add(2, 2) == 4", "assert add(1, 2) == 3"],
+        ADD_TESTS,
+        ADD_TESTS,
+        [{"input": "1 1", "output": "2"}, {"input": "1 1", "output": "3"}],
+    ]
     batch = code_rewards(completions, tests, workers=3)
     assert batch == [code_reward(c, t) for c, t in zip(completions, tests)] == [1.0, 0.5, 0.0, 0.0, 0.5]
 
@@ -755,7 +858,10 @@ def test_batch_equals_one_at_a_time():
         ([42], "test 0 must be a str of Python statements or a dict"),
         (["assert True", ""], "test 1 is an empty string"),
         (["assert (1"], "test 0 is not valid Python"),
-        ([{"input": "1"}], "test 0: a stdin/stdout test is a dict with exactly the keys 'input' and 'output'"),
+        (
+            [{"input": "1"}],
+            "test 0: a stdin/stdout test is a dict with exactly the keys 'input' and 'output'",
+        ),
         ([{"input": 1, "output": "2"}], "both str"),
         ([{"input": "", "output": "x" * 65537}], "longer than max_output_bytes"),
     ],
@@ -780,7 +886,10 @@ def test_batch_needs_one_test_list_per_completion_and_workers():
         (dict(cpu_seconds=1.5), "cpu_seconds must be a positive integer"),
         (dict(memory_bytes=1 << 20), "memory_bytes must be an integer of at least 64 MiB"),
         (dict(max_processes=0), "max_processes must be a positive integer"),
-        (dict(max_output_bytes=2 << 20, file_size_bytes=1 << 20), r"max_output_bytes \(2097152\) cannot exceed file_size"),
+        (
+            dict(max_output_bytes=2 << 20, file_size_bytes=1 << 20),
+            r"max_output_bytes \(2097152\) cannot exceed file_size",
+        ),
         (dict(first_uid=0), "first_uid must be a uid other than root's"),
         (dict(scratch_bytes=1 << 20), r"scratch_bytes \(1048576\) cannot be less than file_size_bytes"),
         (dict(scratch_inodes=0), "scratch_inodes must be a positive integer"),

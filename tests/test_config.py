@@ -11,9 +11,9 @@ import os
 from dataclasses import fields
 
 import pytest
+from helpers import tiny_model
 
 import minigrpo.metrics
-from helpers import tiny_model
 from minigrpo import GRPOConfig, SamplingConfig, TrainConfig, generate
 from minigrpo.config import CHOICES, field_comments, from_args
 from minigrpo.metrics import MetricsLogger
@@ -75,16 +75,27 @@ def test_every_field_is_reachable_from_the_command_line():
 def test_the_default_run_is_what_it_was():
     grpo, train = configs([])
     assert grpo == GRPOConfig(max_completion_length=32)
-    assert train == TrainConfig(output_dir="runs/train_math", max_steps=600, batch_size=256, micro_batch_size=256,
-                                micro_batch_tokens=4096, learning_rate=1e-4, warmup_steps=10, lr_schedule="cosine",
-                                save_every=50, log_completions_every=50)
+    assert train == TrainConfig(
+        output_dir="runs/train_math",
+        max_steps=600,
+        batch_size=256,
+        micro_batch_size=256,
+        micro_batch_tokens=4096,
+        learning_rate=1e-4,
+        warmup_steps=10,
+        lr_schedule="cosine",
+        save_every=50,
+        log_completions_every=50,
+    )
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_a_config_file_and_the_same_flags_give_the_same_configs(tmp_path, suffix):
     values = {name: list(v) if isinstance(v, tuple) else v for name, v in CHANGED.items()}
     path = tmp_path / f"run{suffix}"
-    path.write_text(json.dumps(values) if suffix == ".json" else pytest.importorskip("yaml").safe_dump(values))
+    path.write_text(
+        json.dumps(values) if suffix == ".json" else pytest.importorskip("yaml").safe_dump(values)
+    )
     from_flags = configs([part for name, value in CHANGED.items() for part in as_flags(name, value)])
     assert configs(["--config", str(path)]) == from_flags
     grpo, train = configs(["--config", str(path), "--beta", "0.25", "--no-resume"])  # flags win over the file
@@ -94,20 +105,31 @@ def test_a_config_file_and_the_same_flags_give_the_same_configs(tmp_path, suffix
 def test_yaml_text_that_means_a_number_is_that_number(tmp_path):
     pytest.importorskip("yaml")
     path = tmp_path / "run.yaml"
-    path.write_text("learning_rate: 1e-5\nadam_betas: [0.9, 0.95]\nloss_type: dapo\n")  # PyYAML reads 1e-5 as text
+    path.write_text(
+        "learning_rate: 1e-5\nadam_betas: [0.9, 0.95]\nloss_type: dapo\n"
+    )  # PyYAML reads 1e-5 as text
     _, train = configs(["--config", str(path)])
     assert train.learning_rate == 1e-5 and train.adam_betas == (0.9, 0.95)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"epochs": 3, "learning_rate": 1e-5, "lr": 0.1}, "{path} has unknown options: epochs, lr"),
-    ({"adam_betas": [0.9]}, "{path}: adam_betas must be a list of 2 values, got [0.9]"),
-    ({"adam_betas": [0.9, "x"]}, "{path}: adam_betas must be a number, got [0.9, 'x']"),
-    ({"bf16": 1}, "{path}: bf16 must be true or false, got 1"),
-    ({"max_steps": 2.5}, "{path}: max_steps must be an integer, got 2.5"),
-    ({"loss_type": "ppo"}, "{path}: loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, got 'ppo'"),
-    ({"learning_rate": None}, "{path}: learning_rate must not be null (leave it out for the default), got None"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"epochs": 3, "learning_rate": 1e-5, "lr": 0.1}, "{path} has unknown options: epochs, lr"),
+        ({"adam_betas": [0.9]}, "{path}: adam_betas must be a list of 2 values, got [0.9]"),
+        ({"adam_betas": [0.9, "x"]}, "{path}: adam_betas must be a number, got [0.9, 'x']"),
+        ({"bf16": 1}, "{path}: bf16 must be true or false, got 1"),
+        ({"max_steps": 2.5}, "{path}: max_steps must be an integer, got 2.5"),
+        (
+            {"loss_type": "ppo"},
+            "{path}: loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, got 'ppo'",
+        ),
+        (
+            {"learning_rate": None},
+            "{path}: learning_rate must not be null (leave it out for the default), got None",
+        ),
+    ],
+)
 def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, values, message):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(values))
@@ -118,13 +140,24 @@ def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, values, mess
 
 def test_grpo_config_gives_the_sampler_its_settings_and_they_are_checked_there():
     grpo = GRPOConfig(num_generations=4, max_completion_length=16, temperature=0.7, top_p=0.9, top_k=5)
-    assert grpo.sampling_config() == SamplingConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=5, num_samples=4)
+    assert grpo.sampling_config() == SamplingConfig(
+        max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=5, num_samples=4
+    )
     model, prompts = tiny_model(), [[1, 2, 3], [4, 5]]
-    given = generate(model, prompts, grpo.sampling_config(), max_new_tokens=6, seed=3)  # per-call settings over it
-    assert given.tokens == generate(model, prompts, max_new_tokens=6, temperature=0.7, top_p=0.9, top_k=5, num_samples=4,
-                                    seed=3).tokens
-    for bad, message in [(dict(top_p=0.0), r"top_p must be in \(0, 1\]"), (dict(temperature=-1.0), "temperature must be >= 0"),
-                         (dict(top_k=-1), "top_k must be an integer >= 0")]:
+    given = generate(
+        model, prompts, grpo.sampling_config(), max_new_tokens=6, seed=3
+    )  # per-call settings over it
+    assert (
+        given.tokens
+        == generate(
+            model, prompts, max_new_tokens=6, temperature=0.7, top_p=0.9, top_k=5, num_samples=4, seed=3
+        ).tokens
+    )
+    for bad, message in [
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(top_k=-1), "top_k must be an integer >= 0"),
+    ]:
         with pytest.raises(ValueError, match=message):
             GRPOConfig(**bad)
 
@@ -139,7 +172,9 @@ def test_report_to_tensorboard_logs_the_metrics_under_their_names(tmp_path):
         logger.close()
 
     run(0, [1, 2, 3])
-    run(1, [2, 3, 4])  # resumed from step 1: steps 2 and 3 are logged again, and only their second values stay
+    run(
+        1, [2, 3, 4]
+    )  # resumed from step 1: steps 2 and 3 are logged again, and only their second values stay
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     metrics = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
@@ -149,7 +184,9 @@ def test_report_to_tensorboard_logs_the_metrics_under_their_names(tmp_path):
 
 
 def test_report_to_wandb_writes_an_offline_run(tmp_path):
-    pytest.importorskip("wandb", reason="wandb is an optional extra (pip install wandb), not in the test extra")
+    pytest.importorskip(
+        "wandb", reason="wandb is an optional extra (pip install wandb), not in the test extra"
+    )
     logger = MetricsLogger(str(tmp_path), 2, 0, progress_bar=False, report_to="wandb")
     logger.log(1, {"reward/mean": 0.5})
     logger.close()
@@ -165,8 +202,11 @@ def test_a_reporter_whose_package_is_missing_is_refused_before_any_work(monkeypa
         TrainConfig(report_to="mlflow")
 
 
-FLOAT_FIELDS = [(cls, field.name) for cls, field in ((c, f) for c in (GRPOConfig, TrainConfig) for f in fields(c))
-                if isinstance(field.default, float) or field.name in ("epsilon_high", "adam_betas")]
+FLOAT_FIELDS = [
+    (cls, field.name)
+    for cls, field in ((c, f) for c in (GRPOConfig, TrainConfig) for f in fields(c))
+    if isinstance(field.default, float) or field.name in ("epsilon_high", "adam_betas")
+]
 
 
 @pytest.mark.parametrize("cls, name", FLOAT_FIELDS, ids=[name for _, name in FLOAT_FIELDS])

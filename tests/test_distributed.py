@@ -13,12 +13,12 @@ import sys
 
 import pytest
 import torch
+from helpers import tiny_policy
 
 import minigrpo
-from helpers import tiny_policy
 from minigrpo import distributed
-from minigrpo.config import GRPOConfig, TrainConfig
 from minigrpo.checkpoint import latest_checkpoint, load_state
+from minigrpo.config import GRPOConfig, TrainConfig
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -28,16 +28,31 @@ ROOT = os.path.dirname(TESTS)
 TRAIN = dict(max_steps=2, learning_rate=1e-3, adam_epsilon=1e-6, progress_bar=False, log_completions_every=0)
 # Three objectives, each with gradient accumulation over several micro-batches on every rank.
 OBJECTIVES = {
-    "grpo": (dict(num_generations=4, max_completion_length=10),
-             dict(batch_size=16, micro_batch_size=3)),
-    "dapo": (dict(num_generations=4, max_completion_length=10, loss_type="dapo", scale_rewards="batch",
-                  epsilon_high=0.28, beta=0.04, num_iterations=2),
-             dict(batch_size=16, micro_batch_size=4)),
+    "grpo": (dict(num_generations=4, max_completion_length=10), dict(batch_size=16, micro_batch_size=3)),
+    "dapo": (
+        dict(
+            num_generations=4,
+            max_completion_length=10,
+            loss_type="dapo",
+            scale_rewards="batch",
+            epsilon_high=0.28,
+            beta=0.04,
+            num_iterations=2,
+        ),
+        dict(batch_size=16, micro_batch_size=4),
+    ),
     # Every third prompt's group is flat (distributed_job.py): over 3 steps, a step trains 5 groups
     # (2 on one rank, 3 on the other) and a step's second round samples 1 prompt (none on one rank).
-    "dynamic": (dict(num_generations=4, max_completion_length=10, loss_type="dr_grpo", dynamic_sampling=True,
-                     max_sampling_rounds=2),
-                dict(batch_size=24, micro_batch_size=3, max_steps=3)),
+    "dynamic": (
+        dict(
+            num_generations=4,
+            max_completion_length=10,
+            loss_type="dr_grpo",
+            dynamic_sampling=True,
+            max_sampling_rounds=2,
+        ),
+        dict(batch_size=24, micro_batch_size=3, max_steps=3),
+    ),
 }
 
 
@@ -47,8 +62,18 @@ def checkpoint(tmp_path_factory):
 
 
 def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        *args,
+    ]
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
@@ -63,9 +88,18 @@ def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subproc
     """distributed_job.py under torchrun, or as a plain process (no torchrun) for processes=1."""
     spec = json.dumps({"checkpoint": checkpoint, "runs": runs, **options})
     if processes == 1:
-        return subprocess.run([sys.executable, os.path.join(TESTS, "distributed_job.py"), spec], cwd=ROOT, env=ENV,
-                              check=True, capture_output=True, text=True, timeout=300)
-    return torchrun(processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree"))
+        return subprocess.run(
+            [sys.executable, os.path.join(TESTS, "distributed_job.py"), spec],
+            cwd=ROOT,
+            env=ENV,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    return torchrun(
+        processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree")
+    )
 
 
 def run(out, objective: str, fixed: bool = False, **train) -> dict:
@@ -96,17 +130,24 @@ def layouts(checkpoint, tmp_path_factory):
     layouts = [run(base / f"ddp-{name}", name, fixed=True) for name in OBJECTIVES]
     layouts += [run(base / f"fsdp-{name}", name, fixed=True, fsdp=True) for name in OBJECTIVES]
     resumed = [run(base / f"straight-{kind}", "dapo", max_steps=3, **options) for kind, options in RESUMED]
-    resumed += [run(base / f"stopped-{kind}", "dapo", max_steps=3, stop_at_step=2, **options) for kind, options in RESUMED]
+    resumed += [
+        run(base / f"stopped-{kind}", "dapo", max_steps=3, stop_at_step=2, **options)
+        for kind, options in RESUMED
+    ]
     two = job(2, checkpoint, layouts + resumed)
     (base / "output.txt").write_text(one.stdout + two.stdout)
     return base
 
 
 def test_every_job_imports_minigrpo_from_this_checkout(layouts):
-    imported = re.findall(r"^rank (\d) imports minigrpo from (.+)$", (layouts / "output.txt").read_text(), re.M)
+    imported = re.findall(
+        r"^rank (\d) imports minigrpo from (.+)$", (layouts / "output.txt").read_text(), re.M
+    )
     assert sorted(rank for rank, _ in imported) == ["0", "0", "1"]  # one plain process, then two ranks
     for _, path in imported:
-        assert os.path.commonpath([os.path.realpath(path), os.path.realpath(ROOT)]) == os.path.realpath(ROOT), path
+        assert os.path.commonpath([os.path.realpath(path), os.path.realpath(ROOT)]) == os.path.realpath(
+            ROOT
+        ), path
 
 
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
@@ -122,11 +163,21 @@ def test_two_ranks_train_to_the_weights_of_one_process(layouts, checkpoint, layo
         torch.testing.assert_close(two[name], value, rtol=1e-5, atol=3e-5)
         assert (two[name] - value).abs().max() < 0.01 * moved, name  # the same update, to 1% of it
     # Every logged metric is over all ranks: the same as one process's.
-    for a, b in zip(metrics(layouts / f"one-{objective}"), metrics(layouts / f"{layout}-{objective}"), strict=True):
+    for a, b in zip(
+        metrics(layouts / f"one-{objective}"), metrics(layouts / f"{layout}-{objective}"), strict=True
+    ):
         assert a.keys() == b.keys()
-        for key in ("reward/mean", "reward/std", "groups/zero_variance_frac", "groups/trained", "completion/length_mean"):
+        for key in (
+            "reward/mean",
+            "reward/std",
+            "groups/zero_variance_frac",
+            "groups/trained",
+            "completion/length_mean",
+        ):
             assert a[key] == pytest.approx(b[key], rel=1e-6), key
-        for key in ("loss", "grad_norm", "clip/region_frac", "entropy", "ratio/mean") + (("kl",) if "kl" in a else ()):
+        for key in ("loss", "grad_norm", "clip/region_frac", "entropy", "ratio/mean") + (
+            ("kl",) if "kl" in a else ()
+        ):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
 
 
@@ -145,18 +196,42 @@ def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective)
         for name, gradient in a.items():
             scale = float(gradient.abs().max())
             assert scale > 0, (step, name)
-            torch.testing.assert_close(b[name], gradient, rtol=1e-3, atol=1e-3 * scale, msg=f"step {step}, {name}")
+            torch.testing.assert_close(
+                b[name], gradient, rtol=1e-3, atol=1e-3 * scale, msg=f"step {step}, {name}"
+            )
 
 
 def test_two_nodes_train_to_the_weights_of_one_process(layouts, checkpoint, tmp_path):
     """torchrun --nnodes 2, two agents on this machine with one process each, as on two machines."""
     spec = json.dumps({"checkpoint": checkpoint, "runs": [run(tmp_path / "run", "grpo", fixed=True)]})
     port = str(_free_port())
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
-                                "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
-                                os.path.join(TESTS, "distributed_job.py"), spec],
-                               cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for node in (0, 1)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node_rank",
+                str(node),
+                "--nproc_per_node",
+                "1",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                port,
+                os.path.join(TESTS, "distributed_job.py"),
+                spec,
+            ],
+            cwd=ROOT,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     for agent in agents:
         output, _ = agent.communicate(timeout=300)
         assert agent.returncode == 0, output[-3000:]
@@ -175,8 +250,14 @@ def test_dynamic_sampling_left_the_ranks_uneven(layouts):
 
 def test_resume_under_two_ranks_is_exact(layouts, checkpoint):
     """The stopped runs of the layouts' job (2 of 3 steps, sampled completions) resumed in a new job."""
-    job(2, checkpoint, [run(layouts / f"stopped-{kind}", "dapo", max_steps=3, resume=True, **options)
-                        for kind, options in RESUMED])
+    job(
+        2,
+        checkpoint,
+        [
+            run(layouts / f"stopped-{kind}", "dapo", max_steps=3, resume=True, **options)
+            for kind, options in RESUMED
+        ],
+    )
     for kind, _ in RESUMED:
         straight = final_weights(layouts / f"straight-{kind}")
         resumed = final_weights(layouts / f"stopped-{kind}")
@@ -190,9 +271,33 @@ def test_resume_under_two_ranks_is_exact(layouts, checkpoint):
 
 def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path):
     out = tmp_path / "run"
-    result = torchrun(2, "examples/train_math.py", "--model", checkpoint, "--template", "tiny", "--output_dir", str(out),
-                      "--fsdp", "--steps", "2", "--num_generations", "2", "--batch_size", "8", "--micro_batch_size", "2",
-                      "--max_completion_length", "6", "--eval_count", "6", "--train_count", "20", "--eval_every", "1")
+    result = torchrun(
+        2,
+        "examples/train_math.py",
+        "--model",
+        checkpoint,
+        "--template",
+        "tiny",
+        "--output_dir",
+        str(out),
+        "--fsdp",
+        "--steps",
+        "2",
+        "--num_generations",
+        "2",
+        "--batch_size",
+        "8",
+        "--micro_batch_size",
+        "2",
+        "--max_completion_length",
+        "6",
+        "--eval_count",
+        "6",
+        "--train_count",
+        "20",
+        "--eval_every",
+        "1",
+    )
     assert result.stdout.count("held-out greedy accuracy before GRPO") == 1  # rank 0 alone prints
     summary = json.load(open(out / "summary.json"))
     assert summary["steps"] == 2 and summary["processes"] == 2
@@ -205,20 +310,38 @@ def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path
     # The optimizer's state, gathered whole: two AdamW steps on every parameter, under its own name.
     optimizer = load_state(saved)["optimizer"]["state"]
     assert set(optimizer) == {f"model.{name}" for name in start}
-    assert all(float(s["step"]) == 2 and s["exp_avg"].shape == start[n.removeprefix("model.")].shape
-               for n, s in optimizer.items())
+    assert all(
+        float(s["step"]) == 2 and s["exp_avg"].shape == start[n.removeprefix("model.")].shape
+        for n, s in optimizer.items()
+    )
 
 
 def test_ranks_that_disagree_on_the_configuration_stop_with_one_line(checkpoint, tmp_path):
     result = job(2, checkpoint, [run(tmp_path / "run", "grpo")], disagree=True)
     assert result.returncode != 0
-    assert "the ranks disagree on the run's configuration: rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001" in result.stderr
+    assert (
+        "the ranks disagree on the run's configuration: rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
 
 
 def test_a_world_size_that_does_not_divide_the_prompts_is_refused(checkpoint, tmp_path):
-    result = torchrun(2, "examples/train_math.py", "--model", checkpoint, "--template", "tiny", "--output_dir",
-                      str(tmp_path / "run"), "--num_generations", "2", "--batch_size", "6", check=False)
+    result = torchrun(
+        2,
+        "examples/train_math.py",
+        "--model",
+        checkpoint,
+        "--template",
+        "tiny",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--num_generations",
+        "2",
+        "--batch_size",
+        "6",
+        check=False,
+    )
     assert result.returncode != 0
     assert "3 prompts per step, which do not split evenly across 2 processes" in result.stderr
     assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
@@ -244,7 +367,10 @@ def test_blocks_cover_the_items_in_order():
 def _without_times(lines: list[dict], like: list[dict]) -> list[dict]:
     """The lines with the timing and throughput values of `like` (they differ from run to run)."""
     volatile = ("time/", "sampling/", "training/")
-    return [{k: (b[k] if k.startswith(volatile) else v) for k, v in a.items()} for a, b in zip(lines, like, strict=True)]
+    return [
+        {k: (b[k] if k.startswith(volatile) else v) for k, v in a.items()}
+        for a, b in zip(lines, like, strict=True)
+    ]
 
 
 def _free_port() -> int:

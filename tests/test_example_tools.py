@@ -19,8 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> (script, arguments); {ckpt}, {data} and {tmp} are filled in by the fixture. Bad input: test_bad_input.py
 RUNS = {
     "sample": ("sample.py", "--model {ckpt} --prompt 12+30 --answer 42 --num_samples 3 --max_new_tokens 8"),
-    "eval": ("eval_math.py", "--model {ckpt} --data {data} --count 4 --num_samples 2 --k 1,2,8 --max_new_tokens 8 "
-                             "--output {tmp}/results.jsonl"),
+    "eval": (
+        "eval_math.py",
+        "--model {ckpt} --data {data} --count 4 --num_samples 2 --k 1,2,8 --max_new_tokens 8 "
+        "--output {tmp}/results.jsonl",
+    ),
 }
 
 
@@ -39,8 +42,13 @@ def runs(tmp):
     started = {}
     for name, (script, args) in RUNS.items():
         argv = [arg.format(ckpt=tmp / "ckpt", data=data, tmp=tmp) for arg in args.split()]
-        started[name] = subprocess.Popen([sys.executable, os.path.join("examples", script), *argv], cwd=ROOT,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started[name] = subprocess.Popen(
+            [sys.executable, os.path.join("examples", script), *argv],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     finished = {}
     for name, process in started.items():
         stdout, stderr = process.communicate(timeout=180)
@@ -58,7 +66,9 @@ def test_sample_prints_each_completion_with_its_rewards(runs):
     assert out.stdout.startswith("prompt (") and "12+30\n" in out.stdout
     assert out.stdout.count("\n--- sample ") == 3
     reward_lines = [line for line in out.stdout.splitlines() if line.startswith("answer: ")]
-    assert len(reward_lines) == 3 and all("accuracy: " in line and "format: " in line for line in reward_lines)
+    assert len(reward_lines) == 3 and all(
+        "accuracy: " in line and "format: " in line for line in reward_lines
+    )
     assert "/3 correct (gold answer 42)" in out.stdout
 
 
@@ -67,7 +77,9 @@ def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp)
     assert out.returncode == 0, out.stderr
     summary = out.stdout.splitlines()[0]
     assert summary.startswith(f"{tmp}/gsm8k.jsonl (4 problems, 2 samples each, temperature 0.8): pass@1 ")
-    assert "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary  # k above the samples is left out
+    assert (
+        "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary
+    )  # k above the samples is left out
     rows = read_jsonl(tmp / "results.jsonl")
     assert [row["answer"] for row in rows] == ["1", "2", "3", "4"]  # the first 4 of the file's 6 rows
     assert all(set(row) == {"question", "answer", "completions", "correct"} for row in rows)
@@ -77,8 +89,22 @@ def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp)
 def test_the_embedded_default_is_found_from_any_directory(tmp):
     """Without --model, an example loads models/minigrpo-tiny-arith next to itself, not a path
     relative to the working directory (which would be looked up on the Hub, offline: an error)."""
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "sample.py"), "--prompt", "12+30",
-                          "--num_samples", "1", "--max_new_tokens", "8"], cwd=tmp, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "sample.py"),
+            "--prompt",
+            "12+30",
+            "--num_samples",
+            "1",
+            "--max_new_tokens",
+            "8",
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("prompt (") and "--- sample 1" in out.stdout
 

@@ -27,7 +27,11 @@ def close(actual, expected, atol=ATOL):
 # A batch of B = 3 completions, T = 4 columns, of lengths 4, 2 and 3 (right padded).
 MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
 OLD = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -4.0, -4.0], [-2.5, -0.1, -1.2, -4.0]])
-RATIOS = [[1.1, 0.9, 1.0, 1.0], [1.1, 0.9, 1.0, 1.0], [1.1, 1.1, 0.9, 1.0]]  # all inside [0.8, 1.2]: no clipping
+RATIOS = [
+    [1.1, 0.9, 1.0, 1.0],
+    [1.1, 0.9, 1.0, 1.0],
+    [1.1, 1.1, 0.9, 1.0],
+]  # all inside [0.8, 1.2]: no clipping
 ADV = torch.tensor([1.0, -0.5, 2.0])
 # Per-token loss -ratio * A on the real tokens (0 on padding), which is also its gradient:
 PER_TOKEN = [
@@ -48,7 +52,12 @@ DR_WEIGHT = [[1 / 12] * 4, [1 / 12] * 2 + [0, 0], [1 / 12] * 3 + [0]]  # 1 / (3 
         ("bnpo", {}, -9.2 / 9, TOKEN_WEIGHT),  # -1.022222
         ("dr_grpo", {}, -9.2 / (3 * 4), DR_WEIGHT),  # -0.766667: divided by max length T, not tokens
         ("dapo", {}, -9.2 / 9, TOKEN_WEIGHT),  # one batch = the whole step: same as bnpo
-        ("grpo", dict(num_sequences=6), (-1.0 + 0.5 - 6.2 / 3) / 6, [[w / 2 for w in r] for r in GRPO_WEIGHT]),
+        (
+            "grpo",
+            dict(num_sequences=6),
+            (-1.0 + 0.5 - 6.2 / 3) / 6,
+            [[w / 2 for w in r] for r in GRPO_WEIGHT],
+        ),
         ("dr_grpo", dict(max_completion_length=8), -9.2 / (3 * 8), [[w / 2 for w in r] for r in DR_WEIGHT]),
         ("dapo", dict(num_tokens=20), -9.2 / 20, [[w * 9 / 20 for w in r] for r in TOKEN_WEIGHT]),
     ],
@@ -60,7 +69,9 @@ def test_each_loss_type_on_a_ragged_batch(loss_type, options, expected, weight):
     assert stats["loss"] == pytest.approx(expected, abs=ATOL)
     assert stats["tokens"] == 9.0
     assert stats["clip/low_frac"] == stats["clip/high_frac"] == stats["clip/region_frac"] == 0.0
-    assert stats["ratio/mean"] == pytest.approx((1.1 + 0.9 + 1.0 + 1.0 + 1.1 + 0.9 + 1.1 + 1.1 + 0.9) / 9, abs=ATOL)
+    assert stats["ratio/mean"] == pytest.approx(
+        (1.1 + 0.9 + 1.0 + 1.0 + 1.1 + 0.9 + 1.1 + 1.1 + 0.9) / 9, abs=ATOL
+    )
     loss.backward()
     expected_grad = [[g * w for g, w in zip(gs, ws)] for gs, ws in zip(PER_TOKEN, weight)]
     assert close(logprobs.grad, expected_grad)
@@ -82,19 +93,55 @@ CLIP_ADV = torch.tensor([1.0, -1.0, -0.5])
 @pytest.mark.parametrize(
     "epsilon, epsilon_high, per_token, grad, low, high",
     [
-        (0.2, None, [[-1.2, -0.5], [1.5, 0.8], [0.4, 0.65]], [[0.0, -0.5], [1.5, 0.0], [0.0, 0.65]], 2 / 6, 1 / 6),
+        (
+            0.2,
+            None,
+            [[-1.2, -0.5], [1.5, 0.8], [0.4, 0.65]],
+            [[0.0, -0.5], [1.5, 0.0], [0.0, 0.65]],
+            2 / 6,
+            1 / 6,
+        ),
         # clip-higher moves only the upper bound: 1.4 still clips ratio 1.5, at 1.4 ...
-        (0.2, 0.4, [[-1.4, -0.5], [1.5, 0.8], [0.4, 0.65]], [[0.0, -0.5], [1.5, 0.0], [0.0, 0.65]], 2 / 6, 1 / 6),
+        (
+            0.2,
+            0.4,
+            [[-1.4, -0.5], [1.5, 0.8], [0.4, 0.65]],
+            [[0.0, -0.5], [1.5, 0.0], [0.0, 0.65]],
+            2 / 6,
+            1 / 6,
+        ),
         # ... 1.6 lets it through, while the lower bound stays at 0.8
-        (0.2, 0.6, [[-1.5, -0.5], [1.5, 0.8], [0.4, 0.65]], [[-1.5, -0.5], [1.5, 0.0], [0.0, 0.65]], 2 / 6, 0.0),
+        (
+            0.2,
+            0.6,
+            [[-1.5, -0.5], [1.5, 0.8], [0.4, 0.65]],
+            [[-1.5, -0.5], [1.5, 0.0], [0.0, 0.65]],
+            2 / 6,
+            0.0,
+        ),
         # a symmetric 0.6 also moves the lower bound to 0.4: nothing is clipped
-        (0.6, None, [[-1.5, -0.5], [1.5, 0.5], [0.3, 0.65]], [[-1.5, -0.5], [1.5, 0.5], [0.3, 0.65]], 0.0, 0.0),
+        (
+            0.6,
+            None,
+            [[-1.5, -0.5], [1.5, 0.5], [0.3, 0.65]],
+            [[-1.5, -0.5], [1.5, 0.5], [0.3, 0.65]],
+            0.0,
+            0.0,
+        ),
     ],
 )
 def test_clipping_on_both_sides(epsilon, epsilon_high, per_token, grad, low, high):
     old = torch.tensor([[-1.0, -2.0], [-0.3, -1.7], [-0.8, -2.2]])
     logprobs = policy(old, CLIP_RATIOS)
-    loss, stats = grpo_loss(logprobs, old, CLIP_ADV, torch.ones(3, 2), epsilon=epsilon, epsilon_high=epsilon_high, loss_type="bnpo")
+    loss, stats = grpo_loss(
+        logprobs,
+        old,
+        CLIP_ADV,
+        torch.ones(3, 2),
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        loss_type="bnpo",
+    )
     assert loss.item() == pytest.approx(sum(map(sum, per_token)) / 6, abs=ATOL)
     loss.backward()
     expected = torch.tensor(grad) / 6
@@ -136,13 +183,19 @@ def test_beta_adds_beta_times_k3_per_token():
     # Gradients: d(-ratio * A) = -1; d k3 / d logprobs = 1 - exp(d) = 1 - 2 = -1 on token 0, 0 on token 1.
     logprobs = torch.tensor([[-0.4, -1.3]], requires_grad=True)
     ref = logprobs.detach() + torch.tensor([[math.log(2), 0.0]])
-    loss, stats = grpo_loss(logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref, beta=0.1)
+    loss, stats = grpo_loss(
+        logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref, beta=0.1
+    )
     assert loss.item() == pytest.approx((-1 + 0.1 * (1 - math.log(2)) - 1) / 2, abs=ATOL)  # -0.984657
     assert stats["kl"] == pytest.approx((1 - math.log(2)) / 2, abs=ATOL)
     loss.backward()
     assert close(logprobs.grad, [[(-1 + 0.1 * -1) / 2, -1 / 2]])  # -0.55, -0.5
-    without, stats = grpo_loss(logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref)
-    assert without.item() == pytest.approx(-1.0, abs=ATOL) and "kl" not in stats  # beta 0: the reference is ignored
+    without, stats = grpo_loss(
+        logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref
+    )
+    assert (
+        without.item() == pytest.approx(-1.0, abs=ATOL) and "kl" not in stats
+    )  # beta 0: the reference is ignored
 
 
 def test_beta_without_a_reference_is_refused():
@@ -160,7 +213,9 @@ def test_masked_tokens_get_neither_loss_nor_gradient(loss_type):
     garbage_old, garbage_ref = OLD.masked_fill(pad, 97.0), ref.masked_fill(pad, 90.0)
     options = dict(beta=0.1, loss_type=loss_type)
     loss, stats = grpo_loss(clean, OLD, ADV, MASK, ref_logprobs=ref, **options)
-    garbage_loss, garbage_stats = grpo_loss(garbage, garbage_old, ADV, MASK, ref_logprobs=garbage_ref, **options)
+    garbage_loss, garbage_stats = grpo_loss(
+        garbage, garbage_old, ADV, MASK, ref_logprobs=garbage_ref, **options
+    )
     assert torch.equal(loss, garbage_loss)
     assert stats == garbage_stats
     loss.backward()
@@ -174,7 +229,9 @@ def test_masked_tokens_whose_ratio_overflows_change_nothing(advantage):
     # Padding holding logprobs 100 against old 0 (or old = -inf): exp(100) overflows float32 to inf.
     # The one real token has ratio 1, so the loss is -A and its gradient -A.
     logprobs = torch.tensor([[-1.0, 100.0]], requires_grad=True)
-    loss, stats = grpo_loss(logprobs, torch.tensor([[-1.0, 0.0]]), torch.tensor([advantage]), torch.tensor([[1, 0]]))
+    loss, stats = grpo_loss(
+        logprobs, torch.tensor([[-1.0, 0.0]]), torch.tensor([advantage]), torch.tensor([[1, 0]])
+    )
     assert stats["ratio/mean"] == 1.0  # the padded log-ratio is zeroed before exp: no inf * 0
     assert loss.item() == -advantage
     loss.backward()
@@ -184,7 +241,9 @@ def test_masked_tokens_whose_ratio_overflows_change_nothing(advantage):
 # Gradient accumulation: 4 sequences of lengths 4, 3, 1, 2 (10 tokens), as 2 micro-batches of 2
 # (7 tokens, then 3). Ratios include clipped ones.
 ACC_MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]])
-ACC_OLD = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -0.9, -4.0], [-2.5, -4.0, -4.0, -4.0], [-0.6, -1.1, -4.0, -4.0]])
+ACC_OLD = torch.tensor(
+    [[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -0.9, -4.0], [-2.5, -4.0, -4.0, -4.0], [-0.6, -1.1, -4.0, -4.0]]
+)
 ACC_RATIOS = [[1.5, 0.5, 1.1, 0.95], [0.7, 1.3, 1.0, 1.0], [1.25, 1.0, 1.0, 1.0], [0.85, 1.05, 1.0, 1.0]]
 ACC_ADV = torch.tensor([0.8, -1.2, 1.5, -0.4])
 HALVES = (slice(0, 2), slice(2, 4))
@@ -195,7 +254,9 @@ def micro_batches(loss_type, **step):
     logprobs = policy(ACC_OLD, ACC_RATIOS)
     losses = []
     for rows in HALVES:
-        loss, _ = grpo_loss(logprobs[rows], ACC_OLD[rows], ACC_ADV[rows], ACC_MASK[rows], loss_type=loss_type, **step)
+        loss, _ = grpo_loss(
+            logprobs[rows], ACC_OLD[rows], ACC_ADV[rows], ACC_MASK[rows], loss_type=loss_type, **step
+        )
         loss.backward()
         losses.append(loss.item())
     return losses, logprobs.grad
@@ -227,7 +288,9 @@ def test_bnpo_micro_batches_are_weighted_by_their_share_of_sequences():
     # Documented: bnpo is a per-batch token mean, scaled by batch / num_sequences = 2 / 4.
     (share0, share1), _ = micro_batches("bnpo", num_sequences=4)
     (alone0, alone1), _ = micro_batches("bnpo")
-    assert share0 == pytest.approx(alone0 * 2 / 4, abs=ATOL) and share1 == pytest.approx(alone1 * 2 / 4, abs=ATOL)
+    assert share0 == pytest.approx(alone0 * 2 / 4, abs=ATOL) and share1 == pytest.approx(
+        alone1 * 2 / 4, abs=ATOL
+    )
 
 
 @pytest.mark.parametrize(
@@ -260,7 +323,12 @@ def test_first_iteration_ratio_is_exactly_one(loss_type, expected, grad_weight):
 
 
 def good_inputs():
-    return dict(logprobs=torch.zeros(3, 4), old_logprobs=torch.zeros(3, 4), advantages=torch.zeros(3), mask=torch.ones(3, 4))
+    return dict(
+        logprobs=torch.zeros(3, 4),
+        old_logprobs=torch.zeros(3, 4),
+        advantages=torch.zeros(3),
+        mask=torch.ones(3, 4),
+    )
 
 
 @pytest.mark.parametrize(
@@ -274,7 +342,10 @@ def good_inputs():
         (dict(old_logprobs=torch.zeros(3, 3)), r"old_logprobs has shape \(3, 3\), logprobs \(3, 4\)"),
         (dict(mask=torch.ones(4, 3)), r"mask has shape \(4, 3\), logprobs \(3, 4\)"),
         (dict(ref_logprobs=torch.zeros(3, 5)), r"ref_logprobs has shape \(3, 5\), logprobs \(3, 4\)"),
-        (dict(advantages=torch.zeros(3, 1)), r"advantages must have shape \(3,\), one per sequence; got \(3, 1\)"),
+        (
+            dict(advantages=torch.zeros(3, 1)),
+            r"advantages must have shape \(3,\), one per sequence; got \(3, 1\)",
+        ),
         (dict(advantages=torch.zeros(4)), r"advantages must have shape \(3,\), one per sequence; got \(4,\)"),
     ],
 )

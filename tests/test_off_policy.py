@@ -11,9 +11,9 @@ from helpers import tiny_model
 
 from minigrpo import GRPOConfig
 from minigrpo.loss import SAMPLER_CORRECTIONS, grpo_loss, sampler_mismatch
-from minigrpo.token_logprobs import token_logprobs
 from minigrpo.rollout import Rollout, collate
 from minigrpo.sampler import generate
+from minigrpo.token_logprobs import token_logprobs
 
 MASK = [[1, 1, 1], [1, 1, 0]]  # the second completion is padded
 OLD = [[-1.0, -2.0, -0.5], [-0.2, -1.5, -9.0]]
@@ -54,8 +54,15 @@ def weight(mode, i, t):
 @pytest.mark.parametrize("mode", SAMPLER_CORRECTIONS)
 def test_each_sampler_correction_against_hand_computed_loss_and_gradient(mode):
     logprobs, old, adv, mask, sampler = tensors()
-    loss, stats = grpo_loss(logprobs, old, adv, mask, sampler_logprobs=sampler, sampler_correction=mode,
-                            sampler_correction_cap=CAP)  # loss_type grpo: token mean per row, then row mean
+    loss, stats = grpo_loss(
+        logprobs,
+        old,
+        adv,
+        mask,
+        sampler_logprobs=sampler,
+        sampler_correction=mode,
+        sampler_correction_cap=CAP,
+    )  # loss_type grpo: token mean per row, then row mean
     loss.backward()
     expected, grad = 0.0, [[0.0] * 3 for _ in range(2)]
     for i in range(2):
@@ -73,7 +80,9 @@ def test_each_sampler_correction_against_hand_computed_loss_and_gradient(mode):
 
 
 def test_the_corrections_weigh_what_the_formulas_say():
-    assert [weight("token_truncate", 0, t) for t in range(3)] == pytest.approx([math.exp(0.3), math.exp(-0.9), math.exp(0.05)])
+    assert [weight("token_truncate", 0, t) for t in range(3)] == pytest.approx(
+        [math.exp(0.3), math.exp(-0.9), math.exp(0.05)]
+    )
     assert weight("token_truncate", 1, 0) == 2.0  # exp(1.2) = 3.3 is cut at C
     assert [weight("token_mask", 0, t) for t in range(3)] == [1.0, 0.0, 1.0]  # exp(-0.9) = 0.41 < 1/2
     assert weight("sequence_truncate", 0, 1) == pytest.approx(math.exp(-0.55))  # the row's R on every token
@@ -88,25 +97,39 @@ def test_sequence_level_ratio_is_gspo_against_hand_computed_numbers():
     expected, grad = 0.0, [[0.0] * 3 for _ in range(2)]
     for i in range(2):
         tokens = [t for t in range(3) if MASK[i][t]]
-        s = math.exp(sum(math.log(RATIOS[i][t]) for t in tokens) / len(tokens))  # s_i, the geometric mean ratio
+        s = math.exp(
+            sum(math.log(RATIOS[i][t]) for t in tokens) / len(tokens)
+        )  # s_i, the geometric mean ratio
         expected += -surrogate(s, ADV[i]) / 2  # every token of the row carries the same term: its mean is it
         for t in tokens:  # d s_i / d logp_t = s_i / |tokens|
             grad[i][t] = -clipped_surrogate_slope(s, ADV[i]) / len(tokens) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, torch.tensor(grad, dtype=torch.float64), rtol=0, atol=1e-12)
-    assert stats["ratio/mean"] == pytest.approx((3 * math.exp(sum(map(math.log, RATIOS[0])) / 3)
-                                                 + 2 * math.exp(sum(map(math.log, RATIOS[1][:2])) / 2)) / 5)
+    assert stats["ratio/mean"] == pytest.approx(
+        (
+            3 * math.exp(sum(map(math.log, RATIOS[0])) / 3)
+            + 2 * math.exp(sum(map(math.log, RATIOS[1][:2])) / 2)
+        )
+        / 5
+    )
 
 
-@pytest.mark.parametrize("epsilon_high, cap", [(None, 5.0), (0.2, 1.2)])  # cispo's default weight cap is 1 + 4.0
+@pytest.mark.parametrize(
+    "epsilon_high, cap", [(None, 5.0), (0.2, 1.2)]
+)  # cispo's default weight cap is 1 + 4.0
 def test_cispo_against_hand_computed_loss_and_gradient(epsilon_high, cap):
     logprobs, old, adv, mask, _ = tensors()
     loss, _ = grpo_loss(logprobs, old, adv, mask, loss_type="cispo", epsilon_high=epsilon_high)
     loss.backward()
     tokens = [(i, t) for i in range(2) for t in range(3) if MASK[i][t]]
     logp = lambda i, t: OLD[i][t] + math.log(RATIOS[i][t])  # noqa: E731
-    expected = sum(-min(RATIOS[i][t], cap) * ADV[i] * logp(i, t) for i, t in tokens) / len(tokens)  # dapo's token mean
-    grad = [[(-min(RATIOS[i][t], cap) * ADV[i] / len(tokens)) if MASK[i][t] else 0.0 for t in range(3)] for i in range(2)]
+    expected = sum(-min(RATIOS[i][t], cap) * ADV[i] * logp(i, t) for i, t in tokens) / len(
+        tokens
+    )  # dapo's token mean
+    grad = [
+        [(-min(RATIOS[i][t], cap) * ADV[i] / len(tokens)) if MASK[i][t] else 0.0 for t in range(3)]
+        for i in range(2)
+    ]
     assert loss.item() == pytest.approx(expected, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, torch.tensor(grad, dtype=torch.float64), rtol=0, atol=1e-12)
 
@@ -124,8 +147,18 @@ def test_every_correction_is_the_identity_when_the_sampler_agrees(loss_type, lev
     results = []
     for mode in SAMPLER_CORRECTIONS:
         logprobs, old, adv, mask, _ = tensors()
-        loss, _ = grpo_loss(logprobs, old, adv, mask, loss_type=loss_type, importance_sampling_level=level,
-                            sampler_logprobs=old.clone(), sampler_correction=mode, beta=0.1, ref_logprobs=old - 0.3)
+        loss, _ = grpo_loss(
+            logprobs,
+            old,
+            adv,
+            mask,
+            loss_type=loss_type,
+            importance_sampling_level=level,
+            sampler_logprobs=old.clone(),
+            sampler_correction=mode,
+            beta=0.1,
+            ref_logprobs=old - 0.3,
+        )
         loss.backward()
         results.append((loss.item(), logprobs.grad))
     for loss, grad in results[1:]:
@@ -135,18 +168,37 @@ def test_every_correction_is_the_identity_when_the_sampler_agrees(loss_type, lev
 
 def test_the_kl_term_is_not_weighted():
     logprobs, old, adv, mask, sampler = tensors()
-    plain, _ = grpo_loss(logprobs, old, adv, mask, sampler_logprobs=sampler, sampler_correction="token_mask",
-                         sampler_correction_cap=CAP)
-    with_kl, _ = grpo_loss(logprobs, old, adv, mask, sampler_logprobs=sampler, sampler_correction="token_mask",
-                               sampler_correction_cap=CAP, beta=0.5, ref_logprobs=old - 0.3)
+    plain, _ = grpo_loss(
+        logprobs,
+        old,
+        adv,
+        mask,
+        sampler_logprobs=sampler,
+        sampler_correction="token_mask",
+        sampler_correction_cap=CAP,
+    )
+    with_kl, _ = grpo_loss(
+        logprobs,
+        old,
+        adv,
+        mask,
+        sampler_logprobs=sampler,
+        sampler_correction="token_mask",
+        sampler_correction_cap=CAP,
+        beta=0.5,
+        ref_logprobs=old - 0.3,
+    )
     kl = [[math.exp(-0.3 - math.log(r)) + 0.3 + math.log(r) - 1 for r in row] for row in RATIOS]  # k3 by hand
     by_rows = sum(sum(kl[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i]) for i in range(2)) / 2
     assert with_kl.item() - plain.item() == pytest.approx(0.5 * by_rows, abs=1e-12)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo"])
-@pytest.mark.parametrize("options", [dict(importance_sampling_level="sequence")]
-                         + [dict(sampler_correction=m, sampler_correction_cap=CAP) for m in SAMPLER_CORRECTIONS[1:]])
+@pytest.mark.parametrize(
+    "options",
+    [dict(importance_sampling_level="sequence")]
+    + [dict(sampler_correction=m, sampler_correction_cap=CAP) for m in SAMPLER_CORRECTIONS[1:]],
+)
 def test_every_option_is_exact_under_gradient_accumulation(loss_type, options):
     logprobs, old, adv, mask, sampler = tensors()
     full, _ = grpo_loss(logprobs, old, adv, mask, loss_type=loss_type, sampler_logprobs=sampler, **options)
@@ -155,8 +207,18 @@ def test_every_option_is_exact_under_gradient_accumulation(loss_type, options):
     logprobs.grad = None
     parts = 0.0
     for rows in (slice(0, 1), slice(1, 2)):
-        loss, _ = grpo_loss(logprobs[rows], old[rows], adv[rows], mask[rows], loss_type=loss_type,
-                            sampler_logprobs=sampler[rows], num_sequences=2, num_tokens=5, max_completion_length=3, **options)
+        loss, _ = grpo_loss(
+            logprobs[rows],
+            old[rows],
+            adv[rows],
+            mask[rows],
+            loss_type=loss_type,
+            sampler_logprobs=sampler[rows],
+            num_sequences=2,
+            num_tokens=5,
+            max_completion_length=3,
+            **options,
+        )
         loss.backward()
         parts += loss.item()
     assert parts == pytest.approx(full.item(), abs=1e-12)
@@ -168,7 +230,10 @@ def test_every_option_is_exact_under_gradient_accumulation(loss_type, options):
     [
         (dict(sampler_correction="clip"), "sampler_correction must be one of none, token_truncate"),
         (dict(importance_sampling_level="group"), "importance_sampling_level must be one of token, sequence"),
-        (dict(sampler_correction="token_mask", sampler_correction_cap=1.0), "sampler_correction_cap must be > 1"),
+        (
+            dict(sampler_correction="token_mask", sampler_correction_cap=1.0),
+            "sampler_correction_cap must be > 1",
+        ),
         (dict(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo"),
     ],
 )
@@ -189,12 +254,22 @@ def test_a_correction_without_sampler_logprobs_is_a_clear_error():
 def sampled_rollouts(sampling_model, G=4):
     prompts = [[3, 17, 4, 9], [5, 60, 2], [8, 8, 31, 40, 12]]
     samples = generate(sampling_model, prompts, max_new_tokens=12, num_samples=G, temperature=0.9, seed=3)
-    return [Rollout(prompt_ids=prompts[p], completion_ids=tokens, finish_reason=reason,
-                    sampler_logprobs=torch.tensor(logprobs))
-            for tokens, logprobs, reason, p in zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)]
+    return [
+        Rollout(
+            prompt_ids=prompts[p],
+            completion_ids=tokens,
+            finish_reason=reason,
+            sampler_logprobs=torch.tensor(logprobs),
+        )
+        for tokens, logprobs, reason, p in zip(
+            samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices
+        )
+    ]
 
 
-@pytest.mark.parametrize("sampler_dtype, low, high", [(torch.float32, 0.0, 1e-5), (torch.bfloat16, 1e-3, math.inf)])
+@pytest.mark.parametrize(
+    "sampler_dtype, low, high", [(torch.float32, 0.0, 1e-5), (torch.bfloat16, 1e-3, math.inf)]
+)
 def test_the_mismatch_reads_zero_with_fp32_sampling_and_not_with_bf16(sampler_dtype, low, high):
     """The same weights sample (in fp32 or bf16) and train (fp32): only the arithmetic differs.
     (bf16 on this random model: mean |gap| ~8e-4 and max ~1e-2, where logits are small; the
@@ -209,7 +284,10 @@ def test_the_mismatch_reads_zero_with_fp32_sampling_and_not_with_bf16(sampler_dt
     assert low <= stats["mismatch/logprob_abs_max"] <= high
     assert low / 5 <= stats["mismatch/logprob_abs_mean"] <= stats["mismatch/logprob_abs_max"]
     if sampler_dtype == torch.float32:
-        assert stats["mismatch/ratio_outside_0.9_1.1_frac"] == 0.0 and abs(stats["mismatch/seq_logratio_mean"]) <= 1e-4
+        assert (
+            stats["mismatch/ratio_outside_0.9_1.1_frac"] == 0.0
+            and abs(stats["mismatch/seq_logratio_mean"]) <= 1e-4
+        )
 
 
 def test_mismatch_metrics_by_hand():
@@ -220,4 +298,6 @@ def test_mismatch_metrics_by_hand():
     assert stats["mismatch/logprob_abs_max"] == pytest.approx(0.2)
     # exp(0.05) = 1.05 in; exp(-0.2) = 0.82 out; exp(0.12) = 1.13 out; exp(-0.1) = 0.905 in
     assert stats["mismatch/ratio_outside_0.9_1.1_frac"] == pytest.approx(2 / 5)
-    assert stats["mismatch/seq_logratio_mean"] == pytest.approx(((0.05 - 0.2) + (0.12 - 0.1)) / 4)  # a share of 4 sequences
+    assert stats["mismatch/seq_logratio_mean"] == pytest.approx(
+        ((0.05 - 0.2) + (0.12 - 0.1)) / 4
+    )  # a share of 4 sequences

@@ -145,21 +145,27 @@ def test_config_reads_both_rope_theta_spellings():
     base = {**TINY, "model_type": "qwen3"}
     base.pop("rope_theta")
     old = minigrpo.Qwen3Config.from_dict({**base, "rope_theta": 1e6, "rope_scaling": None, "unknown_key": 1})
-    new = minigrpo.Qwen3Config.from_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    new = minigrpo.Qwen3Config.from_dict(
+        {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    )
     assert old == new and old.rope_theta == 1e6
     assert minigrpo.Qwen3Config.from_dict(base).head_dim == TINY["head_dim"]
-
 
 
 def test_packed_weights_give_the_plain_products():
     """Inside packed_for_decoding the large weights multiply through oneDNN: same logits within
     fp32 rounding, and outside it nothing of the packing is left."""
-    model = tiny_model(hidden_size=256, intermediate_size=768, vocab_size=600)  # MLP and head >= 2**17 elements
+    model = tiny_model(
+        hidden_size=256, intermediate_size=768, vocab_size=600
+    )  # MLP and head >= 2**17 elements
     ids = torch.randint(0, 600, (3, 9))
     with torch.inference_mode():
         plain = model(ids)
         with model.packed_for_decoding(batch_size=3):
-            assert model.layers[0].mlp.up_proj.packed is not None and model.layers[0].self_attn.k_proj.packed is None
+            assert (
+                model.layers[0].mlp.up_proj.packed is not None
+                and model.layers[0].self_attn.k_proj.packed is None
+            )
             packed = model(ids)
         assert model.layers[0].mlp.up_proj.packed is None and model.packed_head is None
         with model.packed_for_decoding(batch_size=1):  # one row: the plain products are the faster

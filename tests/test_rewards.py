@@ -59,9 +59,17 @@ def test_weighted_total_and_separate_components():
     rewards = compute_rewards(completions, columns, [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.5)])
     assert rewards.components == {"accuracy": [1.0, 1.0, 0.0, 0.0], "format": [1.0, 0.0, 1.0, 0.0]}
     assert rewards.total == [1.5, 1.0, 0.5, 0.0]
-    assert rewards.stats() == pytest.approx({"reward/mean": 0.75, "reward/std": (5 / 12) ** 0.5, "reward/timeout_frac": 0.0,
-                                             "reward/accuracy/mean": 0.5, "reward/accuracy/std": 1 / 3 ** 0.5,
-                                             "reward/format/mean": 0.5, "reward/format/std": 1 / 3 ** 0.5})
+    assert rewards.stats() == pytest.approx(
+        {
+            "reward/mean": 0.75,
+            "reward/std": (5 / 12) ** 0.5,
+            "reward/timeout_frac": 0.0,
+            "reward/accuracy/mean": 0.5,
+            "reward/accuracy/std": 1 / 3**0.5,
+            "reward/format/mean": 0.5,
+            "reward/format/std": 1 / 3**0.5,
+        }
+    )
 
 
 def test_timeouts_are_counted_in_the_stats():
@@ -113,7 +121,9 @@ def test_a_registered_reward_and_its_options():
 
 
 def test_registry_errors_name_the_problem():
-    with pytest.raises(ValueError, match="unknown reward 'acuracy'; known: accuracy, code, countdown, format"):
+    with pytest.raises(
+        ValueError, match="unknown reward 'acuracy'; known: accuracy, code, countdown, format"
+    ):
         RewardSpec("acuracy")
     with pytest.raises(ValueError, match="not a finite number"):
         RewardSpec("format", float("nan"))

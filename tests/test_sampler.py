@@ -50,7 +50,9 @@ def test_greedy_batched_equals_one_at_a_time_and_naive(model):
         assert torch.allclose(torch.tensor(ours), torch.tensor(reference), atol=1e-4)
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=0.7, top_p=0.9), dict(temperature=1.3, top_k=5), dict(temperature=1.0)])
+@pytest.mark.parametrize(
+    "settings", [dict(temperature=0.7, top_p=0.9), dict(temperature=1.3, top_k=5), dict(temperature=1.0)]
+)
 def test_logprobs_equal_a_full_forward_pass(model, settings):
     samples = minigrpo.generate(model, PROMPTS, max_new_tokens=9, num_samples=2, seed=3, **settings)
     for tokens, logprobs, index in zip(samples.tokens, samples.logprobs, samples.prompt_indices):
@@ -85,7 +87,9 @@ def test_fixed_seed_reproduces(model):
 def test_eos_and_max_new_tokens_per_row(model):
     free = minigrpo.generate(model, PROMPTS, max_new_tokens=12, temperature=0)
     eos = free.tokens[0][3]  # a token row 0 emits at step 4 (maybe earlier too)
-    stopped = minigrpo.generate(model, PROMPTS, max_new_tokens=12, temperature=0, eos_token_ids=[eos, 10_000 % TINY["vocab_size"]])
+    stopped = minigrpo.generate(
+        model, PROMPTS, max_new_tokens=12, temperature=0, eos_token_ids=[eos, 10_000 % TINY["vocab_size"]]
+    )
     for row, tokens in enumerate(free.tokens):
         ends = [i for i, t in enumerate(tokens) if t in (eos, 10_000 % TINY["vocab_size"])]
         expected = tokens[: ends[0] + 1] if ends else tokens
@@ -98,7 +102,9 @@ def test_eos_and_max_new_tokens_per_row(model):
 
 def test_stops_early_when_every_row_is_done(model):
     first = minigrpo.generate(model, [PROMPTS[0]], max_new_tokens=1, temperature=0).tokens[0][0]
-    samples = minigrpo.generate(model, [PROMPTS[0]], max_new_tokens=50, temperature=0, eos_token_ids=[first], check_every=1)
+    samples = minigrpo.generate(
+        model, [PROMPTS[0]], max_new_tokens=50, temperature=0, eos_token_ids=[first], check_every=1
+    )
     assert samples.tokens == [[first]] and samples.decode_steps == 0
 
 
@@ -113,7 +119,9 @@ def fixed_logits_model(logits: torch.Tensor) -> minigrpo.Qwen3:
             block.self_attn.o_proj.weight.zero_()
             block.mlp.down_proj.weight.zero_()
         model.embed_tokens.weight.zero_()
-        model.embed_tokens.weight[:, 0] = 1.0  # every token embeds to e_0; the final norm makes it sqrt(C) e_0
+        model.embed_tokens.weight[:, 0] = (
+            1.0  # every token embeds to e_0; the final norm makes it sqrt(C) e_0
+        )
         model.lm_head.weight.zero_()
         model.lm_head.weight[:, 0] = logits / C**0.5
     return model
@@ -171,19 +179,30 @@ def test_rejection_gives_up_and_sorting_takes_over_when_draws_keep_missing():
     assert next_token.nucleus_by_sorting(probs, 0.01, u).tolist() == [0]
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=2.0), dict(temperature=0.7, top_k=6, top_p=0.8),
-                                      dict(temperature=1.5, top_p=0.9), dict(temperature=0.8, top_k=4)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=2.0),
+        dict(temperature=0.7, top_k=6, top_p=0.8),
+        dict(temperature=1.5, top_p=0.9),
+        dict(temperature=0.8, top_k=4),
+    ],
+)
 def test_sampling_frequencies_follow_the_renormalised_softmax(settings):
     """8192 draws of the default path against the reference sampler's distribution (its own code:
     sort, renormalise), by a chi-square test at significance 0.001; tokens outside it never appear."""
     tokens = draw(fixed_logits_model(LOGITS), n_rows=512, steps=16, **settings)
-    expected = next_token_distribution(LOGITS, settings["temperature"], settings.get("top_k", 0), settings.get("top_p", 1.0))
+    expected = next_token_distribution(
+        LOGITS, settings["temperature"], settings.get("top_k", 0), settings.get("top_p", 1.0)
+    )
     support = expected > 0
     observed = torch.bincount(tokens, minlength=8).double()
     assert observed[~support].sum() == 0
     counts, wanted = observed[support], expected[support].double() * tokens.numel()
     chi2 = ((counts - wanted) ** 2 / wanted).sum()
-    p_value = torch.special.gammaincc(torch.tensor((len(counts) - 1) / 2), chi2 / 2)  # chi-square survival function
+    p_value = torch.special.gammaincc(
+        torch.tensor((len(counts) - 1) / 2), chi2 / 2
+    )  # chi-square survival function
     assert p_value > 1e-3, f"chi2 {chi2:.1f} on {len(counts) - 1} degrees of freedom (p = {p_value:.2e})"
 
 
@@ -204,10 +223,19 @@ def test_no_two_draws_of_a_row_share_a_counter_across_steps_and_retries(monkeypa
     numbers: over 2 x TRIES steps no value comes twice, so no retry reuses a later step's draw or
     another retry's. A retry's draws depend on the row, not on which rows retry with it."""
     keys = next_token.row_keys(seed=5, rows=3, device="cpu")
-    N, tries = 2 * next_token.TRIES, next_token.TRIES  # past TRIES steps: a counter without a stride per step collides
-    noise = next_token.uniform(keys[:, None], next_token.draw_counters(N, 0, "cpu"))  # (3, N+1): the sampler's
+    N, tries = (
+        2 * next_token.TRIES,
+        next_token.TRIES,
+    )  # past TRIES steps: a counter without a stride per step collides
+    noise = next_token.uniform(
+        keys[:, None], next_token.draw_counters(N, 0, "cpu")
+    )  # (3, N+1): the sampler's
     retries = []  # per step, sample()'s source of further draws
-    monkeypatch.setattr(next_token, "sample_filtered", lambda *args: retries.append(args[-1]) or torch.zeros(3, dtype=torch.long))
+    monkeypatch.setattr(
+        next_token,
+        "sample_filtered",
+        lambda *args: retries.append(args[-1]) or torch.zeros(3, dtype=torch.long),
+    )
     config = minigrpo.SamplingConfig(temperature=1.0, top_p=0.5)
     for step in range(N + 1):
         next_token.sample(torch.zeros(3, 5), config, noise, torch.full((3,), step), keys)
@@ -226,7 +254,10 @@ def test_a_prompt_that_exactly_fills_the_context_is_sampled_and_one_token_more_i
     filled = minigrpo.generate(model, [prompt], max_new_tokens=10, temperature=0)
     naive, _ = naive_generate(model, [prompt], max_new_tokens=10, temperature=0)
     assert filled.tokens == naive and len(filled.tokens[0]) == 10
-    with pytest.raises(ValueError, match=r"prompt 0 has 7 tokens; with max_new_tokens=10 .* exceeds the model's context of 16"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt 0 has 7 tokens; with max_new_tokens=10 .* exceeds the model's context of 16",
+    ):
         minigrpo.generate(model, [prompt + [64]], max_new_tokens=10, temperature=0)
 
 
@@ -268,7 +299,9 @@ def test_reports_timings_and_cache_size(model):
     assert not samples.compiled  # eager unless the caller asks for compile=True
 
 
-FINISHING = dict(prompts=[[i + 1, 2 * i + 3, 5, i * 7 % 97] for i in range(12)], eos=[56, 0, 17, 82])  # rows end at varied steps
+FINISHING = dict(
+    prompts=[[i + 1, 2 * i + 3, 5, i * 7 % 97] for i in range(12)], eos=[56, 0, 17, 82]
+)  # rows end at varied steps
 
 
 def test_dropping_finished_rows_changes_no_token(model, monkeypatch):
@@ -276,7 +309,11 @@ def test_dropping_finished_rows_changes_no_token(model, monkeypatch):
     prompts, eos = FINISHING["prompts"], FINISHING["eos"]
     compactions = []
     original = minigrpo.KVCache.keep_rows
-    monkeypatch.setattr(minigrpo.KVCache, "keep_rows", lambda self, rows, n, **kw: compactions.append(len(rows)) or original(self, rows, n, **kw))
+    monkeypatch.setattr(
+        minigrpo.KVCache,
+        "keep_rows",
+        lambda self, rows, n, **kw: compactions.append(len(rows)) or original(self, rows, n, **kw),
+    )
     settings = dict(max_new_tokens=24, temperature=0, eos_token_ids=eos, check_every=2)
     compacted = minigrpo.generate(model, prompts, compact=True, **settings)
     masked = minigrpo.generate(model, prompts, compact=False, **settings)
@@ -290,7 +327,14 @@ def test_dropping_finished_rows_changes_no_token(model, monkeypatch):
 
 
 # --- a row budget: finished rows refilled with waiting ones --------------------------------------
-MIXED = [[5, 9, 2, 77, 31, 8, 64, 3, 3, 12, 40], [13, 4], [90, 1, 1, 3, 45], [7], [60, 61, 62, 63, 64, 65], [2, 2]]
+MIXED = [
+    [5, 9, 2, 77, 31, 8, 64, 3, 3, 12, 40],
+    [13, 4],
+    [90, 1, 1, 3, 45],
+    [7],
+    [60, 61, 62, 63, 64, 65],
+    [2, 2],
+]
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5])
@@ -304,12 +348,16 @@ def test_refill_under_a_row_budget_equals_the_unbounded_call(model, rows):
     for a, b in zip(bounded.logprobs, unbounded.logprobs):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
     assert bounded.batch_rows == rows and bounded.kv_cache_bytes < unbounded.kv_cache_bytes
-    assert len(set(map(len, unbounded.tokens))) > 2  # rows finish at different steps, so refills happen mid-way
+    assert (
+        len(set(map(len, unbounded.tokens))) > 2
+    )  # rows finish at different steps, so refills happen mid-way
 
 
 def test_each_row_keeps_its_seed_whatever_the_row_budget(model):
     """Sampled rows: a request's draws come from its own stream, so the budget changes no token."""
-    settings = dict(max_new_tokens=16, temperature=1.0, top_p=0.9, num_samples=3, seed=5, eos_token_ids=FINISHING["eos"])
+    settings = dict(
+        max_new_tokens=16, temperature=1.0, top_p=0.9, num_samples=3, seed=5, eos_token_ids=FINISHING["eos"]
+    )
     unbounded = minigrpo.generate(model, MIXED, **settings)
     for rows in (2, 7):
         bounded = minigrpo.generate(model, MIXED, max_batch_rows=rows, **settings)
@@ -325,12 +373,20 @@ def test_compiled_decode_crosses_span_buckets_and_compacts_like_eager(monkeypatc
     prompts = [list(range(1, 61)), [13, 4, 9]]  # 60 and 3 tokens: row 0 crosses slot 64 early, slot 128 late
     free = minigrpo.generate(model, prompts, max_new_tokens=76, temperature=0)
     late = lambda t: t not in free.tokens[0][:70]  # noqa: E731
-    eos = next(t for t in free.tokens[1][5:21] if late(t) and t not in free.tokens[1][:5])  # row 1 ends by step 21, row 0 late or never
+    eos = next(
+        t for t in free.tokens[1][5:21] if late(t) and t not in free.tokens[1][:5]
+    )  # row 1 ends by step 21, row 0 late or never
     settings = dict(max_new_tokens=76, temperature=0, eos_token_ids=[eos], check_every=4)
     eager = minigrpo.generate(model, prompts, **settings)
     shrunk = []
     original = minigrpo.KVCache.keep_rows
-    monkeypatch.setattr(minigrpo.KVCache, "keep_rows", lambda self, rows, n, fresh=False: shrunk.append((len(rows), fresh)) or original(self, rows, n, fresh=fresh))
+    monkeypatch.setattr(
+        minigrpo.KVCache,
+        "keep_rows",
+        lambda self, rows, n, fresh=False: (
+            shrunk.append((len(rows), fresh)) or original(self, rows, n, fresh=fresh)
+        ),
+    )
     compiled = minigrpo.generate(model, prompts, compile=True, **settings)
     assert shrunk == [(1, True)]  # the batch went from 2 rows to 1 while compiled
     assert len(eager.tokens[1]) <= 21 and len(eager.tokens[0]) > 70

@@ -19,15 +19,27 @@ from minigrpo.tasks.synthetic import generate
 from minigrpo.verifier import REWARD_FUNCTIONS, RewardSpec, compute_rewards
 
 GSM8K_ROWS = [
-    {"question": "Natalia sold clips to 48 friends in April, and half as many in May. How many in all?",
-     "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72"},
-    {"question": "A ship carries 1,000 boxes and takes on 234 more. How many boxes now?",
-     "answer": "1,000 + 234 = 1,234 boxes.\n#### 1,234", "id": 7},  # extra fields are ignored
+    {
+        "question": "Natalia sold clips to 48 friends in April, and half as many in May. How many in all?",
+        "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72",
+    },
+    {
+        "question": "A ship carries 1,000 boxes and takes on 234 more. How many boxes now?",
+        "answer": "1,000 + 234 = 1,234 boxes.\n#### 1,234",
+        "id": 7,
+    },  # extra fields are ignored
     {"question": "How much is lost?", "answer": "She loses 2,500,000 - 2,500,005.\n####  -5 "},
 ]
 MATH_ROWS = [
-    {"problem": "What is $\\frac{2}{4}$ in lowest terms?", "solution": "Divide by 2: $\\boxed{\\frac{1}{2}}$."},
-    {"problem": "Find $\\sin 60^\\circ$.", "solution": "It is $\\boxed{\\frac{\\sqrt{3}}{2}}$.", "level": "Level 2"},
+    {
+        "problem": "What is $\\frac{2}{4}$ in lowest terms?",
+        "solution": "Divide by 2: $\\boxed{\\frac{1}{2}}$.",
+    },
+    {
+        "problem": "Find $\\sin 60^\\circ$.",
+        "solution": "It is $\\boxed{\\frac{\\sqrt{3}}{2}}$.",
+        "level": "Level 2",
+    },
     {"problem": "Solve $x + 1 = 3$.", "answer": "x = 2", "solution": "Subtract 1: \\boxed{2}."},
     {"problem": "What is 5 + 5?", "answer": 10},
 ]
@@ -82,15 +94,31 @@ BAD_ROWS = {
     "missing field": ([GSM8K_ROWS[0], {"question": "q"}], 3, "missing field 'answer'"),
     "no #### line": ([GSM8K_ROWS[0], {"question": "q", "answer": "It is 5."}], 3, "no '#### ' line"),
     "empty after ####": ([GSM8K_ROWS[0], {"question": "q", "answer": "So\n#### "}], 3, "empty answer"),
-    "no box": ([MATH_ROWS[0], {"problem": "p", "solution": "The answer is 5."}], 3, "no \\\\boxed\\{\\} answer"),
+    "no box": (
+        [MATH_ROWS[0], {"problem": "p", "solution": "The answer is 5."}],
+        3,
+        "no \\\\boxed\\{\\} answer",
+    ),
     "empty box": ([MATH_ROWS[0], {"problem": "p", "solution": "So \\boxed{ }."}], 3, "empty or unterminated"),
     "empty answer": ([MATH_ROWS[0], {"problem": "p", "answer": ""}], 3, "empty answer"),
     "list question": ([MATH_ROWS[0], {"problem": ["p"], "answer": "1"}], 3, "field 'problem' is a list"),
     "unknown keys": ([{"prompt": "p", "completion": "c"}], 1, "cannot tell the format"),
     # Python's json reads JSON's NaN and Infinity, and 1e999 as inf: golds "nan" and "inf" otherwise
-    "NaN answer": ([MATH_ROWS[0], '{"problem": "p", "answer": NaN}'], 3, "field 'answer' is nan, not a finite number"),
-    "Infinity answer": ([MATH_ROWS[0], '{"problem": "p", "answer": -Infinity}'], 3, "field 'answer' is -inf, not a finite"),
-    "overflowing answer": ([MATH_ROWS[0], '{"problem": "p", "answer": 1e999}'], 3, "field 'answer' is inf, not a finite"),
+    "NaN answer": (
+        [MATH_ROWS[0], '{"problem": "p", "answer": NaN}'],
+        3,
+        "field 'answer' is nan, not a finite number",
+    ),
+    "Infinity answer": (
+        [MATH_ROWS[0], '{"problem": "p", "answer": -Infinity}'],
+        3,
+        "field 'answer' is -inf, not a finite",
+    ),
+    "overflowing answer": (
+        [MATH_ROWS[0], '{"problem": "p", "answer": 1e999}'],
+        3,
+        "field 'answer' is inf, not a finite",
+    ),
 }
 
 
@@ -117,25 +145,39 @@ def test_a_missing_file_is_an_error(tmp_path):
 
 
 # --- the Hub --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("source, expected", [
-    ("hf://datasets/openai/gsm8k/main/test.jsonl", ("openai/gsm8k", "main/test.jsonl", None)),
-    ("hf://datasets/me/math@v1.0/data/test.jsonl", ("me/math", "data/test.jsonl", "v1.0")),
-    ("hf://datasets/me/math@refs%2Fpr%2F3/test.jsonl", ("me/math", "test.jsonl", "refs/pr/3")),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("hf://datasets/openai/gsm8k/main/test.jsonl", ("openai/gsm8k", "main/test.jsonl", None)),
+        ("hf://datasets/me/math@v1.0/data/test.jsonl", ("me/math", "data/test.jsonl", "v1.0")),
+        ("hf://datasets/me/math@refs%2Fpr%2F3/test.jsonl", ("me/math", "test.jsonl", "refs/pr/3")),
+    ],
+)
 def test_hub_paths_parse(source, expected):
     assert parse_hub_path(source) == expected
 
 
-@pytest.mark.parametrize("source", ["hf://datasets/me/test.jsonl", "hf://datasets/me/math@/test.jsonl",
-                                    "hf://datasets//math/test.jsonl", "hf://models/me/math/test.jsonl"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "hf://datasets/me/test.jsonl",
+        "hf://datasets/me/math@/test.jsonl",
+        "hf://datasets//math/test.jsonl",
+        "hf://models/me/math/test.jsonl",
+    ],
+)
 def test_bad_hub_paths_are_errors(source):
     with pytest.raises(ValueError, match="hf://datasets/<owner>/<name>"):
         parse_hub_path(source)
 
 
 def test_hub_file_is_fetched_with_repo_filename_and_revision(tmp_path, monkeypatch):
-    files = {"main/test.jsonl": write_jsonl(tmp_path / "good.jsonl", GSM8K_ROWS),
-             "main/bad.jsonl": write_jsonl(tmp_path / "bad.jsonl", GSM8K_ROWS + [{"question": "q", "answer": "5"}])}
+    files = {
+        "main/test.jsonl": write_jsonl(tmp_path / "good.jsonl", GSM8K_ROWS),
+        "main/bad.jsonl": write_jsonl(
+            tmp_path / "bad.jsonl", GSM8K_ROWS + [{"question": "q", "answer": "5"}]
+        ),
+    }
     calls = []
 
     def fake_download(repo_id, filename, **kwargs):
@@ -157,7 +199,9 @@ def test_a_failed_download_names_the_source(monkeypatch):
         raise OSError("Name or service not known\nretrying")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(ValueError, match=r"could not fetch hf://datasets/a/b/x.jsonl .*OSError: Name or service not known\)$"):
+    with pytest.raises(
+        ValueError, match=r"could not fetch hf://datasets/a/b/x.jsonl .*OSError: Name or service not known\)$"
+    ):
         load_jsonl("hf://datasets/a/b/x.jsonl")
 
 
@@ -183,9 +227,14 @@ def test_synthetic_default_counts_and_answers():
 
 def test_load_problems_reads_files_and_rejects_unknown_names(tmp_path):
     path = write_jsonl(tmp_path / "m.jsonl", MATH_ROWS)
-    assert [p.answer for p in load_problems(path, "test", count=2)] == ["\\frac{1}{2}", "\\frac{\\sqrt{3}}{2}"]
+    assert [p.answer for p in load_problems(path, "test", count=2)] == [
+        "\\frac{1}{2}",
+        "\\frac{\\sqrt{3}}{2}",
+    ]
     assert len(load_problems(path)) == 4
-    with pytest.raises(ValueError, match="unknown dataset 'gsm9k': not a synthetic kind \\(arithmetic, fractions"):
+    with pytest.raises(
+        ValueError, match="unknown dataset 'gsm9k': not a synthetic kind \\(arithmetic, fractions"
+    ):
         load_problems("gsm9k")
     with pytest.raises(ValueError, match="count must be a positive integer"):
         load_problems("arithmetic", count=0)
@@ -195,20 +244,29 @@ def test_load_problems_reads_files_and_rejects_unknown_names(tmp_path):
 
 def test_golds_no_completion_can_match_are_skipped_with_a_note(tmp_path):
     golds = ["\\frac{1}{2}", "$$", "7", "\\frac{1", "1, 2, \\ldots", "x = 2", "\\$"]  # line 2 is blank
-    path = write_jsonl(tmp_path / "golds.jsonl", [{"problem": f"q{i}", "answer": g} for i, g in enumerate(golds)],
-                       blank_after_first=True)
+    path = write_jsonl(
+        tmp_path / "golds.jsonl",
+        [{"problem": f"q{i}", "answer": g} for i, g in enumerate(golds)],
+        blank_after_first=True,
+    )
     notes = []
     problems = load_problems(path, note=notes.append)
     assert [p.answer for p in problems] == ["\\frac{1}{2}", "7", "1, 2, \\ldots", "x = 2"]
-    assert [p.source for p in problems] == [f"{path}, line {n}" for n in (1, 4, 6, 7)]  # the file's lines, from 1
-    assert notes == [f"note: {path}: skipped 3 of 7 rows whose gold answer no completion can match (empty once "
-                     "normalised, or its braces unbalanced), first line 3 ('$$')",
-                     f"note: {path}: 1 of 7 rows have a gold answer the verifier cannot parse, first line 6 "
-                     "('1, 2, \\\\ldots'); kept, but only an answer written the same way scores right on them"]
+    assert [p.source for p in problems] == [
+        f"{path}, line {n}" for n in (1, 4, 6, 7)
+    ]  # the file's lines, from 1
+    assert notes == [
+        f"note: {path}: skipped 3 of 7 rows whose gold answer no completion can match (empty once "
+        "normalised, or its braces unbalanced), first line 3 ('$$')",
+        f"note: {path}: 1 of 7 rows have a gold answer the verifier cannot parse, first line 6 "
+        "('1, 2, \\\\ldots'); kept, but only an answer written the same way scores right on them",
+    ]
     notes.clear()
     assert [p.answer for p in load_problems(path, count=2, note=notes.append)] == ["\\frac{1}{2}", "7"]
-    assert notes == [f"note: {path}: skipped 1 of 3 rows whose gold answer no completion can match (empty once "
-                     "normalised, or its braces unbalanced), first line 3 ('$$')"]  # rows past the count: not read
+    assert notes == [
+        f"note: {path}: skipped 1 of 3 rows whose gold answer no completion can match (empty once "
+        "normalised, or its braces unbalanced), first line 3 ('$$')"
+    ]  # rows past the count: not read
     unusable = write_jsonl(tmp_path / "none.jsonl", [{"problem": "q", "answer": "$$"}])
     with pytest.raises(ValueError, match="none.jsonl: no row has a gold answer that a completion can match"):
         load_problems(unusable, note=notes.append)
@@ -217,35 +275,62 @@ def test_golds_no_completion_can_match_are_skipped_with_a_note(tmp_path):
 def test_every_kept_gold_is_matched_by_itself_in_a_box(tmp_path):
     """What keep_scorable keeps, the verifier scores right: its boxed copy earns the accuracy reward."""
     golds = ["\\frac{1}{2}", "x = 2", "1, 2, \\ldots", "\\int_0^1 x dx", "-5", "\\text{Monday}", "(1, 2)"]
-    path = write_jsonl(tmp_path / "golds.jsonl", [{"problem": f"q{i}", "answer": g} for i, g in enumerate(golds)])
+    path = write_jsonl(
+        tmp_path / "golds.jsonl", [{"problem": f"q{i}", "answer": g} for i, g in enumerate(golds)]
+    )
     problems = load_problems(path, note=lambda _: None)
     assert [p.answer for p in problems] == golds
     completions = [f"So it is \\boxed{{{p.answer}}}." for p in problems]
-    assert compute_rewards(completions, {"answer": golds}, [RewardSpec("accuracy")]).total == [1.0] * len(golds)
+    assert compute_rewards(completions, {"answer": golds}, [RewardSpec("accuracy")]).total == [1.0] * len(
+        golds
+    )
 
 
 def test_rows_of_a_task_are_counted_from_1_or_named_by_their_source():
     with pytest.raises(ValueError, match="^row 2 needs a 'prompt'"):
         Task([{"prompt": "a"}, {"question": "b"}], [RewardSpec("accuracy")])
-    with pytest.raises(ValueError, match="^d.jsonl, line 5 has columns \\['answer', 'prompt'\\], d.jsonl, line 2 has"):
-        Task([{"prompt": "a"}, {"prompt": "b", "answer": "1"}], [RewardSpec("accuracy")], ["d.jsonl, line 2", "d.jsonl, line 5"])
+    with pytest.raises(
+        ValueError, match="^d.jsonl, line 5 has columns \\['answer', 'prompt'\\], d.jsonl, line 2 has"
+    ):
+        Task(
+            [{"prompt": "a"}, {"prompt": "b", "answer": "1"}],
+            [RewardSpec("accuracy")],
+            ["d.jsonl, line 2", "d.jsonl, line 5"],
+        )
     problems = [Problem("1+1", "2", source="d.jsonl, line 3"), Problem("2+2", "4", source="d.jsonl, line 4")]
-    assert to_task(problems, template("tiny"), [RewardSpec("accuracy")]).sources == ["d.jsonl, line 3", "d.jsonl, line 4"]
-    assert to_task(problems + [Problem("3+3", "6")], template("tiny"), [RewardSpec("accuracy")]).sources is None
+    assert to_task(problems, template("tiny"), [RewardSpec("accuracy")]).sources == [
+        "d.jsonl, line 3",
+        "d.jsonl, line 4",
+    ]
+    assert (
+        to_task(problems + [Problem("3+3", "6")], template("tiny"), [RewardSpec("accuracy")]).sources is None
+    )
 
 
 def test_a_prompt_too_long_is_named_by_its_file_and_line():
     config = SamplingConfig(max_new_tokens=4)
-    with pytest.raises(ValueError, match="^d.jsonl, line 7 \\(held-out prompts\\) has 5 tokens; with max_new_tokens=4"):
-        check_prompts([[1], [1] * 5], config, 10, 8, "held-out prompts", ["d.jsonl, line 3", "d.jsonl, line 7"])
+    with pytest.raises(
+        ValueError, match="^d.jsonl, line 7 \\(held-out prompts\\) has 5 tokens; with max_new_tokens=4"
+    ):
+        check_prompts(
+            [[1], [1] * 5], config, 10, 8, "held-out prompts", ["d.jsonl, line 3", "d.jsonl, line 7"]
+        )
     with pytest.raises(ValueError, match="^row 2 of the held-out prompts has 5 tokens"):
         check_prompts([[1], [1] * 5], config, 10, 8, "held-out prompts")
 
 
-@pytest.mark.parametrize("texts", [
-    ["What is 12 + 30? " * 50, "x" * 999, " " * 500, "\\boxed{42}" * 30, "Janet has 3 ducks." * 20],
-    ["e\u0301" * 300, "\ufb2c" * 200, "\u1e17" * 100, "한국어 " * 100],  # NFC shortens the first, lengthens the second
-])
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["What is 12 + 30? " * 50, "x" * 999, " " * 500, "\\boxed{42}" * 30, "Janet has 3 ducks." * 20],
+        [
+            "e\u0301" * 300,
+            "\ufb2c" * 200,
+            "\u1e17" * 100,
+            "한국어 " * 100,
+        ],  # NFC shortens the first, lengthens the second
+    ],
+)
 def test_fewest_tokens_is_a_lower_bound_found_without_encoding(tokenizer, texts):
     """fewest_tokens never says more than encode gives (it may refuse only what could never fit), and a text past
     what the room can spell is refused before anything is encoded."""
@@ -253,8 +338,12 @@ def test_fewest_tokens_is_a_lower_bound_found_without_encoding(tokenizer, texts)
         assert tokenizer.fewest_tokens(text) <= len(tokenizer.encode(text)), text[:20]
     huge = "What is 12 + 30? " * 600_000  # 10 MB: half a minute to encode
     started = time.process_time()  # CPU time: a busy machine's waits do not count, encoding 10 MB would
-    with pytest.raises(ValueError, match="^d.jsonl, line 2 \\(prompts\\) has 10,200,000 characters, too many for the 60 "):
-        tokenizer.encode_all(["1 + 1", huge], "prompts", "a model", 60, ["d.jsonl, line 1", "d.jsonl, line 2"])
+    with pytest.raises(
+        ValueError, match="^d.jsonl, line 2 \\(prompts\\) has 10,200,000 characters, too many for the 60 "
+    ):
+        tokenizer.encode_all(
+            ["1 + 1", huge], "prompts", "a model", 60, ["d.jsonl, line 1", "d.jsonl, line 2"]
+        )
     assert time.process_time() - started < 1.0
 
 
@@ -270,7 +359,9 @@ def test_chat_templates_use_the_tokenizers_chat_format(tokenizer):
     text = template("chat").render("What is 2+3?", tokenizer)
     assert text == f"<|im_start|>user\nWhat is 2+3?\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
     no_thinking = template("chat-no-thinking").render("What is 2+3?", tokenizer)
-    assert no_thinking.startswith("<|im_start|>user") and no_thinking.endswith("assistant\n<think>\n\n</think>\n\n")
+    assert no_thinking.startswith("<|im_start|>user") and no_thinking.endswith(
+        "assistant\n<think>\n\n</think>\n\n"
+    )
     with pytest.raises(ValueError, match="needs a tokenizer with a chat format"):
         template("chat").render("What is 2+3?")
 
@@ -278,7 +369,13 @@ def test_chat_templates_use_the_tokenizers_chat_format(tokenizer):
 # --- the countdown reward -------------------------------------------------------------------------
 def test_countdown_reward_checks_numbers_and_value():
     countdown = REWARD_FUNCTIONS["countdown"]
-    completions = ["so \\boxed{(3+5)*7-2}", "\\boxed{(3+5)*7-1-1}", "\\boxed{(3+5)*7+2}", "####2-7+(5*3)", "no answer"]
+    completions = [
+        "so \\boxed{(3+5)*7-2}",
+        "\\boxed{(3+5)*7-1-1}",
+        "\\boxed{(3+5)*7+2}",
+        "####2-7+(5*3)",
+        "no answer",
+    ]
     scores = countdown(completions, numbers=[[3, 5, 7, 2]] * 5, answer=["54", "54", "54", "10", "54"])
     assert scores == [1.0, 0.0, 0.0, 1.0, 0.0]  # right; a number not given; 58 != 54; tiny format; nothing
 
@@ -325,23 +422,42 @@ def test_evaluate_scores_a_model_whose_answers_are_known(tokenizer):
     third when it says 2. 5 samples each, so a majority is never a tie."""
     model = answering_model(tokenizer, {"42": 0.6, "2": 0.4})
     problems = [Problem("40+2", "42"), Problem("6*7", "42"), Problem("1+1", "2")]
-    result = evaluate(model, tokenizer, problems, template("tiny"), samples=5, temperature=1.0, max_new_tokens=6, ks=(1, 2, 4, 8))
-    assert len(result.results) == 3 and set(result.pass_at_k) == {1, 2, 4}  # k above the 5 samples is left out
+    result = evaluate(
+        model,
+        tokenizer,
+        problems,
+        template("tiny"),
+        samples=5,
+        temperature=1.0,
+        max_new_tokens=6,
+        ks=(1, 2, 4, 8),
+    )
+    assert len(result.results) == 3 and set(result.pass_at_k) == {
+        1,
+        2,
+        4,
+    }  # k above the 5 samples is left out
     counts = []
     for row, problem in zip(result.results, problems):
         assert (row["question"], row["answer"]) == (problem.question, problem.answer)
         assert set(row["completions"]) <= {"42", "2"} and len(row["completions"]) == 5
         assert row["correct"] == [c == problem.answer for c in row["completions"]]
         counts.append(sum(row["correct"]))
-    assert 0 < sum(counts) < 15 and any(0 < c < 5 for c in counts), counts  # right and wrong, within a problem too
+    assert 0 < sum(counts) < 15 and any(0 < c < 5 for c in counts), (
+        counts
+    )  # right and wrong, within a problem too
     assert result.pass_at_1 == pytest.approx(sum(counts) / 15)
     for k in (1, 2, 4):  # 1 - C(n - c, k) / C(n, k): the chance that none of k samples is right, from 1
-        assert result.pass_at_k[k] == pytest.approx(sum(1 - math.comb(5 - c, k) / math.comb(5, k) for c in counts) / 3)
+        assert result.pass_at_k[k] == pytest.approx(
+            sum(1 - math.comb(5 - c, k) / math.comb(5, k) for c in counts) / 3
+        )
     majorities = [max(set(row["completions"]), key=row["completions"].count) for row in result.results]
     assert result.majority_at_k == pytest.approx(sum(m == p.answer for m, p in zip(majorities, problems)) / 3)
     greedy = [evaluate(model, tokenizer, problems, template("tiny"), max_new_tokens=6) for _ in range(2)]
     assert greedy[0].results == greedy[1].results
-    assert [row["completions"] for row in greedy[0].results] == [["42"]] * 3  # the likelier answer, every time
+    assert [row["completions"] for row in greedy[0].results] == [
+        ["42"]
+    ] * 3  # the likelier answer, every time
     assert greedy[0].pass_at_1 == pytest.approx(2 / 3)
 
 
@@ -350,7 +466,9 @@ def test_majority_vote_on_hostile_answers_is_fast_and_never_raises():
     a box nested 1,200 deep raised RecursionError, and a long run of digits took seconds."""
     deep = "\\boxed{" + "\\text{" * 1200 + "1" + "}" * 1201
     digits = "\\boxed{" + "1 " * 20_000 + "}"
-    results = [{"question": "q", "answer": "1", "completions": [deep, deep, digits], "correct": [True, True, False]}]
+    results = [
+        {"question": "q", "answer": "1", "completions": [deep, deep, digits], "correct": [True, True, False]}
+    ]
     start = time.process_time()  # CPU time: a busy machine's waits do not count
     assert summarize(results, 3).majority_at_k == 1.0
     assert time.process_time() - start < 1.0

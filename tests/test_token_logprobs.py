@@ -44,11 +44,17 @@ def unpadded_logits(model, row):
 def test_collate_pads_prompts_left_and_completions_right_as_token_logprobs_expects():
     """The update's batches come from rollout.collate: the hand-padded batch above, its masks included
     (a prompt's left padding is never attended), and the second row's completion masked past its end."""
-    rollouts = [Rollout(prompt_ids=p, completion_ids=c, finish_reason="stop") for p, c in zip(PROMPTS, COMPLETIONS)]
+    rollouts = [
+        Rollout(prompt_ids=p, completion_ids=c, finish_reason="stop") for p, c in zip(PROMPTS, COMPLETIONS)
+    ]
     rollouts[1].in_loss = False
     batch = collate(rollouts, pad_id=0, device="cpu")
     ids, mask = padded_batch()
-    assert torch.equal(batch.input_ids, ids) and torch.equal(batch.attention_mask, mask) and batch.completion_start == 5
+    assert (
+        torch.equal(batch.input_ids, ids)
+        and torch.equal(batch.attention_mask, mask)
+        and batch.completion_start == 5
+    )
     assert batch.completion_mask.tolist() == [[1, 1, 1, 1], [0, 0, 0, 0]]
 
 
@@ -92,7 +98,9 @@ def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, t
     row, which a backward that skipped the last row would leave unset."""
     model = tiny_model(seed=2, tie_word_embeddings=tied).to(dtype)
     ids, mask = (t[[1, 0]] for t in padded_batch())
-    weights = torch.tensor([[1.5, -0.4, 0.0, 0.0], [0.3, -1.2, 0.7, 2.0]], dtype=dtype)  # padded tokens weigh 0
+    weights = torch.tensor(
+        [[1.5, -0.4, 0.0, 0.0], [0.3, -1.2, 0.7, 2.0]], dtype=dtype
+    )  # padded tokens weigh 0
     results = []
     for path in ("chunked", "full"):
         model.zero_grad()
@@ -112,10 +120,16 @@ def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, t
 
 def grouped_batch(G=3):
     """Two prompts (left-padded, of lengths 3 and 5) with G right-padded completions each, rows grouped."""
-    prompts, completions = [[5, 9, 2], [13, 4, 77, 31, 8]], [[64, 3], [50, 12, 7, 1], [96], [90, 11, 6], [2], [40, 41]]
+    prompts, completions = (
+        [[5, 9, 2], [13, 4, 77, 31, 8]],
+        [[64, 3], [50, 12, 7, 1], [96], [90, 11, 6], [2], [40, 41]],
+    )
     rows = [(prompts[i // G], completions[i % 6]) for i in range(2 * G)]
     Lp, Tc = 5, max(len(c) for _, c in rows)
-    ids, mask = torch.zeros(len(rows), Lp + Tc, dtype=torch.long), torch.zeros(len(rows), Lp + Tc, dtype=torch.long)
+    ids, mask = (
+        torch.zeros(len(rows), Lp + Tc, dtype=torch.long),
+        torch.zeros(len(rows), Lp + Tc, dtype=torch.long),
+    )
     for r, (p, c) in enumerate(rows):
         ids[r, Lp - len(p) : Lp], ids[r, Lp : Lp + len(c)] = torch.tensor(p), torch.tensor(c)
         mask[r, Lp - len(p) : Lp + len(c)] = 1
@@ -128,20 +142,27 @@ def test_the_shared_prompt_forward_equals_the_plain_one_with_gradients(dtype, to
     model = tiny_model(seed=4).to(dtype).train()
     model.gradient_checkpointing = checkpointing
     ids, mask, Lp = grouped_batch(G=3)
-    weights = torch.randn(ids.shape[0], ids.shape[1] - Lp, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    weights = torch.randn(
+        ids.shape[0], ids.shape[1] - Lp, generator=torch.Generator().manual_seed(0), dtype=dtype
+    )
     weights = weights * mask[:, Lp:]  # padded tokens weigh 0
     results = []
     for group_size in (1, 3):
         model.zero_grad()
         logprobs, entropies = token_logprobs(model, ids, mask, Lp, temperature=0.8, group_size=group_size)
         (logprobs * weights).sum().backward()
-        results.append((logprobs.detach(), entropies, {n: p.grad.clone() for n, p in model.named_parameters()}))
+        results.append(
+            (logprobs.detach(), entropies, {n: p.grad.clone() for n, p in model.named_parameters()})
+        )
     (plain_lp, plain_h, plain_g), (shared_lp, shared_h, shared_g) = results
     real = mask[:, Lp:].bool()
     assert (shared_lp - plain_lp)[real].abs().max() <= tolerance
     assert (shared_h - plain_h)[real].abs().max() <= tolerance
     for name, grad in plain_g.items():
-        assert (shared_g[name] - grad).abs().max() <= tolerance * max(1.0, grad.abs().max()), (name, (shared_g[name] - grad).abs().max())
+        assert (shared_g[name] - grad).abs().max() <= tolerance * max(1.0, grad.abs().max()), (
+            name,
+            (shared_g[name] - grad).abs().max(),
+        )
 
 
 def test_a_shared_prompt_batch_must_hold_whole_groups_of_one_prompt():

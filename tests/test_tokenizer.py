@@ -19,7 +19,9 @@ def test_encode_decode_round_trip(tokenizer):
 def test_a_completion_is_decoded_without_its_final_eos_but_with_think_tags(tokenizer):
     body = tokenizer.encode("<think>hm</think> 42")
     assert tokenizer.decode_completion(body + [tokenizer.eos_token_id]) == "<think>hm</think> 42"
-    assert tokenizer.decode_completion(body) == "<think>hm</think> 42"  # cut at the length limit: nothing to drop
+    assert (
+        tokenizer.decode_completion(body) == "<think>hm</think> 42"
+    )  # cut at the length limit: nothing to drop
 
 
 def test_special_ids_from_generation_and_tokenizer_config(tokenizer):

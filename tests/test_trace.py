@@ -9,8 +9,8 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
-
 from helpers import tiny_model, tiny_tokenizer
+
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.trace import Trace
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
@@ -56,7 +56,11 @@ class Page(HTMLParser):
             element["text"] += data
 
     def having(self, cls, inside=None):
-        return [e for e in self.elements if e.get("class") == cls and (inside is None or any(p is inside for p in e["parents"]))]
+        return [
+            e
+            for e in self.elements
+            if e.get("class") == cls and (inside is None or any(p is inside for p in e["parents"]))
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +71,23 @@ def traced(tmp_path_factory):
     torch.set_num_threads(1)  # tensors this small run as fast on one thread, which never waits on a busy core
     tokenizer = tiny_tokenizer(str(tmp_path / "tokenizer"))
     model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64)
-    settings = dict(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=2 * G, micro_batch_size=G,
-                    learning_rate=1e-2, progress_bar=False, log_completions_every=0)
+    settings = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        batch_size=2 * G,
+        micro_batch_size=G,
+        learning_rate=1e-2,
+        progress_bar=False,
+        log_completions_every=0,
+    )
     task = Task(ROWS, [RewardSpec("test_trace_vowels"), RewardSpec("test_trace_length", weight=0.5)])
-    trainer = Trainer(model, tokenizer, task, GRPOConfig(num_generations=G, max_completion_length=10), TrainConfig(**settings))
+    trainer = Trainer(
+        model,
+        tokenizer,
+        task,
+        GRPOConfig(num_generations=G, max_completion_length=10),
+        TrainConfig(**settings),
+    )
     printed = []
     trace = Trace(write=printed.append, html_path=str(tmp_path / "trace.html"))
     stats, _ = trainer.train_step(trace)
@@ -95,28 +112,52 @@ def test_the_page_shows_the_traced_group(traced):
         assert float(advantage["text"]) == pytest.approx(r.advantage, rel=1e-5, abs=1e-6)
         tokens = page.having("tok", element)
         assert len(tokens) == len(r.completion_ids)
-        assert "".join(t["text"] for t in tokens) == "".join(trainer.tokenizer.decode([t]) for t in r.completion_ids)
+        assert "".join(t["text"] for t in tokens) == "".join(
+            trainer.tokenizer.decode([t]) for t in r.completion_ids
+        )
         for t, span in enumerate(tokens):
-            before_shown, after_shown = map(float, re.fullmatch(r"log p (\S+) → (\S+) \(Δ \S+\)", span["title"]).groups())
+            before_shown, after_shown = map(
+                float, re.fullmatch(r"log p (\S+) → (\S+) \(Δ \S+\)", span["title"]).groups()
+            )
             assert before_shown == pytest.approx(float(trace.before[i, t]), abs=1e-6)
             assert after_shown == pytest.approx(float(after[i, t]), abs=1e-6)
-            assert abs(float(trace.before[i, t]) - float(r.sampler_logprobs[t])) < 1e-4  # "before" is the sampling policy
+            assert (
+                abs(float(trace.before[i, t]) - float(r.sampler_logprobs[t])) < 1e-4
+            )  # "before" is the sampling policy
             change = float(after[i, t] - trace.before[i, t])
             if change != 0:
-                assert span["style"].startswith("background:" + (GREEN if change > 0 else RED)), (change, span["style"])
+                assert span["style"].startswith("background:" + (GREEN if change > 0 else RED)), (
+                    change,
+                    span["style"],
+                )
             changes.append(change)
     assert min(changes) < 0 < max(changes)  # both colours occur
     for key, value in trace.record["stats"].items():  # the update's stats, as the logger gets them
         assert value == stats[key]
         [number] = [e for e in page.elements if e.get("class") == "key" and e["text"] == key]
-        assert float(page.elements[page.elements.index(number) + 1]["text"]) == pytest.approx(value, rel=1e-5, abs=1e-12)
+        assert float(page.elements[page.elements.index(number) + 1]["text"]) == pytest.approx(
+            value, rel=1e-5, abs=1e-12
+        )
     assert "loss" in trace.record["stats"]
 
 
 def test_the_page_is_self_contained(traced):
     page = traced[3]
-    assert {e["tag"] for e in page.elements} <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "pre", "p",
-                                                  "div", "span", "b"}  # no script, link, img, iframe
+    assert {e["tag"] for e in page.elements} <= {
+        "html",
+        "head",
+        "meta",
+        "title",
+        "style",
+        "body",
+        "h1",
+        "h2",
+        "pre",
+        "p",
+        "div",
+        "span",
+        "b",
+    }  # no script, link, img, iframe
     assert not any(name in ("src", "href") for e in page.elements for name in e)
     assert not re.search(r"https?://|url\(|@import", page.raw)
 
@@ -132,4 +173,8 @@ def test_the_console_shows_the_tokens_the_update_moved_most_in_their_order():
     largest = sorted(range(20), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
     assert len(cells) == MAX_TOKENS_SHOWN and positions == sorted(largest) and {2, 5, 19} <= set(positions)
     assert cells[positions.index(5)] == "5:'b' -1.00->-3.00(x0.135)"  # exp(-2)
-    assert [cell.split(":")[0] for cell in _most_moved(tokens[:3])] == ["0", "1", "2"]  # fewer than the table holds: all
+    assert [cell.split(":")[0] for cell in _most_moved(tokens[:3])] == [
+        "0",
+        "1",
+        "2",
+    ]  # fewer than the table holds: all

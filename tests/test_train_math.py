@@ -9,16 +9,34 @@ import struct
 
 import pytest
 import torch
+from helpers import tiny_policy
 
 import minigrpo
-from helpers import tiny_policy
-from minigrpo.evaluate import evaluate
 from minigrpo.checkpoint import latest_checkpoint
+from minigrpo.evaluate import evaluate
 from minigrpo.tasks import load_problems
 from minigrpo.tasks.prompts import template
 
-SMALL = ["--steps", "2", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2",
-         "--max_completion_length", "6", "--eval_count", "4", "--train_count", "20", "--eval_every", "1", "--save_every", "1"]
+SMALL = [
+    "--steps",
+    "2",
+    "--num_generations",
+    "2",
+    "--batch_size",
+    "4",
+    "--micro_batch_size",
+    "2",
+    "--max_completion_length",
+    "6",
+    "--eval_count",
+    "4",
+    "--train_count",
+    "20",
+    "--eval_every",
+    "1",
+    "--save_every",
+    "1",
+]
 # The embedded default (no --model) gets some arithmetic right in 32 tokens: its groups have signal.
 MICRO = [*SMALL, "--max_completion_length", "32", "--template", "tiny"]
 
@@ -44,14 +62,24 @@ def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     _, printed, _ = train_math(examples_server, tmp_path, "--output_dir", out, "--trace", *MICRO)
     for stage in ("[task -> prompt]", "[1 sample]", "[2 verify]", "[3 advantages]", "[4 update]", "[4 loss]"):
         assert stage in printed
-    assert "class='tok'" in open(os.path.join(out, "trace.html"), encoding="utf-8").read()  # the page (tests/test_trace.py)
+    assert (
+        "class='tok'" in open(os.path.join(out, "trace.html"), encoding="utf-8").read()
+    )  # the page (tests/test_trace.py)
     summary = json.load(open(os.path.join(out, "summary.json")))
-    assert summary["steps"] == 2 and 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
+    assert (
+        summary["steps"] == 2
+        and 0 <= summary["initial_accuracy"] <= 1
+        and 0 <= summary["final_accuracy"] <= 1
+    )
     assert summary["wall_seconds"] > 0
-    _, printed, _ = train_math(examples_server, tmp_path, "--output_dir", out, "--resume", *MICRO[:1], "3", *MICRO[2:])
+    _, printed, _ = train_math(
+        examples_server, tmp_path, "--output_dir", out, "--resume", *MICRO[:1], "3", *MICRO[2:]
+    )
     assert "resuming from" in printed
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert [s["step"] for s in steps] == [0, 1, 2, 3] and all("eval/accuracy" in s for s in steps)  # 0: before GRPO
+    assert [s["step"] for s in steps] == [0, 1, 2, 3] and all(
+        "eval/accuracy" in s for s in steps
+    )  # 0: before GRPO
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["steps"] == 3
     # The resumed run trained and saved its step 3, and that checkpoint is the policy it measured last.
@@ -67,29 +95,59 @@ def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     # Other held-out problems on resume: the trained policy must not pass for the starting one.
     other = list(MICRO)
     other[other.index("--eval_count") + 1] = "3"
-    code, _, err = train_math(examples_server, tmp_path, "--output_dir", out, "--resume", *other[:1], "4", *other[2:],
-                              succeed=False)
+    code, _, err = train_math(
+        examples_server, tmp_path, "--output_dir", out, "--resume", *other[:1], "4", *other[2:], succeed=False
+    )
     assert code != 0 and "Traceback" not in err and err.count("\n") == 1, err
-    assert "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, not on eval_data arithmetic, eval_count 3" in err
+    assert (
+        "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, not on eval_data arithmetic, eval_count 3"
+        in err
+    )
     assert json.load(open(os.path.join(out, "initial_eval.json")))["held_out"]["eval_count"] == 4  # untouched
 
 
 def test_qwen_path_on_a_math_jsonl_file(examples_server, checkpoint, tmp_path):
     data = tmp_path / "math.jsonl"
-    rows = [{"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$."}, {"problem": "Half of 3?", "answer": "\\frac{3}{2}"},
-            {"problem": "What is $2^3$?", "answer": "8"}, {"problem": "Solve $x+1=3$.", "answer": "x = 2"}]
+    rows = [
+        {"problem": "What is $1+1$?", "solution": "It is $\\boxed{2}$."},
+        {"problem": "Half of 3?", "answer": "\\frac{3}{2}"},
+        {"problem": "What is $2^3$?", "answer": "8"},
+        {"problem": "Solve $x+1=3$.", "answer": "x = 2"},
+    ]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = str(tmp_path / "qwen")
-    train_math(examples_server, tmp_path, "--model", checkpoint, "--data", str(data), "--template", "chat", "--output_dir", out,
-               "--rewards", "accuracy:1.0,format:0.1", *SMALL)
+    train_math(
+        examples_server,
+        tmp_path,
+        "--model",
+        checkpoint,
+        "--data",
+        str(data),
+        "--template",
+        "chat",
+        "--output_dir",
+        out,
+        "--rewards",
+        "accuracy:1.0,format:0.1",
+        *SMALL,
+    )
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [s["step"] for s in steps] == [0, 1, 2] and "reward/format/mean" in steps[1]
     assert json.load(open(os.path.join(out, "summary.json")))["eval_problems"] == 4
 
 
 def test_a_bad_flag_value_is_one_clear_line(examples_server, checkpoint, tmp_path):
-    code, _, err = train_math(examples_server, tmp_path, "--model", checkpoint, "--num_generations", "1",
-                              "--output_dir", str(tmp_path / "run"), succeed=False)
+    code, _, err = train_math(
+        examples_server,
+        tmp_path,
+        "--model",
+        checkpoint,
+        "--num_generations",
+        "1",
+        "--output_dir",
+        str(tmp_path / "run"),
+        succeed=False,
+    )
     assert code != 0 and "Traceback" not in err
     assert "num_generations must be an integer >= 2" in err
 
@@ -102,15 +160,25 @@ def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
     from minigrpo.plots import PANELS, plot_curves
 
     rows = [{"step": 0, "eval/accuracy": 0.25}] + [
-        {"step": s, "reward/mean": s / 10, "completion/length_mean": 20 + s, "clip/region_frac": 0.0, "eval/accuracy": 0.5}
-        for s in range(1, 4)]  # no "kl": beta 0 keeps no reference
+        {
+            "step": s,
+            "reward/mean": s / 10,
+            "completion/length_mean": 20 + s,
+            "clip/region_frac": 0.0,
+            "eval/accuracy": 0.5,
+        }
+        for s in range(1, 4)
+    ]  # no "kl": beta 0 keeps no reference
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(row) for row in rows))
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure, to read what was drawn
     assert plot_curves(str(metrics), str(tmp_path / "curves.png"))
     png = (tmp_path / "curves.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (2000, 320)  # IHDR: width, height
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (
+        2000,
+        320,
+    )  # IHDR: width, height
     (figure,) = figures
     panels = {ax.get_title(): ax for ax in figure.axes}
     assert list(panels) == [title for _, title in PANELS]
@@ -120,7 +188,10 @@ def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
         return list(line.get_xdata()), list(line.get_ydata())
 
     assert curve("reward") == ([1, 2, 3], [0.1, 0.2, 0.3])
-    assert curve("held-out accuracy (greedy)") == ([0, 1, 2, 3], [0.25, 0.5, 0.5, 0.5])  # from step 0, before GRPO
+    assert curve("held-out accuracy (greedy)") == (
+        [0, 1, 2, 3],
+        [0.25, 0.5, 0.5, 0.5],
+    )  # from step 0, before GRPO
     assert curve("completion length (tokens)") == ([1, 2, 3], [21, 22, 23])
     assert not panels["KL to reference"].lines
     assert [t.get_text() for t in panels["KL to reference"].texts] == ["not logged in this run"]

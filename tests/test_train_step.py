@@ -17,8 +17,8 @@ import statistics
 
 import pytest
 import torch
-
 from helpers import tiny_model, tiny_tokenizer
+
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.sampler import Samples
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
@@ -60,15 +60,23 @@ class FixedSampler:
                 rng = random.Random(f"{i}-{j}-{self.trainer.step}")
                 length, reward, truncated = LENGTHS[p][j], REWARDS[p][j], LENGTHS[p][j] == MAX_LEN
                 digit = tokenizer.token_to_id(str(int(reward * 4)))
-                ids = [digit] + [rng.randrange(5, tokenizer.vocab_size) for _ in range(length - 1)]  # 0-4: special tokens
+                ids = [digit] + [
+                    rng.randrange(5, tokenizer.vocab_size) for _ in range(length - 1)
+                ]  # 0-4: special tokens
                 if not truncated:
-                    ids[-1] = tokenizer.eos_token_ids[0]  # a completion of length 1 is EOS alone: empty, worth 0
+                    ids[-1] = tokenizer.eos_token_ids[
+                        0
+                    ]  # a completion of length 1 is EOS alone: empty, worth 0
                 assert _leading_digit([tokenizer.decode_completion(ids)]) == [reward]
                 tokens.append(ids)
                 reasons.append("length" if truncated else "stop")
                 self.rollouts.append((prompt, ids, reward, truncated))
-        return Samples(tokens=tokens, logprobs=[[0.0] * len(t) for t in tokens], finish_reasons=reasons,
-                       prompt_indices=[p for p in range(len(indices)) for _ in range(G)])
+        return Samples(
+            tokens=tokens,
+            logprobs=[[0.0] * len(t) for t in tokens],
+            finish_reasons=reasons,
+            prompt_indices=[p for p in range(len(indices)) for _ in range(G)],
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,10 +96,21 @@ def tokenizer(tmp_path_factory):
 
 def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, **train):
     model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64).double()
-    settings = dict(output_dir=str(tmp_path / "run"), max_steps=10, batch_size=len(LENGTHS) * G, micro_batch_size=G,
-                    progress_bar=False, log_completions_every=0)
-    trainer = Trainer(model, tokenizer, Task(ROWS, [RewardSpec("test_leading_digit")]), grpo,
-                      TrainConfig(**{**settings, **train}))
+    settings = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=10,
+        batch_size=len(LENGTHS) * G,
+        micro_batch_size=G,
+        progress_bar=False,
+        log_completions_every=0,
+    )
+    trainer = Trainer(
+        model,
+        tokenizer,
+        Task(ROWS, [RewardSpec("test_leading_digit")]),
+        grpo,
+        TrainConfig(**{**settings, **train}),
+    )
     sampler = FixedSampler(trainer)
     trainer._sample = sampler  # the seam: stage 1 only; stages 2-4 run as in training
     return trainer, sampler
@@ -125,7 +144,9 @@ def logprobs_by_hand(model, prompt, completion, temperature):
     """(Tc,): log softmax(logits / temperature) of each completion token, the row run alone (no padding)."""
     ids = torch.tensor([prompt + completion])  # (1, Lp + Tc)
     logits = model(ids)[0, len(prompt) - 1 : -1] / temperature  # (Tc, V): position t predicts token t + 1
-    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)  # (Tc,)
+    return (
+        torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+    )  # (Tc,)
 
 
 def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
@@ -136,7 +157,9 @@ def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
         ratio = torch.exp(logp - logp_old)  # (Tc,)
         surrogate = torch.minimum(ratio * advantage, ratio.clamp(1 - grpo.epsilon, 1 + high) * advantage)
         per_token = -surrogate + grpo.beta * (torch.exp(ref - logp) - (ref - logp) - 1)  # (Tc,)
-        per_rollout.append((per_token * mask).sum() / (mask.sum().clamp(min=1) if grpo.loss_type == "grpo" else 1))
+        per_rollout.append(
+            (per_token * mask).sum() / (mask.sum().clamp(min=1) if grpo.loss_type == "grpo" else 1)
+        )
     total = torch.stack(per_rollout).sum()
     if grpo.loss_type == "grpo":  # mean over each sequence's tokens, then over sequences
         return total / len(masks)
@@ -150,13 +173,25 @@ def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: flo
     """num_iterations AdamW steps of `model` on `rollouts`; the gradient norms, losses and advantages
     (stored in fp32, as a rollout batch holds them)."""
     prompts, completions, rewards, truncated = zip(*rollouts)
-    advantages = torch.tensor(advantages_by_hand(list(rewards), grpo.scale_rewards), dtype=torch.float32).tolist()
-    masks = [torch.full((len(c),), 0.0 if cut and grpo.mask_truncated_completions else 1.0, dtype=torch.float64)
-             for c, cut in zip(completions, truncated)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=config.adam_betas, eps=config.adam_epsilon,
-                                  weight_decay=config.weight_decay)
+    advantages = torch.tensor(
+        advantages_by_hand(list(rewards), grpo.scale_rewards), dtype=torch.float32
+    ).tolist()
+    masks = [
+        torch.full((len(c),), 0.0 if cut and grpo.mask_truncated_completions else 1.0, dtype=torch.float64)
+        for c, cut in zip(completions, truncated)
+    ]
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=lr,
+        betas=config.adam_betas,
+        eps=config.adam_epsilon,
+        weight_decay=config.weight_decay,
+    )
     with torch.no_grad():  # the policy before the step: old (mu > 1) and reference log-probs, kept in fp32
-        before = [logprobs_by_hand(model, p, c, grpo.temperature).float().double() for p, c in zip(prompts, completions)]
+        before = [
+            logprobs_by_hand(model, p, c, grpo.temperature).float().double()
+            for p, c in zip(prompts, completions)
+        ]
     out = {"grad_norm": [], "loss": [], "advantages": advantages}
     for _ in range(grpo.num_iterations):
         optimizer.zero_grad()
@@ -164,7 +199,9 @@ def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: flo
         old = before if grpo.num_iterations > 1 else [lp.detach() for lp in logprobs]
         loss = loss_by_hand(logprobs, old, before, advantages, masks, grpo)
         loss.backward()
-        out["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)))
+        out["grad_norm"].append(
+            float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+        )
         out["loss"].append(float(loss.detach()))
         optimizer.step()
     return out
@@ -173,11 +210,24 @@ def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: flo
 # -- the tests --------------------------------------------------------------------------------------
 CASES = {  # (the objective, the update's layout)
     "grpo-group-mu1": (GRPOConfig(loss_type="grpo", scale_rewards="group"), {}),
-    "grpo-batch-mu2-kl": (GRPOConfig(loss_type="grpo", scale_rewards="batch", num_iterations=2, beta=0.5), {}),
-    "dapo-batch-mu2-masked": (GRPOConfig(loss_type="dapo", scale_rewards="batch", num_iterations=2, epsilon_high=0.28,
-                                         mask_truncated_completions=True), {}),
-    "dr_grpo-group-mu2-padded": (GRPOConfig(loss_type="dr_grpo", scale_rewards="group", num_iterations=2),
-                                 dict(shared_prompt=False, micro_batch_size=5)),  # each row its own prompt, ragged
+    "grpo-batch-mu2-kl": (
+        GRPOConfig(loss_type="grpo", scale_rewards="batch", num_iterations=2, beta=0.5),
+        {},
+    ),
+    "dapo-batch-mu2-masked": (
+        GRPOConfig(
+            loss_type="dapo",
+            scale_rewards="batch",
+            num_iterations=2,
+            epsilon_high=0.28,
+            mask_truncated_completions=True,
+        ),
+        {},
+    ),
+    "dr_grpo-group-mu2-padded": (
+        GRPOConfig(loss_type="dr_grpo", scale_rewards="group", num_iterations=2),
+        dict(shared_prompt=False, micro_batch_size=5),
+    ),  # each row its own prompt, ragged
 }
 
 
@@ -191,10 +241,22 @@ def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
     what the bugs this test is for do to the weights (in the first case: no clip 0.036, no weight
     decay 0.006, a flipped advantage 0.09)."""
     objective, layout = CASES[case]
-    grpo = dataclasses.replace(objective, num_generations=G, max_completion_length=MAX_LEN, temperature=0.7, epsilon=0.05)
-    trainer, sampler = make_trainer(tokenizer, tmp_path, grpo, learning_rate=0.05, warmup_steps=3, lr_schedule="cosine",
-                                    max_grad_norm=0.05, weight_decay=0.1, adam_betas=(0.8, 0.95), adam_epsilon=1e-4,
-                                    **layout)
+    grpo = dataclasses.replace(
+        objective, num_generations=G, max_completion_length=MAX_LEN, temperature=0.7, epsilon=0.05
+    )
+    trainer, sampler = make_trainer(
+        tokenizer,
+        tmp_path,
+        grpo,
+        learning_rate=0.05,
+        warmup_steps=3,
+        lr_schedule="cosine",
+        max_grad_norm=0.05,
+        weight_decay=0.1,
+        adam_betas=(0.8, 0.95),
+        adam_epsilon=1e-4,
+        **layout,
+    )
     trainer.step = 4  # as if resumed after step 4: step 5 is on the cosine, past the warm-up
     by_hand = copy.deepcopy(trainer.model)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
@@ -224,16 +286,22 @@ def test_the_learning_rate_follows_warm_up_then_the_schedule(tokenizer, tmp_path
     chosen = [1, 3, 5, 6, 8, 10]  # max_steps 10, warmup_steps 5
     grpo = GRPOConfig(num_generations=G, max_completion_length=MAX_LEN)
     for schedule in ("constant", "cosine"):
-        trainer, _ = make_trainer(tokenizer, tmp_path, grpo, batch_size=G, learning_rate=1e-3, warmup_steps=5,
-                                  lr_schedule=schedule)
+        trainer, _ = make_trainer(
+            tokenizer, tmp_path, grpo, batch_size=G, learning_rate=1e-3, warmup_steps=5, lr_schedule=schedule
+        )
         for step in chosen:
             trainer.step = step - 1
             stats, _ = trainer.train_step()
             assert stats["lr"] == trainer.optimizer.param_groups[0]["lr"]
-            assert stats["lr"] == pytest.approx(scheduled_lr(trainer.config, step), rel=1e-12), (schedule, step)
+            assert stats["lr"] == pytest.approx(scheduled_lr(trainer.config, step), rel=1e-12), (
+                schedule,
+                step,
+            )
     # The formula's own values: the warm-up in sixths, then the peak and two points of the cosine.
     cosine = [1e-3 * (1 + math.cos(math.pi * progress)) / 2 for progress in (0, 2 / 5, 4 / 5)]
-    assert [scheduled_lr(trainer.config, s) for s in chosen] == pytest.approx([1e-3 * s / 6 for s in (1, 3, 5)] + cosine)
+    assert [scheduled_lr(trainer.config, s) for s in chosen] == pytest.approx(
+        [1e-3 * s / 6 for s in (1, 3, 5)] + cosine
+    )
 
 
 class Rollouts:
@@ -250,8 +318,13 @@ def test_overlong_penalty_and_truncation_masking(tokenizer, tmp_path):
     """DAPO's soft overlong penalty on completions of every length from 1 to MAX_LEN = 8, with a
     buffer of 4 and a penalty of 0.5: nothing up to 4 tokens, then 0.125 more per token, 0.5 at 8;
     added to the task's reward. Completions cut at MAX_LEN are left out of the loss."""
-    grpo = GRPOConfig(num_generations=G, max_completion_length=MAX_LEN, overlong_buffer=4, overlong_penalty=0.5,
-                      mask_truncated_completions=True)
+    grpo = GRPOConfig(
+        num_generations=G,
+        max_completion_length=MAX_LEN,
+        overlong_buffer=4,
+        overlong_penalty=0.5,
+        mask_truncated_completions=True,
+    )
     trainer, sampler = make_trainer(tokenizer, tmp_path, grpo)
     observer = Rollouts()
     trainer.train_step(observer)

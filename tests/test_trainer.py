@@ -9,9 +9,9 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_policy
 
 import minigrpo
-from helpers import tiny_policy
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.checkpoint import latest_checkpoint, load_state
 from minigrpo.run import initial_evaluation
@@ -34,7 +34,11 @@ def _count_x_for_odd_answers(completions, answer, **_):
     return [x if int(a) % 2 else 0.5 for x, a in zip(_count_x(completions), answer)]
 
 
-for _name, _fn in (("test_count_x", _count_x), ("test_constant", _constant), ("test_odd_only", _count_x_for_odd_answers)):
+for _name, _fn in (
+    ("test_count_x", _count_x),
+    ("test_constant", _constant),
+    ("test_odd_only", _count_x_for_odd_answers),
+):
     if _name not in REWARD_FUNCTIONS:
         register_reward(_name)(_fn)
 
@@ -47,9 +51,18 @@ def checkpoint(tmp_path_factory):
 def make_trainer(checkpoint, tmp_path, reward="test_count_x", grpo=None, **train):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=12)
-    settings = dict(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, micro_batch_size=3,
-                    learning_rate=1e-2, progress_bar=False, log_completions_every=0)
-    return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, TrainConfig(**{**settings, **train}))
+    settings = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        batch_size=8,
+        micro_batch_size=3,
+        learning_rate=1e-2,
+        progress_bar=False,
+        log_completions_every=0,
+    )
+    return Trainer(
+        model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, TrainConfig(**{**settings, **train})
+    )
 
 
 def weights(model):
@@ -86,7 +99,9 @@ def test_beta_keeps_a_frozen_reference_and_logs_kl(checkpoint, tmp_path):
 
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal(checkpoint, tmp_path):
-    grpo = GRPOConfig(num_generations=4, max_completion_length=12, dynamic_sampling=True, max_sampling_rounds=3)
+    grpo = GRPOConfig(
+        num_generations=4, max_completion_length=12, dynamic_sampling=True, max_sampling_rounds=3
+    )
     trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
     stats, _ = trainer.train_step()
     assert stats["groups/sampled"] == 2 + 2 + 2  # three rounds, every group flat
@@ -113,30 +128,47 @@ class Recorder(Sampled):
         super().__init__()
         self.seeds, self.trained = [], []
         generate = minigrpo.trainer.generate
-        monkeypatch.setattr(minigrpo.trainer, "generate", lambda *a, seed, **k: self.seeds.append(seed) or generate(*a, seed=seed, **k))
+        monkeypatch.setattr(
+            minigrpo.trainer,
+            "generate",
+            lambda *a, seed, **k: self.seeds.append(seed) or generate(*a, seed=seed, **k),
+        )
         update = trainer.update
         trainer.update = lambda rollouts: self.trained.append(rollouts) or update(rollouts)
 
 
-def test_dynamic_sampling_with_batch_scaling_divides_by_the_std_of_the_trained_groups(checkpoint, tmp_path, monkeypatch):
+def test_dynamic_sampling_with_batch_scaling_divides_by_the_std_of_the_trained_groups(
+    checkpoint, tmp_path, monkeypatch
+):
     """scale_rewards="batch" with flat groups dropped: A = (r - mean of its group) / (std + 1e-4), the
     std (n - 1) over the rewards of the groups trained on, by plain statistics. Every sampling round
     of every step has a seed of its own."""
-    grpo = GRPOConfig(num_generations=4, max_completion_length=6, dynamic_sampling=True, max_sampling_rounds=4,
-                      scale_rewards="batch")
+    grpo = GRPOConfig(
+        num_generations=4,
+        max_completion_length=6,
+        dynamic_sampling=True,
+        max_sampling_rounds=4,
+        scale_rewards="batch",
+    )
     trainer = make_trainer(checkpoint, tmp_path, reward="test_odd_only", grpo=grpo, micro_batch_size=8)
     recorder = Recorder(trainer, monkeypatch)
     stats, _ = trainer.train_step(recorder)
-    assert stats["groups/trained"] == 2 and stats["groups/sampled"] > 2  # flat groups were sampled and dropped
+    assert (
+        stats["groups/trained"] == 2 and stats["groups/sampled"] > 2
+    )  # flat groups were sampled and dropped
     (sampled,), (trained,) = recorder.sampled, recorder.trained
     rewards = [r.reward for r in trained]
     std = statistics.stdev(rewards)
-    assert abs(std - statistics.stdev([r.reward for r in sampled])) > 0.1 * std  # the dropped groups would matter
+    assert (
+        abs(std - statistics.stdev([r.reward for r in sampled])) > 0.1 * std
+    )  # the dropped groups would matter
     for g in range(0, len(trained), 4):
         mean = statistics.fmean(rewards[g : g + 4])
         for r in trained[g : g + 4]:
             assert r.advantage == pytest.approx((r.reward - mean) / (std + 1e-4), rel=1e-5, abs=1e-6)
-    assert len(recorder.seeds) >= 2 and len(set(recorder.seeds)) == len(recorder.seeds)  # rounds past the first
+    assert len(recorder.seeds) >= 2 and len(set(recorder.seeds)) == len(
+        recorder.seeds
+    )  # rounds past the first
 
 
 def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_batch(checkpoint, tmp_path):
@@ -144,18 +176,33 @@ def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_b
     contract holds: a resumed process has torch's, NumPy's and Python's states as saved, whatever
     it drew before, and its next step samples the straight run's completions."""
     grpo = GRPOConfig(num_generations=4, max_completion_length=6)
-    train = dict(max_steps=2, batch_size=8, micro_batch_size=8, learning_rate=1e-2, progress_bar=False,
-                 log_completions_every=0)
-    stopped = make_trainer(checkpoint, tmp_path, grpo=grpo, **train, stop_at_step=1, output_dir=str(tmp_path / "stopped"))
+    train = dict(
+        max_steps=2,
+        batch_size=8,
+        micro_batch_size=8,
+        learning_rate=1e-2,
+        progress_bar=False,
+        log_completions_every=0,
+    )
+    stopped = make_trainer(
+        checkpoint, tmp_path, grpo=grpo, **train, stop_at_step=1, output_dir=str(tmp_path / "stopped")
+    )
     stopped.train()  # saves at step 1, its last
     saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
     torch.manual_seed(1), random.seed(1), np.random.seed(1)  # what else the process drew since
     task = Task(ROWS, [RewardSpec("test_count_x")])
-    resumed = minigrpo.run.build_trainer(checkpoint, task, grpo,
-                                         TrainConfig(**train, output_dir=str(tmp_path / "stopped"), resume=True))
-    assert resumed.step == 1 and torch.equal(torch.get_rng_state(), saved[0]) and random.getstate() == saved[1]
+    resumed = minigrpo.run.build_trainer(
+        checkpoint, task, grpo, TrainConfig(**train, output_dir=str(tmp_path / "stopped"), resume=True)
+    )
+    assert (
+        resumed.step == 1 and torch.equal(torch.get_rng_state(), saved[0]) and random.getstate() == saved[1]
+    )
     numpy_state = np.random.get_state()
-    assert numpy_state[0] == saved[2][0] and np.array_equal(numpy_state[1], saved[2][1]) and numpy_state[2:] == saved[2][2:]
+    assert (
+        numpy_state[0] == saved[2][0]
+        and np.array_equal(numpy_state[1], saved[2][1])
+        and numpy_state[2:] == saved[2][2:]
+    )
     straight = make_trainer(checkpoint, tmp_path, grpo=grpo, **train, output_dir=str(tmp_path / "straight"))
     straight.train_step()
     observers = [Sampled(), Sampled()]
@@ -203,7 +250,11 @@ minigrpo.train({checkpoint!r}, task, grpo, config)
 def run_training(server, checkpoint, out, steps, resume):
     """RUN in a process of its own (forked by conftest's examples_server); the policy it saved last."""
     script = out.parent / f"{out.name}-{steps}-{resume}.py"
-    script.write_text(RUN.format(tests=os.path.dirname(__file__), out=str(out), steps=steps, resume=resume, checkpoint=checkpoint))
+    script.write_text(
+        RUN.format(
+            tests=os.path.dirname(__file__), out=str(out), steps=steps, resume=resume, checkpoint=checkpoint
+        )
+    )
     code = server.run(str(script), [], str(out.parent), script.stem)
     assert code == 0, (out.parent / f"{script.stem}.err").read_text()[-3000:]
     return minigrpo.load_pretrained(latest_checkpoint(str(out)))[0]
@@ -211,7 +262,9 @@ def run_training(server, checkpoint, out, steps, resume):
 
 def test_resume_is_exact(examples_server, checkpoint, tmp_path):
     straight = run_training(examples_server, checkpoint, tmp_path / "straight", 4, resume=False)
-    run_training(examples_server, checkpoint, tmp_path / "stopped", 2, resume=False)  # this process ends after step 2 of 4
+    run_training(
+        examples_server, checkpoint, tmp_path / "stopped", 2, resume=False
+    )  # this process ends after step 2 of 4
     resumed = run_training(examples_server, checkpoint, tmp_path / "stopped", 4, resume=True)
     original = minigrpo.load_pretrained(checkpoint)[0].state_dict()
     for name, value in straight.state_dict().items():
@@ -230,7 +283,9 @@ def test_resume_is_exact(examples_server, checkpoint, tmp_path):
 def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
     """Only flat groups: the update is skipped, AdamW has no state, and saving must not create one
     (torch's state-dict helpers would, by a step with lr 0, shifting AdamW's bias correction)."""
-    grpo = GRPOConfig(num_generations=4, max_completion_length=12, dynamic_sampling=True, max_sampling_rounds=1)
+    grpo = GRPOConfig(
+        num_generations=4, max_completion_length=12, dynamic_sampling=True, max_sampling_rounds=1
+    )
     trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
     stats, _ = trainer.train_step()
     assert stats["update/no_groups"] == 1.0
@@ -250,9 +305,12 @@ def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings
     assert all(isinstance(name, str) for name in saved["optimizer"]["state"])
     fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings
     minigrpo.run.restore(fresh, saved)
-    for (a, b) in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
+    for a, b in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
-    assert fresh.optimizer.param_groups[0]["weight_decay"] == 0.0 and fresh.optimizer.param_groups[0]["eps"] == 1e-8
+    assert (
+        fresh.optimizer.param_groups[0]["weight_decay"] == 0.0
+        and fresh.optimizer.param_groups[0]["eps"] == 1e-8
+    )
 
 
 @pytest.mark.parametrize(
@@ -263,8 +321,10 @@ def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings
         (lambda: GRPOConfig(epsilon_high=-0.1), "epsilon and epsilon_high must be > 0"),
         (lambda: GRPOConfig(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo"),
         (lambda: GRPOConfig(scale_rewards="std"), "scale_rewards must be one of group, batch, none"),
-        (lambda: TrainConfig(batch_size=10).check_against(GRPOConfig(num_generations=4)),
-         "batch_size=10 completions do not split into groups of num_generations=4"),
+        (
+            lambda: TrainConfig(batch_size=10).check_against(GRPOConfig(num_generations=4)),
+            "batch_size=10 completions do not split into groups of num_generations=4",
+        ),
         (lambda: TrainConfig(lr_schedule="linear"), "lr_schedule must be one of constant, cosine"),
         (lambda: TrainConfig(micro_batch_size=0), "micro_batch_size must be a positive integer"),
         (lambda: TrainConfig(micro_batch_tokens=-1), "micro_batch_tokens must be an integer >= 0"),
@@ -276,16 +336,25 @@ def test_bad_configuration_fails_with_a_clear_message(make, message):
 
 
 def test_completions_beyond_the_context_fail_at_start(checkpoint, tmp_path):
-    with pytest.raises(ValueError, match=r"with max_new_tokens=90 \(max_completion_length\) that exceeds the model's context of 96"):
+    with pytest.raises(
+        ValueError,
+        match=r"with max_new_tokens=90 \(max_completion_length\) that exceeds the model's context of 96",
+    ):
         make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=90))
 
 
 def test_completions_that_exactly_fill_the_context_are_accepted(checkpoint, tmp_path):
     longest = max(map(len, make_trainer(checkpoint, tmp_path).prompt_ids))
-    filled = make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=96 - longest))
+    filled = make_trainer(
+        checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=96 - longest)
+    )
     assert filled.grpo.max_completion_length + longest == filled.model.config.max_position_embeddings == 96
-    with pytest.raises(ValueError, match=rf"has {longest} tokens; with max_new_tokens={97 - longest} .* context of 96"):
-        make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=97 - longest))
+    with pytest.raises(
+        ValueError, match=rf"has {longest} tokens; with max_new_tokens={97 - longest} .* context of 96"
+    ):
+        make_trainer(
+            checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=97 - longest)
+        )
 
 
 def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
@@ -305,9 +374,17 @@ def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
-@pytest.mark.parametrize("layout", [dict(micro_batch_tokens=40), dict(shared_prompt=True, micro_batch_size=4),
-                                    dict(shared_prompt=True, micro_batch_tokens=40)])
-def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(checkpoint, tmp_path, loss_type, layout, monkeypatch):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(micro_batch_tokens=40),
+        dict(shared_prompt=True, micro_batch_size=4),
+        dict(shared_prompt=True, micro_batch_tokens=40),
+    ],
+)
+def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(
+    checkpoint, tmp_path, loss_type, layout, monkeypatch
+):
     """Micro-batches by a token budget over rollouts of similar length, or of whole groups whose
     prompt runs once, on completions of ragged lengths (many EOS ids): grpo, dr_grpo and dapo land
     on the weights of one batch of all the rollouts, with less padding. bnpo does not: it is a token
@@ -319,19 +396,31 @@ def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(checkpoint, 
     differences into lr-sized weight ones)."""
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, loss_type=loss_type, temperature=0.7)
     whole = make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=8, adam_epsilon=1e-3)
-    split = make_trainer(checkpoint, tmp_path, grpo=grpo, adam_epsilon=1e-3, **{"micro_batch_size": 8, **layout})
+    split = make_trainer(
+        checkpoint, tmp_path, grpo=grpo, adam_epsilon=1e-3, **{"micro_batch_size": 8, **layout}
+    )
     for trainer in (whole, split):
-        trainer.eos_ids = tuple(range(5, trainer.model.config.vocab_size, 4))  # a quarter of the vocabulary ends a completion
+        trainer.eos_ids = tuple(
+            range(5, trainer.model.config.vocab_size, 4)
+        )  # a quarter of the vocabulary ends a completion
     recorder, chunks = Recorder(split, monkeypatch), []
     cut = split.updater._micro_batches
-    split.updater._micro_batches = lambda rollouts, generator=None: chunks.append(cut(rollouts, generator)) or chunks[-1]
+    split.updater._micro_batches = lambda rollouts, generator=None: (
+        chunks.append(cut(rollouts, generator)) or chunks[-1]
+    )
     stats = [trainer.train_step()[0] for trainer in (whole, split)]
     (rollouts,), (micro_batches,) = recorder.trained, chunks
     assert len({len(r.completion_ids) for r in rollouts}) > 2 and len(micro_batches) > 1  # ragged, and split
     if loss_type == "bnpo":
-        by_hand = [(len(m) / 8) * sum(rollouts[i].advantage * len(rollouts[i].completion_ids) for i in m)
-                   / sum(len(rollouts[i].completion_ids) for i in m) for m in micro_batches]
-        one_batch = sum(r.advantage * len(r.completion_ids) for r in rollouts) / sum(len(r.completion_ids) for r in rollouts)
+        by_hand = [
+            (len(m) / 8)
+            * sum(rollouts[i].advantage * len(rollouts[i].completion_ids) for i in m)
+            / sum(len(rollouts[i].completion_ids) for i in m)
+            for m in micro_batches
+        ]
+        one_batch = sum(r.advantage * len(r.completion_ids) for r in rollouts) / sum(
+            len(r.completion_ids) for r in rollouts
+        )
         assert stats[1]["loss"] == pytest.approx(-sum(by_hand), abs=1e-6)
         assert stats[0]["loss"] == pytest.approx(-one_batch, abs=1e-6)
         assert abs(stats[1]["loss"] - stats[0]["loss"]) > 1e-3  # the split changes bnpo's step
@@ -354,7 +443,10 @@ def test_shared_prompt_batches_hold_whole_groups_and_count_a_prompt_once():
     batches = group_batches(lengths, 2, max_rows=8, max_tokens=30)
     assert sorted(sorted(b) for b in batches) == [[0, 1], [2, 3, 4, 5]]
     assert len(group_batches(lengths, 2, max_rows=8, max_tokens=29)) == 3
-    rollouts = [Rollout(prompt_ids=[1] * p, completion_ids=[2] * c, finish_reason="stop") for i, (p, c) in enumerate(lengths)]
+    rollouts = [
+        Rollout(prompt_ids=[1] * p, completion_ids=[2] * c, finish_reason="stop")
+        for i, (p, c) in enumerate(lengths)
+    ]
     # [0, 1]: prompt 5 once + completions 3 + 9 = 17 real of 5 + 2 * 9 = 23 computed
     assert padding_fraction(rollouts, [[0, 1]], group_size=2) == pytest.approx(1 - 17 / 23)
     assert group_batches(lengths, 2, max_rows=4) == [[0, 1, 2, 3], [4, 5]]
@@ -364,7 +456,9 @@ def test_token_budget_batches_cover_every_rollout_within_the_budget():
     from minigrpo.rollout import token_budget_batches
 
     lengths = [(5, 3), (2, 12), (5, 12), (1, 1), (4, 7), (3, 3), (30, 40), (2, 2)]  # (prompt, completion)
-    batches = token_budget_batches(lengths, max_rows=3, max_tokens=24, generator=torch.Generator().manual_seed(0))
+    batches = token_budget_batches(
+        lengths, max_rows=3, max_tokens=24, generator=torch.Generator().manual_seed(0)
+    )
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         padded = len(b) * (max(lengths[i][0] for i in b) + max(lengths[i][1] for i in b))
@@ -383,14 +477,20 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_
     minigrpo.checkpoint.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
     config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
     with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
-        minigrpo.run.build_trainer(checkpoint, Task(ROWS, [RewardSpec("test_count_x")]),
-                                       GRPOConfig(num_generations=4, max_completion_length=12), config)
+        minigrpo.run.build_trainer(
+            checkpoint,
+            Task(ROWS, [RewardSpec("test_count_x")]),
+            GRPOConfig(num_generations=4, max_completion_length=12),
+            config,
+        )
 
 
 def test_metrics_survive_a_line_cut_short_and_say_why_a_step_was_skipped(tmp_path):
     from minigrpo.metrics import MetricsLogger, console_line
 
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo'
+    )
     logger = MetricsLogger(str(tmp_path), max_steps=5, start_step=2, progress_bar=False)
     logger.close()
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'
@@ -400,10 +500,15 @@ def test_metrics_survive_a_line_cut_short_and_say_why_a_step_was_skipped(tmp_pat
 
 def test_a_step_measures_the_sampler_mismatch_and_fp32_reads_about_zero(checkpoint, tmp_path):
     """The sampler's log-probs travel on each Rollout; the update compares them with its own."""
-    trainer = make_trainer(checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=12, temperature=0.8))
+    trainer = make_trainer(
+        checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=12, temperature=0.8)
+    )
     stats, _ = trainer.train_step()
     assert stats["mismatch/logprob_abs_mean"] <= 1e-5 and stats["mismatch/logprob_abs_max"] <= 1e-4
-    assert stats["mismatch/ratio_outside_0.9_1.1_frac"] == 0.0 and abs(stats["mismatch/seq_logratio_mean"]) <= 1e-4
+    assert (
+        stats["mismatch/ratio_outside_0.9_1.1_frac"] == 0.0
+        and abs(stats["mismatch/seq_logratio_mean"]) <= 1e-4
+    )
 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
@@ -489,7 +594,9 @@ def test_a_prune_killed_midway_leaves_no_half_checkpoint(checkpoint, tmp_path):
     out = tmp_path / "run"
     save_checkpoint(str(out), 1, model, tokenizer, {"step": 1}, keep=2)
     parent = out / "checkpoints"
-    os.rename(parent / "step-000001", parent / ".deleting-step-000001")  # where a kill during pruning leaves it
+    os.rename(
+        parent / "step-000001", parent / ".deleting-step-000001"
+    )  # where a kill during pruning leaves it
     assert latest_checkpoint(str(out)) is None
     save_checkpoint(str(out), 2, model, tokenizer, {"step": 2}, keep=2)
     assert sorted(os.listdir(parent)) == ["step-000002"]
@@ -504,13 +611,23 @@ def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpo
 
     fresh = make_trainer(checkpoint, tmp_path)
     first = initial_evaluation(fresh, measure, {"eval_data": "a", "eval_count": 4})
-    assert first == {"initial_accuracy": 0.25, "wall_seconds_before": 0.0, "held_out": {"eval_data": "a", "eval_count": 4}}
+    assert first == {
+        "initial_accuracy": 0.25,
+        "wall_seconds_before": 0.0,
+        "held_out": {"eval_data": "a", "eval_count": 4},
+    }
     resumed = make_trainer(checkpoint, tmp_path, resume=True)
     resumed.step = 3  # the policy has trained: its score is read back, never measured again
-    assert initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4}) == first and len(calls) == 1
-    with pytest.raises(ValueError, match="measured on eval_data a, eval_count 4, not on eval_data a, eval_count 3"):
+    assert (
+        initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4}) == first and len(calls) == 1
+    )
+    with pytest.raises(
+        ValueError, match="measured on eval_data a, eval_count 4, not on eval_data a, eval_count 3"
+    ):
         initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 3})
-    (tmp_path / "run" / "initial_eval.json").write_text('{"initial_acc')  # not valid JSON: said, with the path
+    (tmp_path / "run" / "initial_eval.json").write_text(
+        '{"initial_acc'
+    )  # not valid JSON: said, with the path
     with pytest.raises(ValueError, match="initial_eval.json is not valid JSON"):
         initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4})
     (tmp_path / "run" / "initial_eval.json").write_text("null")  # JSON, but not the object it must be

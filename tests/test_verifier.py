@@ -16,8 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minigrpo
-from minigrpo.verifier import TIME_LIMIT, VerifierError, extract_answer, is_equivalent, math_reward, math_rewards
-from minigrpo.verifier import bounded
+from minigrpo.verifier import (
+    TIME_LIMIT,
+    VerifierError,
+    bounded,
+    extract_answer,
+    is_equivalent,
+    math_reward,
+    math_rewards,
+)
 from minigrpo.verifier.bounded import WorkerPool, shared_pool
 from minigrpo.verifier.closed_forms import sample_points
 from minigrpo.verifier.equivalence import answers_match
@@ -35,7 +42,10 @@ SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
         (r"Earlier box \boxed{1/3}, later \boxed{2/3}", "2/3"),  # unless the words between correct the first
         (r"first \boxed{3}, then after checking \boxed{4}", "4"),
         (r"\boxed{3}, or actually \boxed{5}", "3, 5"),  # a hedge stays a hedge
-        (r"We get \boxed{3}. Rechecking the second case, the count is \boxed{5}.", "5"),  # the last one counts
+        (
+            r"We get \boxed{3}. Rechecking the second case, the count is \boxed{5}.",
+            "5",
+        ),  # the last one counts
         (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
         (r"\boxed{\left\{ 1, \frac{3}{4} \right\}}", r"\left\{ 1, \frac{3}{4} \right\}"),
         (r"the answer is \boxed 7 apples", "7"),
@@ -131,81 +141,209 @@ def test_normalize(written, canonical):
 # -- equivalence --------------------------------------------------------------------------------
 EQUAL = [
     # exact numbers, written differently
-    ("3", "3"), ("3.0", "3"), ("003", "3"), ("6/2", "3"), (r"\frac{6}{2}", "3"), ("-0.5", r"-\frac12"),
-    (".25", r"\frac{1}{4}"), ("2.50", r"\frac{5}{2}"), (r"4\frac{2}{3}", r"\frac{14}{3}"), ("1.5e3", "1500"),
-    ("12,345", "12345"), (r"\$1{,}000", "1000"), ("1000000", r"10^6"), ("185\\", "185"), ("185", "185\\"),
+    ("3", "3"),
+    ("3.0", "3"),
+    ("003", "3"),
+    ("6/2", "3"),
+    (r"\frac{6}{2}", "3"),
+    ("-0.5", r"-\frac12"),
+    (".25", r"\frac{1}{4}"),
+    ("2.50", r"\frac{5}{2}"),
+    (r"4\frac{2}{3}", r"\frac{14}{3}"),
+    ("1.5e3", "1500"),
+    ("12,345", "12345"),
+    (r"\$1{,}000", "1000"),
+    ("1000000", r"10^6"),
+    ("185\\", "185"),
+    ("185", "185\\"),
     # LaTeX shorthand and decoration
-    (r"\frac12", "1/2"), (r"\sqrt2", r"\sqrt{2}"), (r"\left(\frac{1}{2}\right)", "0.5"),
-    (r"7\text{ cm}", "7"), (r"90^\circ", "90"), (r"25\%", "25"), ("x = 5", "5"), ("5", "k = 5"),
-    (r"\text{(C)}", "C"), ("(C)", r"\textbf{(C)}"), (r"\text{Yes}", "yes"), (r"\text{ Monday }", "monday"),
+    (r"\frac12", "1/2"),
+    (r"\sqrt2", r"\sqrt{2}"),
+    (r"\left(\frac{1}{2}\right)", "0.5"),
+    (r"7\text{ cm}", "7"),
+    (r"90^\circ", "90"),
+    (r"25\%", "25"),
+    ("x = 5", "5"),
+    ("5", "k = 5"),
+    (r"\text{(C)}", "C"),
+    ("(C)", r"\textbf{(C)}"),
+    (r"\text{Yes}", "yes"),
+    (r"\text{ Monday }", "monday"),
     # closed forms
-    (r"2\sqrt2", r"\sqrt8"), (r"\sqrt{12}", r"2\sqrt{3}"), (r"e^{i\pi}", "-1"), (r"\frac{\pi}{2}", r"\pi/2"),
-    (r"\sin^2 x + \cos^2 x", "1"), (r"\log_2 8", "3"), (r"\binom{5}{2}", "10"), ("5!", "120"),
-    (r"\frac{1}{\sqrt2}", r"\frac{\sqrt2}{2}"), (r"\sqrt[3]{27}", "3"), (r"|-4|", "4"),
+    (r"2\sqrt2", r"\sqrt8"),
+    (r"\sqrt{12}", r"2\sqrt{3}"),
+    (r"e^{i\pi}", "-1"),
+    (r"\frac{\pi}{2}", r"\pi/2"),
+    (r"\sin^2 x + \cos^2 x", "1"),
+    (r"\log_2 8", "3"),
+    (r"\binom{5}{2}", "10"),
+    ("5!", "120"),
+    (r"\frac{1}{\sqrt2}", r"\frac{\sqrt2}{2}"),
+    (r"\sqrt[3]{27}", "3"),
+    (r"|-4|", "4"),
     # expressions with variables
-    ("(x+1)^2", "x^2+2x+1"), (r"\frac{x}{7}+\frac{2}{7}", r"\frac{x+2}{7}"), (r"\tan^2 y + 1", r"\sec^2 y"),
-    ("-q + p", "p - q"), ("2ab", "2ba"), (r"\frac{1}{\sqrt{n}}", r"\sqrt{1/n}"),
-    (r"\sqrt{x^2}", "|x|"), (r"e^{ix}", r"\cos x + i\sin x"), (r"\ln(x^2)", r"2\ln|x|"),  # the branch rule
+    ("(x+1)^2", "x^2+2x+1"),
+    (r"\frac{x}{7}+\frac{2}{7}", r"\frac{x+2}{7}"),
+    (r"\tan^2 y + 1", r"\sec^2 y"),
+    ("-q + p", "p - q"),
+    ("2ab", "2ba"),
+    (r"\frac{1}{\sqrt{n}}", r"\sqrt{1/n}"),
+    (r"\sqrt{x^2}", "|x|"),
+    (r"e^{ix}", r"\cos x + i\sin x"),
+    (r"\ln(x^2)", r"2\ln|x|"),  # the branch rule
     # decimals for non-terminating golds: at least 7 significant digits, within a unit of the last
-    ("0.3333333", r"\frac{1}{3}"), ("0.6666667", r"\frac{2}{3}"), ("0.6666666", r"\frac{2}{3}"),
-    ("3.1415927", r"\pi"), ("1.4142136", r"\sqrt{2}"), ("0.08333333333", r"\frac{1}{12}"),
-    ("0.3333334", r"\frac{1}{3}"), ("3.1415926", r"\pi"),  # within one unit of the last digit, just
+    ("0.3333333", r"\frac{1}{3}"),
+    ("0.6666667", r"\frac{2}{3}"),
+    ("0.6666666", r"\frac{2}{3}"),
+    ("3.1415927", r"\pi"),
+    ("1.4142136", r"\sqrt{2}"),
+    ("0.08333333333", r"\frac{1}{12}"),
+    ("0.3333334", r"\frac{1}{3}"),
+    ("3.1415926", r"\pi"),  # within one unit of the last digit, just
     (r"\sqrt{17}", "4.123105625617661"),  # a long decimal gold is a rounded irrational
     # structures
-    ("(1, 2)", "(1,2)"), (r"\left(3, \frac{\pi}{2}\right)", r"(3, \pi/2)"), ("(1, 4.5)", r"(1, \frac92)"),
-    (r"\{1, 2, 3\}", r"\{3, 1, 2\}"), ("1, 2, 3", "3, 2, 1"), ("2 and 3", "3, 2"), ("-2, 1", r"1 \text{ and } -2"),
-    (r"\pm 3", "3, -3"), (r"1 \pm \sqrt{2}", r"1+\sqrt2, 1-\sqrt2"),
-    ("[0, 1)", "[0,1)"), (r"(-\infty, 3]", r"(-\infty, 3]"), (r"[1,2] \cup [3,4]", r"[3,4] \cup [1,2]"),
-    (r"x \in [1, 2]", "[1, 2]"), ("x > 2", r"(2, \infty)"), (r"1 \le x < 3", "[1, 3)"), (r"\mathbb{R}", r"(-\infty,\infty)"),
-    (r"z \in [-\frac32, -1] \cup [1, \frac32]", r"1\leq|z|\leq \frac{3}{2}"), ("(-2, 2)", "|x| < 2"),  # an inequality in |x|
-    (r"(-\infty, -1) \cup (1, \infty)", "|x| > 1"), (r"[-3, 3]", r"|x| \le 3"),
-    ("(p, q) = (3, 2)", "(3, 2)"), ("a = 1, b = 2", "b = 2, a = 1"), ("x = 1, y = 2", "(1, 2)"),
-    ("(5,2),(7,2)", "p=5,q=2;p=7,q=2"), ("p=5,q=2;p=7,q=2", r"p = 5, q = 2 \text{ and } p = 7, q = 2"),  # solutions by name
+    ("(1, 2)", "(1,2)"),
+    (r"\left(3, \frac{\pi}{2}\right)", r"(3, \pi/2)"),
+    ("(1, 4.5)", r"(1, \frac92)"),
+    (r"\{1, 2, 3\}", r"\{3, 1, 2\}"),
+    ("1, 2, 3", "3, 2, 1"),
+    ("2 and 3", "3, 2"),
+    ("-2, 1", r"1 \text{ and } -2"),
+    (r"\pm 3", "3, -3"),
+    (r"1 \pm \sqrt{2}", r"1+\sqrt2, 1-\sqrt2"),
+    ("[0, 1)", "[0,1)"),
+    (r"(-\infty, 3]", r"(-\infty, 3]"),
+    (r"[1,2] \cup [3,4]", r"[3,4] \cup [1,2]"),
+    (r"x \in [1, 2]", "[1, 2]"),
+    ("x > 2", r"(2, \infty)"),
+    (r"1 \le x < 3", "[1, 3)"),
+    (r"\mathbb{R}", r"(-\infty,\infty)"),
+    (r"z \in [-\frac32, -1] \cup [1, \frac32]", r"1\leq|z|\leq \frac{3}{2}"),
+    ("(-2, 2)", "|x| < 2"),  # an inequality in |x|
+    (r"(-\infty, -1) \cup (1, \infty)", "|x| > 1"),
+    (r"[-3, 3]", r"|x| \le 3"),
+    ("(p, q) = (3, 2)", "(3, 2)"),
+    ("a = 1, b = 2", "b = 2, a = 1"),
+    ("x = 1, y = 2", "(1, 2)"),
+    ("(5,2),(7,2)", "p=5,q=2;p=7,q=2"),
+    ("p=5,q=2;p=7,q=2", r"p = 5, q = 2 \text{ and } p = 7, q = 2"),  # solutions by name
     (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{bmatrix}1&2\\3&4\end{bmatrix}"),
     (r"\begin{pmatrix} 0.5 \\ 2 \end{pmatrix}", r"\begin{pmatrix} \frac12 \\ 2 \end{pmatrix}"),
     (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", "(1, 2)"),
     # equations and inequalities
-    ("y = 2x + 3", "y = 3 + 2x"), ("y - 2x = 3", "y = 2x + 3"), ("2x + 4y - 3 = 0", r"y = -\frac{x}{2} + \frac{3}{4}"),
-    (r"x \geq 5", "x >= 5"), (r"x \le 2", "2 >= x"), ("-x > -1", "x < 1"), (r"x \neq 3", "x != 3"),
+    ("y = 2x + 3", "y = 3 + 2x"),
+    ("y - 2x = 3", "y = 2x + 3"),
+    ("2x + 4y - 3 = 0", r"y = -\frac{x}{2} + \frac{3}{4}"),
+    (r"x \geq 5", "x >= 5"),
+    (r"x \le 2", "2 >= x"),
+    ("-x > -1", "x < 1"),
+    (r"x \neq 3", "x != 3"),
     # complex numbers and infinity
-    ("3 + 4i", "4i + 3"), (r"\frac{1}{i}", "-i"), (r"\infty", "oo"), (r"-\infty", r"-\infty"),
+    ("3 + 4i", "4i + 3"),
+    (r"\frac{1}{i}", "-i"),
+    (r"\infty", "oo"),
+    (r"-\infty", r"-\infty"),
     # a computation ending in its result
-    (r"5 \times 6 \times 4 = 120", "120"), ("3, 3, 3", "3"),
+    (r"5 \times 6 \times 4 = 120", "120"),
+    ("3, 3, 3", "3"),
 ]
 
 NOT_EQUAL = [
     # exact numbers must match exactly
-    ("1000001", "1000000"), ("1000000", "1000001"), (r"\frac{1}{2^{99}}", r"\frac{1}{2^{98}}"), ("0.5000001", "0.5"),
-    ("3.0001", "3"), ("0.33", r"\frac{1}{3}"), ("0.33333", r"\frac{1}{3}"), ("3.14159", r"\pi"), ("3.1416", r"\pi"),
-    ("0.333", "0.3333"), ("0.3333", "0.333"), (r"\frac{1}{3}", "0.333"), ("-5", "5"), ("4", r"4\sqrt{2}"),
+    ("1000001", "1000000"),
+    ("1000000", "1000001"),
+    (r"\frac{1}{2^{99}}", r"\frac{1}{2^{98}}"),
+    ("0.5000001", "0.5"),
+    ("3.0001", "3"),
+    ("0.33", r"\frac{1}{3}"),
+    ("0.33333", r"\frac{1}{3}"),
+    ("3.14159", r"\pi"),
+    ("3.1416", r"\pi"),
+    ("0.333", "0.3333"),
+    ("0.3333", "0.333"),
+    (r"\frac{1}{3}", "0.333"),
+    ("-5", "5"),
+    ("4", r"4\sqrt{2}"),
     # a gold whose decimals end (a denominator of 2s and 5s) is matched exactly, never approximately:
     # 1/5^24 is 1.6777216e-17, which 7 digits round to within a unit of their last
-    ("0.00000000000000001677722", r"\frac{1}{5^{24}}"), ("0.2000001", r"\frac{1}{5}"),
+    ("0.00000000000000001677722", r"\frac{1}{5^{24}}"),
+    ("0.2000001", r"\frac{1}{5}"),
     # a decimal just past one unit of its last digit, or one digit short
-    ("0.3333338", r"\frac{1}{3}"), ("0.3333332", r"\frac{1}{3}"), ("3.1415928", r"\pi"), ("0.333333", r"\frac{1}{3}"),
+    ("0.3333338", r"\frac{1}{3}"),
+    ("0.3333332", r"\frac{1}{3}"),
+    ("3.1415928", r"\pi"),
+    ("0.333333", r"\frac{1}{3}"),
     # close but wrong: closed forms and expressions that differ by little, or only off the sample points
-    (r"\frac{22}{7}", r"\pi"), (r"\frac{355}{113}", r"\pi"), (r"\frac{99}{70}", r"\sqrt{2}"), (r"x+\frac{1}{10000}", "x"),
-    (r"e^{\pi\sqrt{163}}", "262537412640768744"), (r"\sin x + \frac{\cos x}{10^{4}}", r"\sin x"),
-    (r"\pi+10^{-50}", r"\pi"), (r"\sqrt2+10^{-45}", r"\sqrt2"), (r"\sqrt{2+10^{-45}}", r"\sqrt2"),
-    (r"\sin x + 10^{-50}\cos x", r"\sin x"), (r"\sin(455\pi x)", "0"), (r"\sin(10^{9}\pi x)", "0"),
-    (r"x^3+(x-3/7)(x+11/13)(x-17/5)", "x^3"), (r"\sqrt{x^2}", "x"), (r"\ln(x^2)", r"2\ln x"),
+    (r"\frac{22}{7}", r"\pi"),
+    (r"\frac{355}{113}", r"\pi"),
+    (r"\frac{99}{70}", r"\sqrt{2}"),
+    (r"x+\frac{1}{10000}", "x"),
+    (r"e^{\pi\sqrt{163}}", "262537412640768744"),
+    (r"\sin x + \frac{\cos x}{10^{4}}", r"\sin x"),
+    (r"\pi+10^{-50}", r"\pi"),
+    (r"\sqrt2+10^{-45}", r"\sqrt2"),
+    (r"\sqrt{2+10^{-45}}", r"\sqrt2"),
+    (r"\sin x + 10^{-50}\cos x", r"\sin x"),
+    (r"\sin(455\pi x)", "0"),
+    (r"\sin(10^{9}\pi x)", "0"),
+    (r"x^3+(x-3/7)(x+11/13)(x-17/5)", "x^3"),
+    (r"\sqrt{x^2}", "x"),
+    (r"\ln(x^2)", r"2\ln x"),
     # near misses in structure
-    ("(2, 1)", "(1, 2)"), ("[0, 1]", "[0, 1)"), ("(0, 1]", "[0, 1]"), ("[0, 9)", "[0, 1)"), ("(1, 2, 3)", "(1, 2)"),
-    (r"\{1, 2\}", r"\{1, 2, 3\}"), ("1, 2", "1, 2, 3"), ("x = 2", "y = 2"), ("x > 5", "x < 5"), (r"x \ge 5", "x > 5"),
-    ("y = 2x + 3", "y = 2x - 3"), ("x^2 + 2x + 1", "(x-1)^2"), ("x", "y"), ("|x|", "x"), ("2x", "x"),
-    ("[-2, 2]", "|x| < 2"), (r"[-\frac32, \frac32]", r"1 \le |z| \le \frac32"), (r"[1, \frac32]", r"1 \le |z| \le \frac32"),
-    ("(2,5),(2,7)", "p=5,q=2;p=7,q=2"), ("(5,2)", "p=5,q=2;p=7,q=2"), ("y = 2, x = 1", "(1, 2)"),
-    ("0,500", "500"), ("500", "0,500"), (r"0{,}500", "500"), ("0 500", "500"),  # 0 is never a thousands group
+    ("(2, 1)", "(1, 2)"),
+    ("[0, 1]", "[0, 1)"),
+    ("(0, 1]", "[0, 1]"),
+    ("[0, 9)", "[0, 1)"),
+    ("(1, 2, 3)", "(1, 2)"),
+    (r"\{1, 2\}", r"\{1, 2, 3\}"),
+    ("1, 2", "1, 2, 3"),
+    ("x = 2", "y = 2"),
+    ("x > 5", "x < 5"),
+    (r"x \ge 5", "x > 5"),
+    ("y = 2x + 3", "y = 2x - 3"),
+    ("x^2 + 2x + 1", "(x-1)^2"),
+    ("x", "y"),
+    ("|x|", "x"),
+    ("2x", "x"),
+    ("[-2, 2]", "|x| < 2"),
+    (r"[-\frac32, \frac32]", r"1 \le |z| \le \frac32"),
+    (r"[1, \frac32]", r"1 \le |z| \le \frac32"),
+    ("(2,5),(2,7)", "p=5,q=2;p=7,q=2"),
+    ("(5,2)", "p=5,q=2;p=7,q=2"),
+    ("y = 2, x = 1", "(1, 2)"),
+    ("0,500", "500"),
+    ("500", "0,500"),
+    (r"0{,}500", "500"),
+    ("0 500", "500"),  # 0 is never a thousands group
     (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\begin{pmatrix} 1 & 3 \\ 2 & 4 \end{pmatrix}"),
     (r"\begin{pmatrix} 1 & 2 \end{pmatrix}", r"\begin{pmatrix} 1 \\ 2 \\ 3 \end{pmatrix}"),
-    ("3 + 4i", "3 - 4i"), (r"\infty", r"-\infty"), (r"\infty", "10^{100}"), ("B", "C"), (r"\text{Tuesday}", "Monday"),
+    ("3 + 4i", "3 - 4i"),
+    (r"\infty", r"-\infty"),
+    (r"\infty", "10^{100}"),
+    ("B", "C"),
+    (r"\text{Tuesday}", "Monday"),
     # hedges never equal a single value
-    ("3 or 5", "3"), (r"3 \text{ or } 5", "3"), (r"\pm 3", "3"), (r"\{3, 5\}", "3"), ("3, 5", "3"),
-    (r"1, 2, 3, \ldots", "3"), (r"1, 2, 3, 4, 5, 6, 7, 8, 9, 10", "3"), (r"\mathbb{R}", "3"), (r"(2, \infty)", "3"),
-    ("[2, 4]", "3"), (r"x \ge 3", "3"), ("approximately 3", "3"), (r"-[0,1)", "1"),
+    ("3 or 5", "3"),
+    (r"3 \text{ or } 5", "3"),
+    (r"\pm 3", "3"),
+    (r"\{3, 5\}", "3"),
+    ("3, 5", "3"),
+    (r"1, 2, 3, \ldots", "3"),
+    (r"1, 2, 3, 4, 5, 6, 7, 8, 9, 10", "3"),
+    (r"\mathbb{R}", "3"),
+    (r"(2, \infty)", "3"),
+    ("[2, 4]", "3"),
+    (r"x \ge 3", "3"),
+    ("approximately 3", "3"),
+    (r"-[0,1)", "1"),
     # a gold that cannot be understood makes nothing correct, and junk is no answer
-    ("3", r"\unknowncommand{3}"), ("", "3"), ("3", ""), ("x", r"\sum_k"), (r"\frac{1}{0}", r"\frac{1}{0} + 1"),
-    ("=1=", "=1="), (r"\text{}", r"\text{}"),  # normalises to nothing: no answer, even written the same on both sides
+    ("3", r"\unknowncommand{3}"),
+    ("", "3"),
+    ("3", ""),
+    ("x", r"\sum_k"),
+    (r"\frac{1}{0}", r"\frac{1}{0} + 1"),
+    ("=1=", "=1="),
+    (r"\text{}", r"\text{}"),  # normalises to nothing: no answer, even written the same on both sides
 ]
 
 
@@ -226,7 +364,12 @@ def test_sample_points_are_drawn_per_pair_and_reproducible():
     assert first == sample_points(sympy.sin(x), x) == sample_points(x, sympy.sin(x))
     assert first != sample_points(sympy.cos(x), x)
     points = sample_points(x * y, x + y)
-    assert {(p[x] > 0, p[y] > 0) for p in points} == {(True, True), (True, False), (False, True), (False, False)}
+    assert {(p[x] > 0, p[y] > 0) for p in points} == {
+        (True, True),
+        (True, False),
+        (False, True),
+        (False, False),
+    }
     assert all(0.5 <= abs(p[x]) < 3 and p[x].q > 10**6 for p in points)
 
 
@@ -244,7 +387,9 @@ def test_bounded_check_agrees_with_the_reference():
     pairs = EQUAL + NOT_EQUAL
     expected = [answers_match(p, g) for p, g in pairs]
     assert [is_equivalent(p, g) for p, g in pairs[::7]] == expected[::7]
-    responses = [f"The answer is $\\boxed{{{p} }}$." for p, _ in pairs]  # the space: 185\\ must not escape the brace
+    responses = [
+        f"The answer is $\\boxed{{{p} }}$." for p, _ in pairs
+    ]  # the space: 185\\ must not escape the brace
     assert math_rewards(responses, [g for _, g in pairs], workers=2) == [float(e) for e in expected]
 
 
@@ -325,7 +470,9 @@ def test_a_worker_stops_a_slow_job_itself_and_lives_on():
     try:
         (worker,) = pool.free
         start = time.monotonic()
-        assert pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1")], failed=False, work_limit=0.1) == [False]
+        assert pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1")], failed=False, work_limit=0.1) == [
+            False
+        ]
         assert time.monotonic() - start < bounded.WALL_PER_CPU * 0.1 + bounded.KILL_GRACE + SLACK
         assert pool.free == [worker] and worker.process.poll() is None
         assert pool.run([("match", "2", "2")], failed=False) == [True]
@@ -340,7 +487,9 @@ def test_a_killed_worker_is_replaced_and_the_next_check_is_fast(monkeypatch):
     pool = WorkerPool(2)  # a worker and its warm spare
     try:
         first = set(pool.every)
-        results = pool.run([("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1"), ("match", "2", "2")], failed=False)
+        results = pool.run(
+            [("match", r"\sum_{k=1}^{10^{9}} \sin(k)", "1"), ("match", "2", "2")], failed=False
+        )
         assert results == [False, True]
         assert not first <= pool.every  # one of them was killed
         start = time.monotonic()
@@ -378,7 +527,11 @@ def test_eight_threads_of_hostile_checks_each_return_in_time():
         (lambda: is_equivalent(r"2\sqrt2", r"\sqrt8"), True, False),
         (lambda: math_reward(r"\boxed{(10^{100000})!}", "2"), 0.0, True),
         (lambda: math_reward(r"so \boxed{\frac12}", "0.5"), 1.0, False),
-        (lambda: math_rewards([r"\boxed{9^{9^{9^9}}}", "\\(" * 20_000], ["1", "1"], workers=2), [0.0, 0.0], True),
+        (
+            lambda: math_rewards([r"\boxed{9^{9^{9^9}}}", "\\(" * 20_000], ["1", "1"], workers=2),
+            [0.0, 0.0],
+            True,
+        ),
         (lambda: math_rewards([r"\boxed{3}", r"\boxed{x+1}"], ["3", "1+x"], workers=2), [1.0, 1.0], False),
     ]
     shared_pool().reserve(8)  # started before the clock, as a caller with 8 threads would
@@ -407,7 +560,9 @@ def test_a_check_that_gets_no_worker_in_time_fails_closed():
     it, not for ever, and answers 'not equal'."""
     pool = WorkerPool(1)
     try:
-        held = [("match", KILLED, "1")] * 2  # the second has until 2 * TIME_LIMIT: the worker is busy past 1 s
+        held = [
+            ("match", KILLED, "1")
+        ] * 2  # the second has until 2 * TIME_LIMIT: the worker is busy past 1 s
         holder = threading.Thread(target=pool.run, args=(held, False), kwargs={"work_limit": 5.0})
         holder.start()
         time.sleep(0.05)  # the hostile check holds the worker
@@ -433,14 +588,21 @@ def test_a_batch_larger_than_the_pool_is_answered_in_turn():
 
 # -- a batch's budget (issue 22, item 13) -------------------------------------------------------------
 BENIGN = [  # (response, gold, reward): quick to check, right and wrong
-    (r"so \boxed{12}", "12", 1.0), (r"\boxed{\frac12}", "0.5", 1.0), (r"\boxed{2\sqrt2}", r"\sqrt8", 1.0),
-    (r"\boxed{(1, 2)}", "(1,2)", 1.0), (r"\boxed{13}", "12", 0.0), (r"\boxed{x+1}", "1+x", 1.0), ("no idea", "3", 0.0),
+    (r"so \boxed{12}", "12", 1.0),
+    (r"\boxed{\frac12}", "0.5", 1.0),
+    (r"\boxed{2\sqrt2}", r"\sqrt8", 1.0),
+    (r"\boxed{(1, 2)}", "(1,2)", 1.0),
+    (r"\boxed{13}", "12", 0.0),
+    (r"\boxed{x+1}", "1+x", 1.0),
+    ("no idea", "3", 0.0),
 ]
 
 
 def hostile_batch(rows: int, every: int) -> tuple[list, list, list]:
     """(responses, golds, rewards): every `every`-th row KILLED, the others cycling through BENIGN."""
-    cases = [(rf"\boxed{{{KILLED}}}", "2", 0.0) if i % every == 0 else BENIGN[i % len(BENIGN)] for i in range(rows)]
+    cases = [
+        (rf"\boxed{{{KILLED}}}", "2", 0.0) if i % every == 0 else BENIGN[i % len(BENIGN)] for i in range(rows)
+    ]
     return [c[0] for c in cases], [c[1] for c in cases], [c[2] for c in cases]
 
 
@@ -485,10 +647,57 @@ def test_bad_arguments_are_not_equal_rather_than_errors():
 
 # -- fuzzing ------------------------------------------------------------------------------------
 FRAGMENTS = [
-    "\\boxed{", "\\fbox{", "{", "}", "\\frac", "\\sqrt", "^", "_", "(", ")", "[", "]", "\\{", "\\}", ",", "=",
-    "<think>", "</think>", "<answer>", "</answer>", "####", "The answer is", "$", "\\left", "\\right", "\\pm",
-    "\\cup", "\\infty", "\\text{", "\\begin{pmatrix}", "\\end{pmatrix}", "&", "\\\\", "x", "i", "e", "\\pi",
-    "1", "9", "0.5", "-", "+", "/", "!", " ", "\n", "or", "\\sum_{k=1}^", "%", "°", "\ud800",
+    "\\boxed{",
+    "\\fbox{",
+    "{",
+    "}",
+    "\\frac",
+    "\\sqrt",
+    "^",
+    "_",
+    "(",
+    ")",
+    "[",
+    "]",
+    "\\{",
+    "\\}",
+    ",",
+    "=",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "####",
+    "The answer is",
+    "$",
+    "\\left",
+    "\\right",
+    "\\pm",
+    "\\cup",
+    "\\infty",
+    "\\text{",
+    "\\begin{pmatrix}",
+    "\\end{pmatrix}",
+    "&",
+    "\\\\",
+    "x",
+    "i",
+    "e",
+    "\\pi",
+    "1",
+    "9",
+    "0.5",
+    "-",
+    "+",
+    "/",
+    "!",
+    " ",
+    "\n",
+    "or",
+    "\\sum_{k=1}^",
+    "%",
+    "°",
+    "\ud800",
 ]
 EXAMPLES = settings.default.max_examples / 100  # 1 under conftest's "ci" profile, 10 under "explore"
 
@@ -524,16 +733,56 @@ def test_fuzz_bounded_check_returns_in_time(pred, gold):
 
 
 HOSTILE_FRAGMENTS = [
-    "1", "1 ", "1,", ",000", "000 ", "1.", "1=", "x=", "$", "$$", "$1", "\\(", "\\)", "\\[", "\\]", "{", "}",
-    "\\text{", "\\text{ cm}", "\\boxed{", "\\boxed{1}", "\\frac", "^2", "_{1}", "1 cm", "{,}000", "\\approx",
-    "or ", "and ", "The answer is 1. ", "</think>", "####", "\n", "\\", "a ", "ab ",
+    "1",
+    "1 ",
+    "1,",
+    ",000",
+    "000 ",
+    "1.",
+    "1=",
+    "x=",
+    "$",
+    "$$",
+    "$1",
+    "\\(",
+    "\\)",
+    "\\[",
+    "\\]",
+    "{",
+    "}",
+    "\\text{",
+    "\\text{ cm}",
+    "\\boxed{",
+    "\\boxed{1}",
+    "\\frac",
+    "^2",
+    "_{1}",
+    "1 cm",
+    "{,}000",
+    "\\approx",
+    "or ",
+    "and ",
+    "The answer is 1. ",
+    "</think>",
+    "####",
+    "\n",
+    "\\",
+    "a ",
+    "ab ",
 ]
-REPEATED = st.lists(st.sampled_from(HOSTILE_FRAGMENTS), min_size=1, max_size=3).map("".join).flatmap(
-    lambda unit: st.integers(1, 30_000 // len(unit)).map(lambda count: unit * count))
+REPEATED = (
+    st.lists(st.sampled_from(HOSTILE_FRAGMENTS), min_size=1, max_size=3)
+    .map("".join)
+    .flatmap(lambda unit: st.integers(1, 30_000 // len(unit)).map(lambda count: unit * count))
+)
 HOSTILE_TEXT = st.builds(lambda head, body, tail: head + body + tail, LATEXISH, REPEATED, LATEXISH)
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(text=HOSTILE_TEXT)
 def test_fuzz_in_process_steps_are_linear(text):
     for step in (extract_answer, normalize):
@@ -542,7 +791,11 @@ def test_fuzz_in_process_steps_are_linear(text):
         assert time.monotonic() - start < IN_PROCESS_LIMIT, step.__name__
 
 
-@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(8),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(text=HOSTILE_TEXT)
 def test_fuzz_math_reward_returns_in_time(text):
     math_reward("1", "1")  # the worker pool is started (once) outside the timed call

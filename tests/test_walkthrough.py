@@ -53,7 +53,13 @@ def defined_names(path: str) -> set[str]:
 def _names(node) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AnnAssign)
+        else []
+    )
     return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
@@ -61,11 +67,16 @@ def default_step(output_dir: str) -> tuple[list[str], str]:
     """(the lines train_math.py --trace prints for the default run's step 1, the text of its trace.html)."""
     argv = [TRAIN_MATH, "--trace", "--stop_at_step", "1", "--eval_count", "1", "--output_dir", output_dir]
     printed = io.StringIO()
-    with mock.patch.object(sys, "argv", argv), mock.patch("minigrpo.plots.plot_curves", return_value=False), \
-            contextlib.redirect_stdout(printed):
+    with (
+        mock.patch.object(sys, "argv", argv),
+        mock.patch("minigrpo.plots.plot_curves", return_value=False),
+        contextlib.redirect_stdout(printed),
+    ):
         runpy.run_path(TRAIN_MATH, run_name="__main__")
     page = open(os.path.join(output_dir, "trace.html"), encoding="utf-8").read().splitlines()
-    return printed.getvalue().splitlines(), "\n".join(html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page)
+    return printed.getvalue().splitlines(), "\n".join(
+        html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page
+    )
 
 
 def test_every_named_function_exists():
@@ -79,19 +90,25 @@ def test_every_named_function_exists():
             missing.append(f"{path}:{name}: no file {path} (name files from the repository root)")
         elif name not in defined_names(full):
             missing.append(f"{path}:{name}: {path} defines no {name}")
-    assert not missing, "docs/walkthrough.md names code that is not there (moved, renamed?):\n  " + "\n  ".join(missing)
+    assert not missing, (
+        "docs/walkthrough.md names code that is not there (moved, renamed?):\n  " + "\n  ".join(missing)
+    )
 
 
 def test_quoted_trace_is_what_trace_prints(tmp_path):
     quoted, quoted_page = blocks("trace"), blocks("trace-page")
-    assert len(quoted) >= 10 and quoted_page, "docs/walkthrough.md has no ```trace / ```trace-page blocks to check"
+    assert len(quoted) >= 10 and quoted_page, (
+        "docs/walkthrough.md has no ```trace / ```trace-page blocks to check"
+    )
     printed, page = default_step(str(tmp_path / "run"))
     lines = {SECONDS.sub("| s _", line.rstrip()) for line in printed}
     stale = [f"trace:      {q}" for q in quoted if SECONDS.sub("| s _", q.rstrip()) not in lines]
     stale += [f"trace page: {q}" for q in quoted_page if q.strip() not in page]
-    assert not stale, (f"docs/walkthrough.md quotes {len(stale)} line(s) that the default run's --trace no longer "
-                       f"prints:\n  " + "\n  ".join(stale) + f"\nIf the change is meant, run `{REGENERATE}`, paste the "
-                       "new lines into the walkthrough and check that its prose still says what they show.")
+    assert not stale, (
+        f"docs/walkthrough.md quotes {len(stale)} line(s) that the default run's --trace no longer "
+        f"prints:\n  " + "\n  ".join(stale) + f"\nIf the change is meant, run `{REGENERATE}`, paste the "
+        "new lines into the walkthrough and check that its prose still says what they show."
+    )
 
 
 def test_readme_links_the_walkthrough():
@@ -103,4 +120,9 @@ if __name__ == "__main__":
         sys.exit(f"usage: {REGENERATE}   (prints what docs/walkthrough.md may quote; pytest runs the checks)")
     with tempfile.TemporaryDirectory() as directory:
         printed, page = default_step(os.path.join(directory, "run"))
-    print("\n".join(printed), "\n\n--- trace.html as text (each ```trace-page line is part of one) ---\n", page, sep="")
+    print(
+        "\n".join(printed),
+        "\n\n--- trace.html as text (each ```trace-page line is part of one) ---\n",
+        page,
+        sep="",
+    )

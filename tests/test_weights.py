@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import CONFIGS, TINY, tiny_model, tiny_tokenizer, write_json
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3Config as HFConfig
 from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+from transformers import Qwen3Config as HFConfig
 
 import minigrpo
 
@@ -51,7 +51,9 @@ def test_sharded_checkpoints_round_trip(tmp_path):
         assert (model(IDS) - hf(IDS).logits).abs().max() <= ATOL
 
     minigrpo.save_pretrained(model, None, tmp_path / "ours", max_shard_bytes=20_000)
-    shards = [f for f in os.listdir(tmp_path / "ours") if re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", f)]
+    shards = [
+        f for f in os.listdir(tmp_path / "ours") if re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", f)
+    ]
     assert len(shards) > 1
     again, _ = minigrpo.load_pretrained(str(tmp_path / "ours"))
     reread = Qwen3ForCausalLM.from_pretrained(tmp_path / "ours").eval()
@@ -79,7 +81,9 @@ def test_tokenizer_and_side_files_round_trip(tmp_path):
 def test_save_replaces_an_existing_checkpoint_whole(tmp_path):
     target = tmp_path / "ckpt"
     minigrpo.save_pretrained(tiny_model(seed=0), None, target, max_shard_bytes=20_000)
-    minigrpo.save_pretrained(tiny_model(seed=1), None, target)  # now a single file: no stale shards may remain
+    minigrpo.save_pretrained(
+        tiny_model(seed=1), None, target
+    )  # now a single file: no stale shards may remain
     assert sorted(os.listdir(target)) == ["config.json", "model.safetensors"]
     assert os.listdir(tmp_path) == ["ckpt"]  # no temporary directories left behind
     loaded, _ = minigrpo.load_pretrained(str(target))
@@ -135,7 +139,9 @@ def test_error_directory_without_config(tmp_path):
 def test_error_directory_without_weights(good):
     os.remove(good / "model.safetensors")
     torch.save({}, good / "pytorch_model.bin")
-    with pytest.raises(minigrpo.CheckpointError, match="no model.safetensors.*pytorch_model.bin.*never pickle"):
+    with pytest.raises(
+        minigrpo.CheckpointError, match="no model.safetensors.*pytorch_model.bin.*never pickle"
+    ):
         minigrpo.load_pretrained(str(good))
 
 
@@ -170,14 +176,23 @@ def test_error_unexpected_tensor(good):
 
 
 def test_error_wrong_shape_names_the_tensor(good):
-    edit_weights(good, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(5, TINY["hidden_size"])}))
-    with pytest.raises(minigrpo.CheckpointError, match=r"k_proj.weight .* has shape \(5, 48\), but config.json implies \(32, 48\)"):
+    edit_weights(
+        good,
+        lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(5, TINY["hidden_size"])}),
+    )
+    with pytest.raises(
+        minigrpo.CheckpointError,
+        match=r"k_proj.weight .* has shape \(5, 48\), but config.json implies \(32, 48\)",
+    ):
         minigrpo.load_pretrained(str(good))
 
 
 def test_error_wrong_shape_of_an_unfused_tensor(good):
     edit_weights(good, lambda t: t.update({"model.norm.weight": torch.zeros(3)}))
-    with pytest.raises(minigrpo.CheckpointError, match=r"tensor model.norm.weight .* has shape \(3,\), but config.json implies \(48,\)"):
+    with pytest.raises(
+        minigrpo.CheckpointError,
+        match=r"tensor model.norm.weight .* has shape \(3,\), but config.json implies \(48,\)",
+    ):
         minigrpo.load_pretrained(str(good))
 
 
@@ -188,7 +203,9 @@ def test_error_unreachable_hub_id_while_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(minigrpo.CheckpointError, match="could not fetch 'nobody/no-such-model' from the Hugging Face Hub"):
+    with pytest.raises(
+        minigrpo.CheckpointError, match="could not fetch 'nobody/no-such-model' from the Hugging Face Hub"
+    ):
         minigrpo.load_pretrained("nobody/no-such-model")
 
 
@@ -213,27 +230,49 @@ def test_download_command_reports_an_unreachable_hub_cleanly(tmp_path, monkeypat
     assert not (tmp_path / "target").exists() or not os.listdir(tmp_path / "target")
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:1000]), "truncated"),
-    (lambda d: (d / "model.safetensors").write_bytes(b""), "empty"),
-    (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 100), "garbage"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:1000]),
+            "truncated",
+        ),
+        (lambda d: (d / "model.safetensors").write_bytes(b""), "empty"),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 100), "garbage"),
+    ],
+)
 def test_error_damaged_safetensors_names_the_file(good, damage, message):
     damage(good)
-    with pytest.raises(minigrpo.CheckpointError, match=re.escape(f"{good}/model.safetensors is not a readable safetensors file")):
+    with pytest.raises(
+        minigrpo.CheckpointError,
+        match=re.escape(f"{good}/model.safetensors is not a readable safetensors file"),
+    ):
         minigrpo.load_pretrained(str(good))
 
 
-@pytest.mark.parametrize("file, text, message", [
-    ("config.json", "null", "config.json holds null, not a JSON object"),
-    ("config.json", "[1, 2]", r"config.json holds \[1, 2\], not a JSON object"),
-    ("model.safetensors.index.json", '{"weight_map": null}', "model.safetensors.index.json has no weight_map"),
-    ("tokenizer.json", "{not json", "tokenizer.json is not a tokenizer file the tokenizers library can read"),
-    ("tokenizer_config.json", "{not json", "tokenizer_config.json is not valid JSON"),
-    ("generation_config.json", "[1]", r"generation_config.json holds \[1\], not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "file, text, message",
+    [
+        ("config.json", "null", "config.json holds null, not a JSON object"),
+        ("config.json", "[1, 2]", r"config.json holds \[1, 2\], not a JSON object"),
+        (
+            "model.safetensors.index.json",
+            '{"weight_map": null}',
+            "model.safetensors.index.json has no weight_map",
+        ),
+        (
+            "tokenizer.json",
+            "{not json",
+            "tokenizer.json is not a tokenizer file the tokenizers library can read",
+        ),
+        ("tokenizer_config.json", "{not json", "tokenizer_config.json is not valid JSON"),
+        ("generation_config.json", "[1]", r"generation_config.json holds \[1\], not a JSON object"),
+    ],
+)
 def test_error_bad_side_file_names_it(tmp_path, file, text, message):
-    minigrpo.save_pretrained(tiny_model(vocab_size=300), tiny_tokenizer(str(tmp_path / "tokenizer")), tmp_path / "ckpt")
+    minigrpo.save_pretrained(
+        tiny_model(vocab_size=300), tiny_tokenizer(str(tmp_path / "tokenizer")), tmp_path / "ckpt"
+    )
     (tmp_path / "ckpt" / file).write_text(text)
     with pytest.raises(minigrpo.CheckpointError, match=message):
         minigrpo.load_pretrained(str(tmp_path / "ckpt"))

@@ -22,8 +22,8 @@ import torch._dynamo  # noqa: F401  (the first model a process builds imports it
 
 import minigrpo.evaluate  # noqa: F401
 import minigrpo.plots  # noqa: F401
-import minigrpo.trace  # noqa: F401
 import minigrpo.run  # noqa: F401  (and minigrpo.trainer, which it imports)
+import minigrpo.trace  # noqa: F401
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PARALLEL = 4  # cases running at once
@@ -33,7 +33,9 @@ def run(case: dict, out_dir: str) -> int:
     """In the forked process: the script (a file of examples/, or any path) as `python <script> <argv>`
     runs it; its exit status."""
     for fd, suffix in ((1, "out"), (2, "err")):
-        file = os.open(os.path.join(out_dir, f"{case['name']}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        file = os.open(
+            os.path.join(out_dir, f"{case['name']}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+        )
         os.dup2(file, fd)
         os.close(file)
     script = os.path.join(EXAMPLES, case["script"])  # an absolute path stays itself

@@ -21,12 +21,16 @@ class Problem:
     answer: str  # the gold answer, as the verifier compares it ("185", "\\frac{5}{6}", "x = 5")
     solution: str = ""  # a worked solution ending in the answer (generated problems; for warm-up)
     extra: dict = field(default_factory=dict)  # more columns for the rewards (Countdown's "numbers")
-    source: str = field(default="", compare=False)  # where it was read, for errors ("data.jsonl, line 7"); "": made
+    source: str = field(
+        default="", compare=False
+    )  # where it was read, for errors ("data.jsonl, line 7"); "": made
 
 
 def to_task(problems: list[Problem], template, rewards, tokenizer=None):
     """The trainer's Task: each problem's question rendered by `template`, its answer and extra columns."""
-    rows = [{"prompt": template.render(p.question, tokenizer), "answer": p.answer, **p.extra} for p in problems]
+    rows = [
+        {"prompt": template.render(p.question, tokenizer), "answer": p.answer, **p.extra} for p in problems
+    ]
     return Task(rows, rewards, sources_of(problems))
 
 

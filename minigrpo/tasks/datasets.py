@@ -20,8 +20,8 @@ import os
 import re
 from urllib.parse import unquote
 
-from . import Problem, synthetic
 from ..verifier.extract import extract_answer, top_level_boxes
+from . import Problem, synthetic
 
 FORMATS = ("auto", "gsm8k", "math")
 HUB_PREFIX = "hf://datasets/"
@@ -33,8 +33,14 @@ _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _PLAIN_NUMBER = re.compile(r"-?\d{1,30}(?:\.\d{1,30})?")  # a gold the verifier always parses and matches
 
 
-def load_problems(name_or_path: str, split: str = "train", count: int | None = None, seed: int = 0,
-                  difficulty: int = 1, note=print) -> list[Problem]:
+def load_problems(
+    name_or_path: str,
+    split: str = "train",
+    count: int | None = None,
+    seed: int = 0,
+    difficulty: int = 1,
+    note=print,
+) -> list[Problem]:
     """A synthetic kind's problems of `split`, or the first `count` rows of a JSONL file whose gold answers
     can be scored (split ignored; `note` hears of the rows skipped, see `keep_scorable`)."""
     if count is not None and (not isinstance(count, int) or count < 1):
@@ -45,8 +51,10 @@ def load_problems(name_or_path: str, split: str = "train", count: int | None = N
         count = count if count is not None else DEFAULT_COUNTS[split]
         return synthetic.generate(name_or_path, count, split, seed=seed, difficulty=difficulty)
     if not name_or_path.startswith(HUB_PREFIX) and not os.path.exists(name_or_path):
-        raise ValueError(f"unknown dataset {name_or_path!r}: not a synthetic kind ({', '.join(synthetic.KINDS)}), "
-                         f"an existing JSONL file or a Hub file {HUB_SYNTAX}")
+        raise ValueError(
+            f"unknown dataset {name_or_path!r}: not a synthetic kind ({', '.join(synthetic.KINDS)}), "
+            f"an existing JSONL file or a Hub file {HUB_SYNTAX}"
+        )
     return keep_scorable(load_jsonl(name_or_path), name_or_path, count, note)
 
 
@@ -73,7 +81,9 @@ def load_jsonl(source: str, fmt: str = "auto") -> list[Problem]:
 
 
 # --- gold answers the verifier can score -----------------------------------------------------------
-def keep_scorable(problems: list[Problem], source: str, count: int | None = None, note=print) -> list[Problem]:
+def keep_scorable(
+    problems: list[Problem], source: str, count: int | None = None, note=print
+) -> list[Problem]:
     """The first `count` problems (None: all) whose gold answer can be scored, with a note for each kind of gold
     that needs one. A gold that does not equal itself written in \\boxed{}, as the prompts ask answers to be
     written, can never be scored right (empty once normalised, such as "$$"; unbalanced braces): it is skipped.
@@ -94,18 +104,22 @@ def keep_scorable(problems: list[Problem], source: str, count: int | None = None
         kept.append(problem)
     checked = len(kept) + len(skipped)
     if skipped:
-        note(f"note: {source}: skipped {len(skipped)} of {checked} rows whose gold answer no completion can match "
-             f"(empty once normalised, or its braces unbalanced), first {_first(skipped)}")
+        note(
+            f"note: {source}: skipped {len(skipped)} of {checked} rows whose gold answer no completion can match "
+            f"(empty once normalised, or its braces unbalanced), first {_first(skipped)}"
+        )
     if unparsed:
-        note(f"note: {source}: {len(unparsed)} of {checked} rows have a gold answer the verifier cannot parse, "
-             f"first {_first(unparsed)}; kept, but only an answer written the same way scores right on them")
+        note(
+            f"note: {source}: {len(unparsed)} of {checked} rows have a gold answer the verifier cannot parse, "
+            f"first {_first(unparsed)}; kept, but only an answer written the same way scores right on them"
+        )
     if not kept:
         raise ValueError(f"{source}: no row has a gold answer that a completion can match")
     return kept
 
 
 def gold_verdict(answer: str) -> str:
-    """"parsed", "not parsed" (only an identical answer matches it) or "never right" (nothing matches it)."""
+    """ "parsed", "not parsed" (only an identical answer matches it) or "never right" (nothing matches it)."""
     if _PLAIN_NUMBER.fullmatch(answer):  # every GSM8K gold, most of MATH's: nothing to check
         return "parsed"
     from ..verifier.equivalence import answers_match  # sympy: imported only once a gold needs it
@@ -118,7 +132,9 @@ def gold_verdict(answer: str) -> str:
         normalised = normalize(answer)
         if boxed is None or not normalised:  # an empty answer equals nothing
             return "never right"
-        if boxed != answer and not answers_match(boxed, answer):  # answers_match(x, x): `normalised` non-empty
+        if boxed != answer and not answers_match(
+            boxed, answer
+        ):  # answers_match(x, x): `normalised` non-empty
             return "never right"
         parse(normalised)
     except Unsupported:
@@ -147,7 +163,9 @@ def fetch(source: str) -> str:
         return hf_hub_download(repo_id, filename, repo_type="dataset", revision=revision)
     except Exception as e:  # offline, unknown repo or file, gated repo: all end here
         first_line = str(e).splitlines()[0] if str(e) else ""
-        raise ValueError(f"could not fetch {source} from the Hugging Face Hub ({type(e).__name__}: {first_line})") from None
+        raise ValueError(
+            f"could not fetch {source} from the Hugging Face Hub ({type(e).__name__}: {first_line})"
+        ) from None
 
 
 def parse_hub_path(source: str) -> tuple[str, str, str | None]:
@@ -180,7 +198,9 @@ def read_rows(path: str, source: str) -> list[tuple[int, dict]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{source}, line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise ValueError(
+                f"{source}, line {number}: not valid JSON ({e.msg} at column {e.colno})"
+            ) from None
         if not isinstance(row, dict):
             raise ValueError(f"{source}, line {number}: not a JSON object (got {type(row).__name__})")
         rows.append((number, row))
@@ -192,8 +212,10 @@ def detect_format(row: dict, where: str) -> str:
         return "math"
     if "question" in row and "answer" in row:
         return "gsm8k"
-    raise ValueError(f"{where}: cannot tell the format from the keys {sorted(row)}; GSM8K rows have 'question' "
-                     "and 'answer', MATH rows 'problem' and 'answer' or 'solution'")
+    raise ValueError(
+        f"{where}: cannot tell the format from the keys {sorted(row)}; GSM8K rows have 'question' "
+        "and 'answer', MATH rows 'problem' and 'answer' or 'solution'"
+    )
 
 
 def parse_gsm8k(row: dict) -> Problem:

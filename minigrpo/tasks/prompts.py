@@ -27,7 +27,9 @@ class Template:
             return body
         if tokenizer is None or not tokenizer.has_chat_format:
             raise ValueError(f"the {self.name!r} template needs a tokenizer with a chat format (Qwen3's)")
-        return tokenizer.apply_chat_template([{"role": "user", "content": body}], enable_thinking=self.thinking)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": body}], enable_thinking=self.thinking
+        )
 
 
 TEMPLATES = {

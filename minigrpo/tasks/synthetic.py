@@ -21,7 +21,9 @@ TEST_SHARE = 10  # one problem in this many (by hash of its text) belongs to the
 SPLITS = ("train", "test")
 
 
-def generate(kind: str, count: int, split: str = "train", seed: int = 0, difficulty: int = 1) -> list[Problem]:
+def generate(
+    kind: str, count: int, split: str = "train", seed: int = 0, difficulty: int = 1
+) -> list[Problem]:
     """`count` distinct problems of `kind` from `split`, the same for the same arguments."""
     if kind not in KINDS:
         raise ValueError(f"unknown synthetic task {kind!r}; known: {', '.join(KINDS)}")
@@ -39,7 +41,9 @@ def generate(kind: str, count: int, split: str = "train", seed: int = 0, difficu
         problems.append(problem)
         if len(problems) == count:
             return problems
-    raise ValueError(f"only {len(problems)} distinct {split} problems of {kind} at difficulty {difficulty}; asked for {count}")
+    raise ValueError(
+        f"only {len(problems)} distinct {split} problems of {kind} at difficulty {difficulty}; asked for {count}"
+    )
 
 
 def _split_of(question: str) -> str:
@@ -101,7 +105,12 @@ def countdown(rng: random.Random, difficulty: int) -> Problem:
             op = rng.choice("+-*")
             expression, target = f"({expression}{op}{x})", _OPERATIONS[op](target, x)
     shown = ",".join(map(str, numbers))
-    return Problem(f"{shown}->{target}", str(target), f"{expression[1:-1]}={target};####{expression}", extra={"numbers": numbers})
+    return Problem(
+        f"{shown}->{target}",
+        str(target),
+        f"{expression[1:-1]}={target};####{expression}",
+        extra={"numbers": numbers},
+    )
 
 
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}

@@ -23,7 +23,7 @@ class Task:
 
     rows: list[dict]  # each: "prompt" (str or chat messages) plus the columns its rewards read
     rewards: list[RewardSpec]  # e.g. [RewardSpec("accuracy", 1.0), RewardSpec("format", 0.1)]
-    sources: list[str] | None = None  # where each row was read, for errors ("data.jsonl, line 7"); None: "row 1"
+    sources: list[str] | None = None  # each row's origin, for errors ("data.jsonl, line 7"); None: "row 1"
 
     def __post_init__(self):
         if not self.rows:
@@ -31,8 +31,9 @@ class Task:
         if not self.rewards:
             raise ValueError("a task needs at least one reward, e.g. RewardSpec('accuracy')")
         if self.sources is not None and len(self.sources) != len(self.rows):
-            raise ValueError(f"a task of {len(self.rows)} rows has {len(self.sources)} sources; "
-                             "give one per row, or None")
+            raise ValueError(
+                f"a task of {len(self.rows)} rows has {len(self.sources)} sources; give one per row, or None"
+            )
         for i, row in enumerate(self.rows):
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), (str, list)):
                 raise ValueError(f"{self.where(i)} needs a 'prompt': a string, or a list of chat messages")

@@ -16,7 +16,7 @@ from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_te
 from .countdown import countdown_reward
 from .extract import extract_answer
 from .format import FormatConfig, format_reward
-from .rewards import REWARD_FUNCTIONS, RewardSpec, Rewards, compute_rewards, register_reward
+from .rewards import REWARD_FUNCTIONS, Rewards, RewardSpec, compute_rewards, register_reward
 
 __all__ = [
     "REWARD_FUNCTIONS",

@@ -17,9 +17,20 @@ from .values import REAL_LINE, Interval, Relation, Set, Tuple, Unsupported
 MAX_ITEMS = 10_000  # elements of a list, set, tuple or matrix, as written
 
 _FUNCTIONS = {
-    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "sec": sympy.sec, "csc": sympy.csc,
-    "cot": sympy.cot, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan,
-    "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh, "ln": sympy.log, "log": sympy.log,
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+    "tan": sympy.tan,
+    "sec": sympy.sec,
+    "csc": sympy.csc,
+    "cot": sympy.cot,
+    "arcsin": sympy.asin,
+    "arccos": sympy.acos,
+    "arctan": sympy.atan,
+    "sinh": sympy.sinh,
+    "cosh": sympy.cosh,
+    "tanh": sympy.tanh,
+    "ln": sympy.log,
+    "log": sympy.log,
     "exp": sympy.exp,
 }
 _INVERSES = {sympy.sin: sympy.asin, sympy.cos: sympy.acos, sympy.tan: sympy.atan}
@@ -98,7 +109,7 @@ class _Atoms:
             return whole
         start = self.pos
         fraction = self.atom()
-        consumed = self.tokens[start + 1:self.pos]
+        consumed = self.tokens[start + 1 : self.pos]
         if all(kind == "num" and "." not in t or t in "{}" for kind, t in consumed):
             return whole + fraction
         return mul(whole, fraction)
@@ -112,7 +123,7 @@ class _Atoms:
         if text in _FUNCTIONS or text == "sqrt":
             return self.function(text)
         if len(text) > 1:  # 'xy' in a formula: a product of single-letter variables
-            self.tokens[self.pos:self.pos] = [("word", c) for c in text]
+            self.tokens[self.pos : self.pos] = [("word", c) for c in text]
             return self.letter()
         self.pos -= 1
         return self.letter()
@@ -137,7 +148,7 @@ class _Atoms:
         if self.at("{"):
             start = self.pos
             self.skip_group()
-            subscript = "".join(t for _, t in self.tokens[start + 1:self.pos - 1])
+            subscript = "".join(t for _, t in self.tokens[start + 1 : self.pos - 1])
         else:
             subscript = self.next()[1]
         return sympy.Symbol(f"{name}_{subscript}")
@@ -166,7 +177,7 @@ class _Atoms:
         if text == "{":
             return self.group()
         if kind in ("num", "word") and len(text) > 1:
-            self.tokens[self.pos:self.pos + 1] = [(kind, text[0]), (kind, text[1:])]
+            self.tokens[self.pos : self.pos + 1] = [(kind, text[0]), (kind, text[1:])]
         if kind == "num":
             self.next()
             return self.number(text[0])

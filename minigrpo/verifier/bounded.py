@@ -92,7 +92,9 @@ class _Worker:
             self.stderr.seek(0)  # before kill() closes it (reading a closed file raises ValueError)
             tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
             self.kill()
-            raise VerifierError(f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {tail}")
+            raise VerifierError(
+                f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {tail}"
+            )
         self.ready = True
 
     def send(self, job, seconds: float, deadline: float) -> None:
@@ -194,7 +196,9 @@ class WorkerPool:
         busy = {}  # worker -> index of the job it holds
         in_flight = self._in_flight(parallel)
         start = time.monotonic()
-        deadlines = [min(start + (i // in_flight + 1) * slot, until) for i in range(len(jobs))]  # from the call
+        deadlines = [
+            min(start + (i // in_flight + 1) * slot, until) for i in range(len(jobs))
+        ]  # from the call
         try:
             while waiting or busy:
                 self._dispatch(jobs, waiting, busy, parallel, deadlines, work_limit)
@@ -217,7 +221,9 @@ class WorkerPool:
                     return
                 waiting.popleft()  # no worker in time, nothing in flight: fail closed
                 continue
-            seconds = min(work_limit, deadline - time.monotonic() - KILL_GRACE)  # it stops itself before the kill
+            seconds = min(
+                work_limit, deadline - time.monotonic() - KILL_GRACE
+            )  # it stops itself before the kill
             if seconds <= 0:
                 self._give_back(worker)
                 waiting.popleft()  # no time left to do any work: fail closed
@@ -236,7 +242,9 @@ class WorkerPool:
         if not busy:
             return
         timeout = max(min(w.deadline for w in busy) - time.monotonic(), 0.0)
-        ready = select.select([w.process.stdout for w in busy], [], [], min(timeout, POLL_SECONDS) if poll else timeout)[0]
+        ready = select.select(
+            [w.process.stdout for w in busy], [], [], min(timeout, POLL_SECONDS) if poll else timeout
+        )[0]
         for worker in list(busy):
             if worker.process.stdout in ready:
                 result = worker.receive()

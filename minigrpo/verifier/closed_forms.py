@@ -36,7 +36,9 @@ import random
 
 import sympy
 
-MARGIN_DIGITS = 40  # values within 10^-40 of each other, relative to their size and smallest number, are equal
+MARGIN_DIGITS = (
+    40  # values within 10^-40 of each other, relative to their size and smallest number, are equal
+)
 PRECISION = 60  # digits used to evaluate, beyond those the smallest number in the values needs
 MAX_EXTRA_DIGITS = 1000  # a value with a number below 10^-1000 in it is not evaluated: not equal
 SAMPLE_POINTS = 4  # points at which expressions with variables are compared
@@ -63,8 +65,12 @@ def numbers_match(p, g) -> bool:
 def extra_digits(*values):
     """Digits beyond PRECISION that the smallest constant subexpression of `values` needs (45 for
     10^{-45}, 0 when none is below 1); None past MAX_EXTRA_DIGITS."""
-    exponents = [_log10_size(node) for value in values for node in sympy.preorder_traversal(value)
-                 if isinstance(node, sympy.Expr) and node.is_number]
+    exponents = [
+        _log10_size(node)
+        for value in values
+        for node in sympy.preorder_traversal(value)
+        if isinstance(node, sympy.Expr) and node.is_number
+    ]
     smallest = min((e for e in exponents if e is not None), default=0.0)
     extra = max(0, math.ceil(-smallest))
     return extra if extra <= MAX_EXTRA_DIGITS else None
@@ -147,7 +153,9 @@ def sample_points(p, g) -> list[dict]:
     generator = random.Random(_seed(p, g))
     points = []
     for j in range(SAMPLE_POINTS):
-        by_name = {name: _coordinate(generator, negative=bool(j >> (k % 2) & 1)) for k, name in enumerate(names)}
+        by_name = {
+            name: _coordinate(generator, negative=bool(j >> (k % 2) & 1)) for k, name in enumerate(names)
+        }
         points.append({s: by_name[s.name] for s in symbols})
     return points
 

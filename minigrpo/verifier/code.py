@@ -45,7 +45,9 @@ from .sandbox import CLEANUP_SECONDS
 STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long to start, on top of the tests
 MIN_MEMORY_BYTES = 64 << 20  # below this the Python interpreter itself cannot run
 PYTHON_FENCES = ("python", "py", "python3", "")  # info strings of the fenced blocks extract_code takes
-SANDBOX_UIDS = 1024  # as root, uids first_uid .. first_uid + 1023: at most this many sandboxes at once per machine
+SANDBOX_UIDS = (
+    1024  # as root, uids first_uid .. first_uid + 1023: at most this many sandboxes at once per machine
+)
 # one lock file per uid in use, root's: a fixed path, machine-wide whatever TMPDIR says (/run is cleared at boot)
 UID_LOCKS = "/run/minigrpo-sandbox-uids"
 
@@ -60,16 +62,29 @@ class SandboxConfig:
     file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a test may write, stdout and stderr included
     max_processes: int = 16  # RLIMIT_NPROC: processes and threads of the sandbox uid (enforced only as root)
     max_open_files: int = 1024  # RLIMIT_NOFILE: file descriptors per process
-    scratch_bytes: int = 256 << 20  # as root, the test's tmpfs (its directory, /tmp, /dev/shm), and its SysV shm
+    scratch_bytes: int = 256 << 20  # as root, the test's tmpfs (its directory, /tmp, /dev/shm) and SysV shm
     scratch_inodes: int = 10_000  # as root, files and directories that tmpfs can hold
     max_output_bytes: int = 1 << 20  # stdout kept per test; a stdin/stdout test whose output is longer fails
-    first_uid: int = 2_000_000_000  # as root, sandboxes run as uid (and gid) first_uid, first_uid + 1, ...: unused uids
+    first_uid: int = 2_000_000_000  # as root, sandboxes run as uids (and gids) first_uid, first_uid + 1, ...
 
     def __post_init__(self):
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout < 1e6:
-            raise ValueError(f"timeout must be a positive number of seconds (below 1e6), got {self.timeout!r}")
-        for name in ("cpu_seconds", "max_processes", "max_open_files", "max_output_bytes", "file_size_bytes",
-                     "scratch_bytes", "scratch_inodes"):
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not 0 < self.timeout < 1e6
+        ):
+            raise ValueError(
+                f"timeout must be a positive number of seconds (below 1e6), got {self.timeout!r}"
+            )
+        for name in (
+            "cpu_seconds",
+            "max_processes",
+            "max_open_files",
+            "max_output_bytes",
+            "file_size_bytes",
+            "scratch_bytes",
+            "scratch_inodes",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -89,7 +104,9 @@ class SandboxConfig:
                 "a test's stdout is a file in that tmpfs"
             )
         if self.max_open_files < 16:
-            raise ValueError(f"max_open_files must be at least 16 (Python itself opens a few), got {self.max_open_files}")
+            raise ValueError(
+                f"max_open_files must be at least 16 (Python itself opens a few), got {self.max_open_files}"
+            )
         if not isinstance(self.first_uid, int) or not 0 < self.first_uid < 2**32 - SANDBOX_UIDS:
             raise ValueError(
                 f"first_uid must be a uid other than root's, 1 .. {2**32 - SANDBOX_UIDS - 1}, got {self.first_uid!r}"
@@ -133,7 +150,9 @@ def check_tests(tests, config: SandboxConfig | None = None) -> list[dict]:
     """Validate a test list (a user's mistake, so ValueError) and return it as case dicts."""
     config = config or SandboxConfig()
     if not isinstance(tests, (list, tuple)) or len(tests) == 0:
-        raise ValueError(f"tests must be a non-empty list of test cases, got {type(tests).__name__} {tests!r:.80}")
+        raise ValueError(
+            f"tests must be a non-empty list of test cases, got {type(tests).__name__} {tests!r:.80}"
+        )
     return [_check_test(i, test, config) for i, test in enumerate(tests)]
 
 
@@ -148,10 +167,14 @@ def _check_test(i: int, test, config: SandboxConfig) -> dict:
         return {"kind": "assert", "source": test}
     if isinstance(test, dict):
         if set(test) != {"input", "output"} or not all(isinstance(v, str) for v in test.values()):
-            raise ValueError(f"test {i}: a stdin/stdout test is a dict with exactly the keys 'input' and 'output', "
-                             f"both str; got {test!r:.80}")
+            raise ValueError(
+                f"test {i}: a stdin/stdout test is a dict with exactly the keys 'input' and 'output', "
+                f"both str; got {test!r:.80}"
+            )
         if len(test["output"].encode()) > config.max_output_bytes:
-            raise ValueError(f"test {i}: the expected output is longer than max_output_bytes ({config.max_output_bytes})")
+            raise ValueError(
+                f"test {i}: the expected output is longer than max_output_bytes ({config.max_output_bytes})"
+            )
         return {"kind": "stdio", "input": test["input"], "output": test["output"]}
     raise ValueError(
         f"test {i} must be a str of Python statements or a dict with 'input' and 'output', not {type(test).__name__}"
@@ -201,7 +224,9 @@ def code_rewards(
     from concurrent.futures import ThreadPoolExecutor  # each thread only waits on its sandbox process
 
     if len(completions) != len(tests):
-        raise ValueError(f"got {len(completions)} completions but {len(tests)} test lists; each completion needs its own")
+        raise ValueError(
+            f"got {len(completions)} completions but {len(tests)} test lists; each completion needs its own"
+        )
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be a positive integer or None (one per CPU), got {workers!r}")
     config = config or SandboxConfig()
@@ -212,6 +237,7 @@ def code_rewards(
 
 
 # ---------------------------------------------------------------- trainer side: start, wait, judge
+
 
 @contextmanager
 def _sandbox_uid(config: SandboxConfig):
@@ -231,7 +257,9 @@ def _sandbox_uid(config: SandboxConfig):
     for uid in range(config.first_uid, config.first_uid + SANDBOX_UIDS):
         if uid in running:
             continue
-        lock = os.open(os.path.join(locks, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        lock = os.open(
+            os.path.join(locks, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -242,7 +270,9 @@ def _sandbox_uid(config: SandboxConfig):
         finally:
             os.close(lock)  # releases the flock, once the supervisor's copy is closed too
         return
-    raise RuntimeError(f"all {SANDBOX_UIDS} sandbox uids from first_uid={config.first_uid} are in use on this machine")
+    raise RuntimeError(
+        f"all {SANDBOX_UIDS} sandbox uids from first_uid={config.first_uid} are in use on this machine"
+    )
 
 
 def _uid_lock_directory() -> str:
@@ -252,10 +282,14 @@ def _uid_lock_directory() -> str:
     except FileExistsError:
         pass
     except OSError as error:
-        raise RuntimeError(f"cannot make the sandbox uid lock directory {UID_LOCKS}: {error.strerror}") from None
+        raise RuntimeError(
+            f"cannot make the sandbox uid lock directory {UID_LOCKS}: {error.strerror}"
+        ) from None
     info = os.lstat(UID_LOCKS)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
-        raise RuntimeError(f"{UID_LOCKS} must be a directory owned by root with mode 0700; remove it and retry")
+        raise RuntimeError(
+            f"{UID_LOCKS} must be a directory owned by root with mode 0700; remove it and retry"
+        )
     return UID_LOCKS
 
 
@@ -288,13 +322,24 @@ def _supervise(
 ) -> list[dict]:
     """Run the supervisor on this job, handing it the uid's lock; its per-case reports (failures if it ran past
     the backstop)."""
-    inputs = [{k: v for k, v in case.items() if k != "output"} for case in cases]  # the expected output stays here
+    inputs = [
+        {k: v for k, v in case.items() if k != "output"} for case in cases
+    ]  # the expected output stays here
     job = {"program": code, "cases": inputs, "uid": uid, "trainer_pid": os.getpid(), **asdict(config)}
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # nothing of os.environ
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }  # nothing of os.environ
     process = subprocess.Popen(
         [sys.executable, "-I", os.path.abspath(sandbox.__file__)],
-        cwd=directory, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, pass_fds=() if lock is None else (lock,),
+        cwd=directory,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        pass_fds=() if lock is None else (lock,),
     )
     backstop = STARTUP_SECONDS + len(cases) * (config.timeout + CLEANUP_SECONDS)
     try:
@@ -302,7 +347,9 @@ def _supervise(
     except subprocess.TimeoutExpired:  # only under extreme load: the supervisor enforces the timeouts itself
         _stop(process)
         killed = {"proof": False, "timed_out": True, "exit_code": -signal.SIGKILL, "stdout_overflow": False}
-        return [{**killed, "stdout": "", "stderr": "the sandbox ran past its backstop and was killed"}] * len(cases)
+        return [{**killed, "stdout": "", "stderr": "the sandbox ran past its backstop and was killed"}] * len(
+            cases
+        )
     finally:
         if process.poll() is None:  # interrupted (Ctrl-C): take the sandbox down with us
             _stop(process)
@@ -318,6 +365,7 @@ def _supervise(
             "to the shared /tmp, /var/tmp, /dev/shm and /run/lock and share the host's SysV IPC; sockets are still "
             "refused",
             RuntimeWarning,
+            stacklevel=2,
         )
     return result["reports"]
 
@@ -337,6 +385,8 @@ def _judge(case: dict, report: dict) -> CaseResult:
     if case["kind"] == "assert":
         passed = report["proof"]
     else:
-        same = not report["stdout_overflow"] and _output_lines(report["stdout"]) == _output_lines(case["output"])
+        same = not report["stdout_overflow"] and _output_lines(report["stdout"]) == _output_lines(
+            case["output"]
+        )
         passed = report["exit_code"] == 0 and same
     return CaseResult(passed, report["timed_out"], report["exit_code"], report["stdout"], report["stderr"])

@@ -45,22 +45,76 @@ KEYCTL_JOIN_SESSION_KEYRING = 1
 IPC_IDS = 32  # at most this many SysV shared memory segments and message queues per test
 SYSCALLS = {  # machine: its seccomp ABI id and the numbers of the calls the filter looks at
     "x86_64": dict(
-        abi=0xC000003E, socket=41, connect=42, sendto=44, bind=49, socketpair=53, clone=56, ptrace=101,
-        personality=135, add_key=248, request_key=249, keyctl=250, unshare=272, perf_event_open=298, setns=308,
-        process_vm_readv=310, process_vm_writev=311, memfd_create=319, bpf=321, userfaultfd=323,
-        io_uring_setup=425, clone3=435, pidfd_getfd=438, memfd_secret=447,
+        abi=0xC000003E,
+        socket=41,
+        connect=42,
+        sendto=44,
+        bind=49,
+        socketpair=53,
+        clone=56,
+        ptrace=101,
+        personality=135,
+        add_key=248,
+        request_key=249,
+        keyctl=250,
+        unshare=272,
+        perf_event_open=298,
+        setns=308,
+        process_vm_readv=310,
+        process_vm_writev=311,
+        memfd_create=319,
+        bpf=321,
+        userfaultfd=323,
+        io_uring_setup=425,
+        clone3=435,
+        pidfd_getfd=438,
+        memfd_secret=447,
     ),
     "aarch64": dict(
-        abi=0xC00000B7, socket=198, connect=203, sendto=206, bind=200, socketpair=199, clone=220, ptrace=117,
-        personality=92, add_key=217, request_key=218, keyctl=219, unshare=97, perf_event_open=241, setns=268,
-        process_vm_readv=270, process_vm_writev=271, memfd_create=279, bpf=280, userfaultfd=282,
-        io_uring_setup=425, clone3=435, pidfd_getfd=438, memfd_secret=447,
+        abi=0xC00000B7,
+        socket=198,
+        connect=203,
+        sendto=206,
+        bind=200,
+        socketpair=199,
+        clone=220,
+        ptrace=117,
+        personality=92,
+        add_key=217,
+        request_key=218,
+        keyctl=219,
+        unshare=97,
+        perf_event_open=241,
+        setns=268,
+        process_vm_readv=270,
+        process_vm_writev=271,
+        memfd_create=279,
+        bpf=280,
+        userfaultfd=282,
+        io_uring_setup=425,
+        clone3=435,
+        pidfd_getfd=438,
+        memfd_secret=447,
     ),
 }
 REFUSED = (  # EPERM, whatever the arguments
-    "socket", "connect", "bind", "keyctl", "add_key", "request_key", "unshare", "setns", "ptrace",
-    "process_vm_readv", "process_vm_writev", "pidfd_getfd", "io_uring_setup", "bpf", "perf_event_open",
-    "userfaultfd", "memfd_secret",
+    "socket",
+    "connect",
+    "bind",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "unshare",
+    "setns",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "io_uring_setup",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "memfd_secret",
 )
 ABSENT = ("clone3", "memfd_create")  # ENOSYS, as on a kernel without them
 
@@ -87,7 +141,9 @@ def _confine(job: dict, files: list, proof_write: int) -> None:
     for fd, file in enumerate(files):
         os.dup2(file.fileno(), fd)  # stdin, stdout, stderr
     os.dup2(proof_write, PROOF_FD)
-    os.closerange(PROOF_FD + 1, os.sysconf("SC_OPEN_MAX"))  # nothing of the supervisor's, e.g. its report pipe
+    os.closerange(
+        PROOF_FD + 1, os.sysconf("SC_OPEN_MAX")
+    )  # nothing of the supervisor's, e.g. its report pipe
     try:
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")  # under memory pressure the kernel kills a test before the trainer
@@ -154,7 +210,12 @@ def limit_ipc(scratch_bytes: int) -> None:
 
 
 class _SockFilter(ctypes.Structure):  # struct sock_filter: one classic BPF instruction
-    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    _fields_ = [
+        ("code", ctypes.c_ushort),
+        ("jt", ctypes.c_ubyte),
+        ("jf", ctypes.c_ubyte),
+        ("k", ctypes.c_uint),
+    ]
 
 
 class _SockFprog(ctypes.Structure):  # struct sock_fprog
@@ -191,7 +252,10 @@ def _filter_steps(numbers: dict) -> list[tuple]:
         (JUMP_IF_ABOVE, "refuse", 0, 0x40000000),  # x32 numbers have this bit set
         *((JUMP_IF_EQUAL, "refuse", 0, numbers[name]) for name in REFUSED),
         *((JUMP_IF_EQUAL, "absent", 0, numbers[name]) for name in ABSENT),
-        *((JUMP_IF_EQUAL, name, 0, numbers[name]) for name in ("clone", "socketpair", "sendto", "personality")),
+        *(
+            (JUMP_IF_EQUAL, name, 0, numbers[name])
+            for name in ("clone", "socketpair", "sendto", "personality")
+        ),
         (GIVE, 0, 0, ALLOW),
         "clone",  # no new namespace (threads and fork pass)
         (LOAD, 0, 0, _argument(0)),
@@ -229,7 +293,10 @@ def _resolve_labels(steps: list) -> list[tuple]:
             labels[step] = len(program)
         else:
             program.append(step)
-    skip = lambda target, here: labels[target] - here - 1 if isinstance(target, str) else target
+
+    def skip(target, here: int) -> int:  # a label becomes the jump's offset past this instruction
+        return labels[target] - here - 1 if isinstance(target, str) else target
+
     return [(code, skip(jt, i), skip(jf, i), k) for i, (code, jt, jf, k) in enumerate(program)]
 
 
@@ -237,7 +304,9 @@ def _install_filter() -> None:
     program = _filter_steps(SYSCALLS[os.uname().machine])
     instructions = (_SockFilter * len(program))(*(_SockFilter(*step) for step in program))
     filter_program = _SockFprog(len(program), instructions)
-    if LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+    if (
+        LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0
+    ):  # SECCOMP_MODE_FILTER
         raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
 
 
@@ -248,9 +317,13 @@ def _run_assert_case(program: str, case: dict, nonce: bytes) -> None:
     only in this process's memory (this frame and its caller's). A program that reads the harness's frames
     or memory can still find it and write it to PROOF_FD: `sys._getframe(1).f_locals["nonce"]` is enough."""
     run, write, exit_now = exec, os.write, os._exit  # bound before the program could replace the builtins
-    namespace = _fresh_module("solution")  # not "__main__": an `if __name__ == "__main__":` block does not run
+    namespace = _fresh_module(
+        "solution"
+    )  # not "__main__": an `if __name__ == "__main__":` block does not run
     try:
-        test_code = compile(case["source"], "<test>", "exec")  # compiled before the program can touch `compile`
+        test_code = compile(
+            case["source"], "<test>", "exec"
+        )  # compiled before the program can touch `compile`
         run(compile(program, "<program>", "exec"), namespace)
         run(test_code, namespace)
     except BaseException:  # SystemExit included: a test that did not run to its end did not pass

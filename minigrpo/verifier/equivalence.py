@@ -39,8 +39,15 @@ import re
 
 import sympy
 
-from .closed_forms import PRECISION, close, evaluate, extra_digits, functions_match, numbers_match
-from .closed_forms import values_at_samples
+from .closed_forms import (
+    PRECISION,
+    close,
+    evaluate,
+    extra_digits,
+    functions_match,
+    numbers_match,
+    values_at_samples,
+)
 from .normalize import normalize
 from .parse import parse
 from .values import Interval, Parsed, Relation, Set, Text, Tuple, Union, Unsupported
@@ -55,7 +62,9 @@ def answers_match(pred: str, gold: str) -> bool:
     """Whether the extracted answer `pred` equals `gold` by the rules in the module docstring."""
     if not (isinstance(pred, str) and isinstance(gold, str)):
         return False
-    if pred.strip() == gold.strip() and _PLAIN_NUMBER.fullmatch(pred):  # the same number(s), written the same:
+    if pred.strip() == gold.strip() and _PLAIN_NUMBER.fullmatch(
+        pred
+    ):  # the same number(s), written the same:
         return True  # equal before anything costly (normalising long runs of digits is slow)
     if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
         return False
@@ -122,8 +131,11 @@ def _as_point(value):
     facing a tuple; anything else unchanged."""
     if not isinstance(value, Set) or len(value.items) < 2:
         return value
-    names = [item.lhs for item in value.items
-             if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol)]
+    names = [
+        item.lhs
+        for item in value.items
+        if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol)
+    ]
     if len(names) != len(value.items) or len(set(names)) != len(names):
         return value
     return Tuple(tuple(item.rhs for item in value.items), "()")
@@ -304,7 +316,9 @@ def _scalars_match(p, g, decimals) -> bool:
         return False
     if isinstance(p, sympy.MatrixBase) or isinstance(g, sympy.MatrixBase):
         return (
-            isinstance(p, sympy.MatrixBase) and isinstance(g, sympy.MatrixBase) and p.shape == g.shape
+            isinstance(p, sympy.MatrixBase)
+            and isinstance(g, sympy.MatrixBase)
+            and p.shape == g.shape
             and all(_scalars_match(a, b, decimals) for a, b in zip(p, g))
         )
     if p == g:

@@ -34,23 +34,34 @@ _BARE_ARGUMENT = re.compile(r"[^\s$\\{}]+")
 _GSM8K = re.compile(r"####[ \t]*([^\n]*)")
 _SENTENCE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*:?", re.IGNORECASE)
 _FINAL_SENTENCE = re.compile(r"final answer\s*(?:is|:)\s*:?", re.IGNORECASE)
-_MATH_SPAN = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<!\\)\$(.+?)(?<!\\)\$", re.DOTALL)
+_MATH_SPAN = re.compile(
+    r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<!\\)\$(.+?)(?<!\\)\$", re.DOTALL
+)
 # _MATH_SPAN reads a span at one place; over a whole text `_math_spans` finds them in one pass, with
 # the delimiters in the order tried at a place:
 _SPAN_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
 _SPAN_OPENER = re.compile(r"(?<!\\)\$|\\[\[(]")
-_SPAN_CLOSERS = {"$$": re.compile(r"(?<!\\)(?=\$\$)"), "$": re.compile(r"(?<!\\)\$"),
-                 "\\]": re.compile(r"\\\]"), "\\)": re.compile(r"\\\)")}
+_SPAN_CLOSERS = {
+    "$$": re.compile(r"(?<!\\)(?=\$\$)"),
+    "$": re.compile(r"(?<!\\)\$"),
+    "\\]": re.compile(r"\\\]"),
+    "\\)": re.compile(r"\\\)"),
+}
 _SENTENCE_END = re.compile(r"\n|\.(?:\s|$)|[;!?](?:\s|$)|\s+(?:I hope|which|because|since)\b")
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _SENTENCE_BREAK = re.compile(r"\n\s*\n|[.!?](?:\s|$)")
-_CORRECTION = re.compile(r"\b(?:later|actually|instead|rather|wait|correct(?:ion|ed)|on second thought|re-?check(?:ed|ing)?"
-                         r"|after checking)\b", re.IGNORECASE)  # between two boxes: the second replaces the first
+_CORRECTION = re.compile(
+    r"\b(?:later|actually|instead|rather|wait|correct(?:ion|ed)|on second thought|re-?check(?:ed|ing)?"
+    r"|after checking)\b",
+    re.IGNORECASE,
+)  # between two boxes: the second replaces the first
 _HEDGE = re.compile(r"\b(?:or|maybe|perhaps|possibly)\b", re.IGNORECASE)  # ... unless the gap also hedges
 # A plain number: 72, -3.5, 1,250, 3/4. It never starts at an inner group of a comma-grouped number
 # (the "000" of ",000,0"): from every such group the regex walked the rest of the number again, which
 # on 20,000 groups took seconds; the number is read from its first group or not at all.
-_NUMBER = re.compile(r"(?<![\w.])(?!(?<=\d,)\d{3},\d)-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?!\d|[.,]\d)")
+_NUMBER = re.compile(
+    r"(?<![\w.])(?!(?<=\d,)\d{3},\d)-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?(?!\d|[.,]\d)"
+)
 
 
 @dataclass
@@ -68,7 +79,7 @@ def extract_answer(text: str) -> str | None:
     if end_of_thinking < 0:
         found = _find(text)
     else:  # what follows the thinking; the thinking itself only when nothing (but space) follows
-        after = text[end_of_thinking + len("</think>"):]
+        after = text[end_of_thinking + len("</think>") :]
         found = _find(after) if after.strip() else _find(text[:end_of_thinking])
     if found is None or found.answer is BROKEN:
         return None
@@ -109,7 +120,11 @@ def _last_boxes(text: str) -> Found | None:
     if not boxes or boxes[-1].answer is BROKEN:
         return boxes[-1] if boxes else None
     first = len(boxes) - 1
-    while first > 0 and boxes[first - 1].answer is not BROKEN and _close_together(text, boxes[first - 1], boxes[first]):
+    while (
+        first > 0
+        and boxes[first - 1].answer is not BROKEN
+        and _close_together(text, boxes[first - 1], boxes[first])
+    ):
         first -= 1
     joined = ", ".join(box.answer for box in boxes[first:])
     return Found(joined, boxes[first].start, boxes[-1].end)
@@ -120,7 +135,7 @@ def _close_together(text: str, a: Found, b: Found) -> bool:
     a correction of a by b ("Earlier \\boxed{1/3}, later \\boxed{2/3}") unless a hedge is in the gap too."""
     if b.start - a.end > BOX_GAP:
         return False
-    gap = text[a.end:b.start]
+    gap = text[a.end : b.start]
     if _SENTENCE_BREAK.search(gap):
         return False
     return not _CORRECTION.search(gap) or bool(_HEDGE.search(gap))
@@ -135,7 +150,7 @@ def _box_argument(text: str, start: int):
         end = _matching_brace(text, i)
         if end < 0:
             return BROKEN, len(text)
-        return _nonempty(text[i + 1:end]), end + 1
+        return _nonempty(text[i + 1 : end]), end + 1
     match = _BARE_ARGUMENT.match(text, i)  # \boxed 7
     if match is None:
         return BROKEN, i
@@ -167,7 +182,7 @@ def _last_answer_tag(text: str) -> Found | None:
     end = text.find("</answer>", start)
     if end < 0:
         return Found(BROKEN, start, len(text))
-    return Found(_nonempty(_strip_math_delimiters(text[start + len("<answer>"):end])), start, end)
+    return Found(_nonempty(_strip_math_delimiters(text[start + len("<answer>") : end])), start, end)
 
 
 def _last_gsm8k(text: str) -> Found | None:
@@ -182,11 +197,11 @@ def _last_sentence(text: str, pattern=_SENTENCE) -> Found | None:
     last = _last_match(pattern, text)
     if last is None:
         return None
-    rest = text[last.end():last.end() + 2000].replace('\\"', '"')
+    rest = text[last.end() : last.end() + 2000].replace('\\"', '"')
     end = _SENTENCE_END.search(rest)
-    sentence = (rest[:end.start()] if end else rest).strip(" \t\"'*")
+    sentence = (rest[: end.start()] if end else rest).strip(" \t\"'*")
     span = _MATH_SPAN.match(sentence)
-    if span is not None and not sentence[span.end():].strip(" \t\"'*.,"):
+    if span is not None and not sentence[span.end() :].strip(" \t\"'*.,"):
         sentence = _span_content(span)  # the whole sentence is one math span
     sentence = re.split(r"\bis\s", sentence)[-1]  # "the largest $n$ is 34" -> "34"
     numbers = _NUMBER.findall(sentence)
@@ -197,7 +212,7 @@ def _last_sentence(text: str, pattern=_SENTENCE) -> Found | None:
 
 def _last_math_span(text: str) -> Found | None:
     last = None
-    for last in _math_spans(text):
+    for last in _math_spans(text):  # noqa: B007  (the loop keeps the last span)
         pass
     return last
 
@@ -219,7 +234,7 @@ def _math_spans(text: str):
                 k = bisect.bisect_left(at, start + len(left) + 1)  # the content is not empty
                 if k < len(at):
                     resume = at[k] + len(right)
-                    yield Found(_nonempty(text[start + len(left):at[k]]), start, resume)
+                    yield Found(_nonempty(text[start + len(left) : at[k]]), start, resume)
                     break
 
 
@@ -231,7 +246,7 @@ def _last_number(text: str, after: int) -> Found | None:
 
 def _last_match(pattern: re.Pattern, text: str, pos: int = 0):
     last = None
-    for last in pattern.finditer(text, pos):
+    for last in pattern.finditer(text, pos):  # noqa: B007  (the loop keeps the last match)
         pass
     return last
 
@@ -245,7 +260,7 @@ def _strip_math_delimiters(s: str) -> str:
     s = s.strip()
     for left, right in (("\\[", "\\]"), ("\\(", "\\)")):
         if s.startswith(left) and s.endswith(right):
-            s = s[len(left):-len(right)]
+            s = s[len(left) : -len(right)]
     return re.sub(r"(?<!\\)\$", " ", s).strip()
 
 

@@ -27,7 +27,9 @@ class FormatConfig:
 
     def __post_init__(self):
         if self.max_chars < 0 or self.max_answer_chars < 0:
-            raise ValueError(f"length limits must be >= 0 (0 = no limit), got {self.max_chars}, {self.max_answer_chars}")
+            raise ValueError(
+                f"length limits must be >= 0 (0 = no limit), got {self.max_chars}, {self.max_answer_chars}"
+            )
 
 
 def format_reward(response: str, config: FormatConfig | None = None) -> float:

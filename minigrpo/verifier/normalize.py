@@ -39,12 +39,16 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|\\degree(?![A
 _PERCENT_AND_MONEY = re.compile(r"\\%|%|\\\$|\$")
 # Thousands separators. The first group of a number written with them has 1-3 digits and does not
 # start with 0: "0,500" is a list (or a decimal comma), never 500.
-_BRACED_THOUSANDS = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?:\s*(?:\{\s*,\s*\}|,\\!)\s*\d{3})+(?!\d)")  # 10{,}000, 10,\!000
+_BRACED_THOUSANDS = re.compile(
+    r"(?<![\d.])[1-9]\d{0,2}(?:\s*(?:\{\s*,\s*\}|,\\!)\s*\d{3})+(?!\d)"
+)  # 10{,}000, 10,\!000
 _BRACE = re.compile(r"(?<!\\)[{}]")
 _UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*[23]\s*\}?")
 _SIMPLE_SUBSCRIPT = re.compile(r"_\{\s*([A-Za-z0-9]+)\s*\}")
 _SPACED_THOUSANDS = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?: \d{3})+(?![\d.])")
-_COMMA_THOUSANDS = re.compile(r"^(?P<pre>[^,()\[\]{}]*?)(?P<num>[1-9]\d{0,2}(?:,\d{3})+)(?P<post>(?:\.\d+)?[^,()\[\]{}]*)$")
+_COMMA_THOUSANDS = re.compile(
+    r"^(?P<pre>[^,()\[\]{}]*?)(?P<num>[1-9]\d{0,2}(?:,\d{3})+)(?P<post>(?:\.\d+)?[^,()\[\]{}]*)$"
+)
 _TRAILING_WORDS_REVERSED = re.compile(r"\s*(?:[A-Za-z]{2,}\s+)+")  # on the reversed string
 _ENDS_IN_NUMBER = re.compile(r"[^A-Za-z]*\d")  # on the reversed string: a digit after the last letter
 _APPROX = re.compile(r"\\approx(?![A-Za-z])|\\simeq(?![A-Za-z])|≈")
@@ -52,10 +56,27 @@ _SEPARATOR = re.compile(r"[,;]|\band\b|\bor\b")
 _EQUALS = re.compile(r"(?<![<>!=\\])=(?![=<>])")
 MATH_WORDS = frozenset("and or sin cos tan sec csc cot log ln exp sqrt pi infty".split())
 _UNICODE = {
-    "−": "-", "–": "-", "×": r"\times ", "·": r"\cdot ", "÷": "/", "√": r"\sqrt ", "π": r"\pi ",
-    "∞": r"\infty ", "≤": r"\le ", "≥": r"\ge ", "≠": r"\ne ", "∪": r"\cup ", "∩": r"\cap ",
-    "ℝ": r"\mathbb{R}", "∈": r"\in ", "±": r"\pm ", "∓": r"\mp ", "∅": r"\emptyset ",
-    "\u00a0": " ", "\u2009": " ", "\u202f": " ",
+    "−": "-",
+    "–": "-",
+    "×": r"\times ",
+    "·": r"\cdot ",
+    "÷": "/",
+    "√": r"\sqrt ",
+    "π": r"\pi ",
+    "∞": r"\infty ",
+    "≤": r"\le ",
+    "≥": r"\ge ",
+    "≠": r"\ne ",
+    "∪": r"\cup ",
+    "∩": r"\cap ",
+    "ℝ": r"\mathbb{R}",
+    "∈": r"\in ",
+    "±": r"\pm ",
+    "∓": r"\mp ",
+    "∅": r"\emptyset ",
+    "\u00a0": " ",
+    "\u2009": " ",
+    "\u202f": " ",
 }
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
@@ -84,7 +105,7 @@ def normalize(answer: str) -> str:
 def _strip_outer_delimiters(s: str) -> str:
     for left, right in (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)")):
         if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            return s[len(left):-len(right)].strip()
+            return s[len(left) : -len(right)].strip()
     return s
 
 
@@ -103,7 +124,7 @@ def _unwrap_text_commands(s: str, drop_units: bool) -> str:
         end = partner.get(match.end() - 1)
         if end is None:
             break
-        stack[-1][1].append(s[i:match.start()])
+        stack[-1][1].append(s[i : match.start()])
         stack.append((end, []))
         i = match.end()
     i = _close_groups(s, stack, i, len(s), drop_units)
@@ -129,7 +150,9 @@ def _close_groups(s: str, stack: list, i: int, upto: int, drop_units: bool) -> i
 def _only_units(text: str) -> bool:
     """'cm', ' m', 'in^2', 'square feet': inside \\text{} even a single letter is a unit."""
     words = re.sub(r"\^\s*\{?[23]\}?|\.", " ", text).split()
-    return bool(words) and all(w.lower() in UNIT_WORDS or (len(w) == 1 and w.isalpha()) or w == "in" for w in words)
+    return bool(words) and all(
+        w.lower() in UNIT_WORDS or (len(w) == 1 and w.isalpha()) or w == "in" for w in words
+    )
 
 
 def _brace_partners(s: str) -> dict[int, int]:
@@ -180,7 +203,7 @@ def _split_trailing_words(s: str) -> tuple[str, list[str]]:
     backwards = _TRAILING_WORDS_REVERSED.match(s[::-1])
     if backwards is None:
         return s, []
-    return s[:len(s) - backwards.end()], backwards.group()[::-1].split()
+    return s[: len(s) - backwards.end()], backwards.group()[::-1].split()
 
 
 def _final_link(s: str) -> str:

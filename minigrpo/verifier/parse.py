@@ -32,9 +32,25 @@ _TOKEN = re.compile(
     r"|(?P<op><=|>=|!=|=<|=>|\*\*|\\\\|[-+*/^_=<>(){}\[\],;|!'&:])|(?P<space>\s+)"
 )
 _RELATIONS = {
-    "=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "!=": "!=", "=<": "<=", "=>": ">=",
-    r"\le": "<=", r"\leq": "<=", r"\leqslant": "<=", r"\ge": ">=", r"\geq": ">=", r"\geqslant": ">=",
-    r"\lt": "<", r"\gt": ">", r"\ne": "!=", r"\neq": "!=", r"\in": "in",
+    "=": "=",
+    "<": "<",
+    ">": ">",
+    "<=": "<=",
+    ">=": ">=",
+    "!=": "!=",
+    "=<": "<=",
+    "=>": ">=",
+    r"\le": "<=",
+    r"\leq": "<=",
+    r"\leqslant": "<=",
+    r"\ge": ">=",
+    r"\geq": ">=",
+    r"\geqslant": ">=",
+    r"\lt": "<",
+    r"\gt": ">",
+    r"\ne": "!=",
+    r"\neq": "!=",
+    r"\in": "in",
 }
 _SEPARATORS = (",", ";", "and", "or")  # "3 or 5" is a list of two values: it never equals one value
 _TEXT = re.compile(r"[A-Za-z][A-Za-z' -]*")
@@ -84,12 +100,16 @@ def _solutions(items: list) -> list:
     """'p=5, q=2; p=7, q=2' -> [{p=5, q=2}, {p=7, q=2}]: a list of assignments in which the same two
     or more names come round again, in the same order, is a list of solutions, one per round (read
     as one set it would merge them: {p=5, q=2, p=7}). Any other list is returned as it is."""
-    names = [item.lhs if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol) else None
-             for item in items]
+    names = [
+        item.lhs
+        if isinstance(item, Relation) and item.op == "=" and isinstance(item.lhs, sympy.Symbol)
+        else None
+        for item in items
+    ]
     size = len(dict.fromkeys(names))
     if None in names or size < 2 or len(items) == size or names != names[:size] * (len(items) // size):
         return items
-    return [make_set(items[i:i + size]) for i in range(0, len(items), size)]
+    return [make_set(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 class _Parser(_Atoms):
@@ -212,10 +232,18 @@ class _Parser(_Atoms):
             return text not in _SEPARATORS and text not in _HEDGES
         if kind == "cmd":
             return text not in _RELATIONS and text not in (
-                r"\cdot", r"\times", r"\div", r"\pm", r"\mp", r"\cup", r"\}", r"\end", r"\rfloor", r"\rceil",
+                r"\cdot",
+                r"\times",
+                r"\div",
+                r"\pm",
+                r"\mp",
+                r"\cup",
+                r"\}",
+                r"\end",
+                r"\rfloor",
+                r"\rceil",
                 r"\rvert",
             )
         if text == "|":
             return self.abs_depth == 0
         return text in ("(", "{")
-

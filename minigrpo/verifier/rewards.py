@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .bounded import math_rewards
 from .code import code_rewards
@@ -80,13 +80,18 @@ class RewardSpec:
 class Rewards:
     total: list[float]  # weighted sum per completion
     components: dict[str, list[float]]  # unweighted value per reward name, per completion
-    timed_out: list[bool] = field(default_factory=list)  # per completion: some reward ran out of time (scored 0)
+    timed_out: list[bool] = field(
+        default_factory=list
+    )  # per completion: some reward ran out of time (scored 0)
 
     def stats(self) -> dict[str, float]:
         """Flat, slash-named stats for the logger: reward/mean, reward/std, reward/timeout_frac,
         reward/accuracy/mean, ..."""
-        out = {"reward/mean": _mean(self.total), "reward/std": _std(self.total),
-               "reward/timeout_frac": _mean([float(t) for t in self.timed_out])}
+        out = {
+            "reward/mean": _mean(self.total),
+            "reward/std": _std(self.total),
+            "reward/timeout_frac": _mean([float(t) for t in self.timed_out]),
+        }
         for name, values in self.components.items():
             out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean(values), _std(values)
         return out
@@ -108,14 +113,20 @@ def compute_rewards(completions: list[str], columns: dict[str, list], specs: lis
     return Rewards(total, components, timed_out)
 
 
-def _call(spec: RewardSpec, completions: list[str], columns: dict[str, list]) -> tuple[list[float], list[bool]]:
+def _call(
+    spec: RewardSpec, completions: list[str], columns: dict[str, list]
+) -> tuple[list[float], list[bool]]:
     """The spec's reward per completion, and per completion whether it ran out of time."""
     fn = REWARD_FUNCTIONS[spec.name]
     missing = [p for p in _required_columns(fn) if p not in columns and p not in spec.options]
     if missing:
-        raise ValueError(f"reward {spec.name!r} needs the column(s) {', '.join(missing)}; the task has {', '.join(sorted(columns)) or 'none'}")
+        raise ValueError(
+            f"reward {spec.name!r} needs the column(s) {', '.join(missing)}; the task has {', '.join(sorted(columns)) or 'none'}"
+        )
     values = fn(completions, **columns, **spec.options)
-    if len(values) != len(completions) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+    if len(values) != len(completions) or not all(
+        isinstance(v, (int, float)) and math.isfinite(v) for v in values
+    ):
         raise ValueError(f"reward {spec.name!r} must return one finite float per completion")
     return [float(v) for v in values], _timed_out(values, len(completions))
 
@@ -128,7 +139,9 @@ def _timed_out(values, rows: int) -> list[bool]:
 
 def _required_columns(fn: RewardFunction) -> list[str]:
     params = list(inspect.signature(fn).parameters.values())[1:]  # the first is the completions
-    return [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [
+        p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
 
 
 def _mean(values: list[float]) -> float:

@@ -86,7 +86,9 @@ def _load_sibling(name: str) -> types.ModuleType:
     return module
 
 
-confine = _load_sibling("confine")  # the forked test process: rlimits, uid, seccomp, then the program and the test
+confine = _load_sibling(
+    "confine"
+)  # the forked test process: rlimits, uid, seccomp, then the program and the test
 cleanup = _load_sibling("cleanup")  # remove_tree, which code.py also runs on the host
 
 
@@ -98,10 +100,16 @@ def main() -> None:
         return  # it died before the line above: nobody waits for our reply
     job["supervisor_pid"] = os.getpid()  # each test checks that we are still its parent
     if os.uname().machine not in confine.SYSCALLS:
-        return _reply({"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"})
-    signal.signal(signal.SIGTERM, _give_up)  # from the trainer's backstop: clean up the running test, then exit
+        return _reply(
+            {"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"}
+        )
+    signal.signal(
+        signal.SIGTERM, _give_up
+    )  # from the trainer's backstop: clean up the running test, then exit
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered only while waiting for a test
-    sys.path[:] = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]  # Python 3.10's -I keeps it
+    sys.path[:] = [
+        p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))
+    ]  # Python 3.10's -I keeps it
     # without root, the tests' (same) uid cannot read our memory or file descriptors
     confine.prctl(confine.PR_SET_DUMPABLE, 0)
     # orphans of a test become our children, so we reap them (PID 1 may not)
@@ -161,7 +169,9 @@ def _mount_scratch(job: dict) -> None:
     """A tmpfs on the working directory, owned by the sandbox uid: at most scratch_bytes and scratch_inodes
     (its pages are memory that no rlimit counts), nothing in it executable, set-uid or a device."""
     owner = job["uid"] if job["uid"] is not None else 0
-    options = f"size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']},mode=0700,uid={owner},gid={owner}"
+    options = (
+        f"size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']},mode=0700,uid={owner},gid={owner}"
+    )
     here = os.getcwd()
     _mount("tmpfs", here, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options.encode())
     os.chdir(here)  # into the tmpfs, which now covers the directory we were in
@@ -173,7 +183,9 @@ def _expose_python() -> None:
     paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if os.path.isdir(p)}
     while blocked := _first_blocked_ancestors(paths):
         for ancestor, children in blocked.items():
-            keep = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}  # before hiding
+            keep = {
+                child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children
+            }  # before hiding
             _mount("tmpfs", ancestor, "tmpfs", 0, b"mode=0755")
             for child, fd in keep.items():
                 os.mkdir(os.path.join(ancestor, child))
@@ -197,7 +209,9 @@ def _first_blocked_ancestors(paths: set[str]) -> dict[str, set[str]]:
 def _run_case(job: dict, case: dict) -> dict:
     """Fork the test's process, wait for it up to the timeout, kill and reap everything it left; its report."""
     nonce = os.urandom(16).hex().encode()  # fresh per test: a proof from one test says nothing about another
-    stdin, stdout, stderr = files = [tempfile.TemporaryFile() for _ in range(3)]  # unnamed: unreachable by path
+    stdin, stdout, stderr = files = [
+        tempfile.TemporaryFile() for _ in range(3)
+    ]  # unnamed: unreachable by path
     stdin.write(case.get("input", "").encode())
     stdin.seek(0)
     proof_read, proof_write = os.pipe()
@@ -215,9 +229,12 @@ def _run_case(job: dict, case: dict) -> dict:
         _reap_children(CLEANUP_SECONDS)
     out = _read_head(stdout, job["max_output_bytes"] + 1)
     report = {
-        "proof": nonce in _drain(proof_read), "timed_out": timed_out, "exit_code": exit_code,
+        "proof": nonce in _drain(proof_read),
+        "timed_out": timed_out,
+        "exit_code": exit_code,
         "stdout": out[: job["max_output_bytes"]].decode(errors="replace"),
-        "stdout_overflow": len(out) > job["max_output_bytes"], "stderr": _read_tail(stderr, STDERR_TAIL_BYTES),
+        "stdout_overflow": len(out) > job["max_output_bytes"],
+        "stderr": _read_tail(stderr, STDERR_TAIL_BYTES),
     }
     for file in files:
         file.close()
@@ -299,8 +316,12 @@ def _unshare(flags: int) -> bool:
     return getattr(confine.LIBC, "unshare", lambda _: -1)(flags) == 0
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: bytes | None = None) -> None:
-    encode = lambda text: text.encode() if text is not None else None
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: bytes | None = None
+) -> None:
+    def encode(text: str | None) -> bytes | None:
+        return text.encode() if text is not None else None
+
     if confine.LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount {source or '(none)'} on {target}: {os.strerror(code)}")

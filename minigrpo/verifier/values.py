@@ -54,7 +54,9 @@ class Text:
 @dataclass
 class Parsed:
     value: object
-    decimals: dict = field(default_factory=dict)  # exact value of a decimal literal -> (significant digits, ulp)
+    decimals: dict = field(
+        default_factory=dict
+    )  # exact value of a decimal literal -> (significant digits, ulp)
 
 
 REAL_LINE = Interval(-sympy.oo, sympy.oo, False, False)
