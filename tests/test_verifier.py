@@ -480,7 +480,7 @@ def test_a_worker_stops_a_slow_job_itself_and_lives_on():
         pool.close()
 
 
-def test_a_killed_worker_is_replaced_and_the_next_check_is_fast(monkeypatch):
+def test_a_killed_worker_is_replaced_at_once(monkeypatch):
     """A job its timer cannot stop (C code) is killed: here the kill comes KILL_GRACE after the start, long
     before the worker's own timer."""
     monkeypatch.setattr(bounded, "WALL_PER_CPU", 0)
@@ -492,14 +492,17 @@ def test_a_killed_worker_is_replaced_and_the_next_check_is_fast(monkeypatch):
         )
         assert results == [False, True]
         assert not first <= pool.every  # one of them was killed
-        start = time.monotonic()
+        assert pool.alive == 2  # its replacement started at once, in the background, not at the next check
+        pool.reserve(2)  # (ready, however busy the machine: its start-up counts against no check)
         assert pool.run([("match", r"2\sqrt2", r"\sqrt8")], failed=False) == [True]
-        assert time.monotonic() - start < 0.5
     finally:
         pool.close()
 
 
-def test_a_worker_that_died_while_idle_is_replaced():
+def test_a_worker_that_died_while_idle_is_replaced(monkeypatch):
+    # The replacements import sympy within the call; on a busy machine that alone can pass a check's
+    # 1 s, which is the bound's business (tested above), not this test's.
+    monkeypatch.setattr(bounded, "TIME_LIMIT", bounded.STARTUP_LIMIT)
     pool = WorkerPool(2)
     try:
         pool.reserve(2)
