@@ -14,6 +14,11 @@ of the stages, not how any stage works, nor how a run starts or resumes (run.py)
                  (update.py)
   5. metrics     the step's stats for the logger; `Trainer.train` logs them and saves checkpoints
 
+Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
+short, up to max_sampling_rounds. An observer (trace.py) sees the rollouts after stage 3 and the
+update's stats after stage 4; `train_step` returns the stats with the first completion of a few
+groups and their rewards.
+
 With num_iterations = 1 the old log-probs are the current ones detached: the ratio is exactly 1,
 the clipped surrogate reduces to the advantage, and since advantages are centred within each
 group the loss reads about 0 with clip fraction 0 (its gradient is not 0). This matches TRL.
@@ -155,12 +160,7 @@ class Trainer:
             logger.close()
 
     def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
-        """One GRPO step, its stages numbered as in the README's diagram: (stats for the logger, the
-        first completion of a few groups with their rewards). Dynamic sampling (DAPO) repeats stages
-        1-2 on new prompts while groups with no signal leave the batch short, up to max_sampling_rounds.
-        Under torchrun each rank samples and verifies its block of the prompts, then every rank holds
-        the whole round. An observer (trace.py) sees the rollouts after stage 3 and the update's
-        stats after stage 4."""
+        """One step of the module docstring's stages: (stats to log, a few completions with rewards)."""
         self.step += 1
         self._set_learning_rate()
         clock = Clock()
