@@ -61,12 +61,10 @@ def save_checkpoint(
             with open(os.path.join(tmp, STATE_FILE), "wb") as f:  # a Python file: a full disk raises ENOSPC
                 torch.save(state, f)
             write_checksums(tmp)  # last: it covers every file above
-            _fsync_tree(
-                tmp
-            )  # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
-            replace_dir(
-                tmp, final
-            )  # the same step saved again: the old copy goes only once the new one is in place
+            # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
+            _fsync_tree(tmp)
+            # the same step saved again: the old copy goes only once the new one is in place
+            replace_dir(tmp, final)
             _fsync(parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -97,9 +95,8 @@ def _out_of_space(error: BaseException | None) -> bool:
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "No space left on device" in str(error) or "Disk quota exceeded" in str(
-            error
-        ):  # Rust's I/O errors
+        # Rust's I/O errors, known by their message
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
             return True
         error = error.__cause__ or error.__context__
     return False
@@ -254,11 +251,12 @@ def rng_states() -> dict:
     version, internal, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
     states = {
+        # 625 words of Mersenne Twister
         "python": [
             version,
             torch.tensor(internal, dtype=torch.int64),
             gauss,
-        ],  # 625 words of Mersenne Twister
+        ],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
         "torch": torch.get_rng_state(),
     }
@@ -309,9 +307,8 @@ def _checkpoints(parent: str) -> list[tuple[int, str]]:
 
 def _prune(parent: str, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints."""
-    for _, directory in _checkpoints(parent)[
-        :-keep
-    ]:  # renamed first: a kill mid-delete leaves no half checkpoint
+    # renamed first: a kill mid-delete leaves no half checkpoint
+    for _, directory in _checkpoints(parent)[:-keep]:
         doomed = os.path.join(parent, f".deleting-{os.path.basename(directory)}")
         os.rename(directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -322,7 +319,6 @@ def remove_leftovers(output_dir: str) -> None:
     of it is a checkpoint). The next save does it too; a resume with no step left to take saves nothing."""
     parent = os.path.join(output_dir, CHECKPOINTS)
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
-        if name.startswith(
-            (".tmp-step-", ".step-", ".deleting-")
-        ):  # a save, replacement or prune that crashed midway
+        # a save, replacement or prune that crashed midway
+        if name.startswith((".tmp-step-", ".step-", ".deleting-")):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

@@ -1,6 +1,7 @@
-"""Before the loop: the settings of a GRPO run, one dataclass per concern, each checked once, in __post_init__,
-before any work. In: values (from code, flags or a --config file). Out: checked dataclasses, and the
-flags made from them. It knows settings and their ranges, not what the stages do with them.
+"""Before the loop: the settings of a GRPO run, one dataclass per concern, each checked once, in
+__post_init__, before any work. In: values (from code, flags or a --config file). Out: checked
+dataclasses, and the flags made from them. It knows settings and their ranges, not what the stages do
+with them.
 
 GRPOConfig: the rollout and the objective (TRL's names: num_generations, max_completion_length,
 beta, epsilon, loss_type, scale_rewards, num_iterations, ...); it hands the sampler its
@@ -26,6 +27,7 @@ from .metrics import REPORT_TO, check_report_to
 from .sampler import SamplingConfig
 
 SCHEDULES = ("constant", "cosine")
+# flags' choices
 CHOICES = {
     "loss_type": LOSS_TYPES,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
@@ -33,7 +35,7 @@ CHOICES = {
     "sampler_correction": SAMPLER_CORRECTIONS,
     "lr_schedule": SCHEDULES,
     "report_to": REPORT_TO,
-}  # flags' choices
+}
 
 
 @dataclass
@@ -65,7 +67,8 @@ class GRPOConfig:
         _require_finite(self)
         _require(
             isinstance(self.num_generations, int) and self.num_generations >= 2,
-            f"num_generations must be an integer >= 2 (GRPO compares completions of a prompt), got {self.num_generations!r}",
+            "num_generations must be an integer >= 2 (GRPO compares completions of a prompt), "
+            f"got {self.num_generations!r}",
         )
         _require(
             isinstance(self.max_completion_length, int) and self.max_completion_length >= 1,
@@ -114,7 +117,8 @@ class TrainConfig:
     stop_at_step: int = 0  # end this process after this step, checkpointed (time-boxed jobs); 0 = max_steps
     batch_size: int = 64  # completions per step: prompts per step = batch_size / num_generations
     micro_batch_size: int = 8  # completions per forward/backward; gradients accumulate over a step
-    micro_batch_tokens: int = 0  # if > 0: micro-batches of similar-length completions, each at most this many padded tokens (and micro_batch_size rows)
+    # micro-batches of similar-length completions, each also at most micro_batch_size rows
+    micro_batch_tokens: int = 0  # if > 0: at most this many padded tokens per micro-batch
     shared_prompt: bool = True  # update: each prompt runs once for its G completions (whole groups)
     learning_rate: float = 1e-6  # AdamW peak learning rate
     weight_decay: float = 0.0  # AdamW decoupled weight decay
@@ -125,14 +129,16 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # clip the gradient's global norm; 0 = no clipping
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, one forward more
     bf16: bool = True  # on GPU, run forward passes under bfloat16 autocast (CPU always fp32)
-    fsdp: bool = False  # under torchrun: shard policy (and reference) over the ranks with FSDP2, not DDP copies (1 process: no effect)
+    # one process: no effect
+    fsdp: bool = False  # under torchrun: shard policy (and reference) over the ranks with FSDP2, not DDP
     seed: int = 0  # sampling, data order and micro-batch shuffles all derive from this
     save_every: int = 0  # write a checkpoint every this many steps (0: only at the end)
     save_total_limit: int = 2  # checkpoints kept (the oldest are deleted)
     resume: bool = False  # continue from the latest checkpoint in output_dir
     log_completions_every: int = 10  # print a few sampled completions every this many steps (0: never)
     progress_bar: bool = True  # a tqdm bar over steps
-    report_to: str = "none"  # also send each step's stats, under metrics.jsonl's names, to tensorboard or wandb (offline), in output_dir
+    # under metrics.jsonl's names, written in output_dir
+    report_to: str = "none"  # also send each step's stats to tensorboard or wandb (offline)
 
     def __post_init__(self):
         self.adam_betas = tuple(self.adam_betas)
@@ -144,7 +150,8 @@ class TrainConfig:
             )
         _require(
             isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0,
-            f"micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), got {self.micro_batch_tokens!r}",
+            "micro_batch_tokens must be an integer >= 0 (0: micro_batch_size rows), "
+            f"got {self.micro_batch_tokens!r}",
         )
         _require(self.adam_epsilon > 0, f"adam_epsilon must be > 0, got {self.adam_epsilon}")
         _require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}")
@@ -170,7 +177,8 @@ class TrainConfig:
         _require(
             (self.batch_size // G) % world_size == 0,
             f"batch_size={self.batch_size} completions are "
-            f"{self.batch_size // G} prompts per step, which do not split evenly across {world_size} processes; "
+            f"{self.batch_size // G} prompts per step, which do not split evenly "
+            f"across {world_size} processes; "
             f"use a batch_size that is a multiple of {G * world_size}",
         )
 
@@ -208,7 +216,8 @@ def changed_settings(saved: dict, current: dict) -> list[str]:
                 and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value))
             ):
                 notes.append(
-                    f"note: resuming with {section}.{key} = {value!r}; the checkpoint was trained with {old!r}"
+                    f"note: resuming with {section}.{key} = {value!r}; "
+                    f"the checkpoint was trained with {old!r}"
                 )
     return notes
 
@@ -239,9 +248,9 @@ def as_dict(*configs) -> dict:
 def add_fields(
     parser: argparse.ArgumentParser, config_class, aliases: dict | None = None
 ) -> dict[str, argparse.Action]:
-    """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name] too), its
-    help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that many values; X | None:
-    an X, default None), its choices CHOICES'. The flags' actions by field name."""
+    """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name]
+    too), its help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that
+    many values; X | None: an X, default None), its choices CHOICES'. The flags' actions by field name."""
     hints, comments = typing.get_type_hints(config_class), field_comments(config_class)
     group, actions = parser.add_argument_group(config_class.__name__), {}
     for field in fields(config_class):

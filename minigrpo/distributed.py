@@ -39,9 +39,7 @@ class Dist:
     rank: int = 0  # this process among all processes, on every node
     world_size: int = 1  # processes in the run
     local_rank: int = 0  # this process among its node's processes: picks its GPU
-    device: torch.device = field(
-        default_factory=lambda: torch.device("cpu")
-    )  # where this rank's tensors live
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank's tensors are
 
     @property
     def is_main(self) -> bool:
@@ -171,10 +169,10 @@ _WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole state
 
 
 class Policy:
-    """A log-probs module (token_logprobs.TokenLogprobs) as every rank's update uses it. On one
-    process it is the module itself and each method below is the obvious one-process step; under torchrun it is
-    replicated by DistributedDataParallel or, with `shard`, sharded by FSDP2 (each of `blocks`, then
-    the rest). All that only a run of several processes needs is here, so the trainer reads as one:
+    """A log-probs module (token_logprobs.TokenLogprobs) as every rank's update uses it. On one process it is
+    the module itself and each method below is the obvious one-process step; under torchrun it is replicated
+    by DistributedDataParallel or, with `shard`, sharded by FSDP2 (each of `blocks`, then the rest). All that
+    only a run of several processes needs is here, so the trainer reads as one:
 
     - `parts`: as many micro-batches on every rank; a rank short of rollouts forwards `padding`,
       which weighs nothing, since every rank must join every forward (FSDP2's all-gathers) and backward;
@@ -219,8 +217,9 @@ class Policy:
         return [[items[i] for i in chunk] for chunk in chunks] + [[self.padding]] * (most - len(chunks))
 
     def accumulating(self, last: bool):
-        """No all-reduce in the backward of any micro-batch but the last (DDP). FSDP2 reduce-scatters every
-        micro-batch's gradients: postponing that would keep whole gradients on every rank, the memory it saves."""
+        """No all-reduce in the backward of any micro-batch but the last (DDP). FSDP2 reduce-scatters
+        every micro-batch's gradients: postponing that would keep whole gradients on every rank, the
+        memory it saves."""
         if last or not isinstance(self.module, DistributedDataParallel):
             return contextlib.nullcontext()
         return self.module.no_sync()
@@ -256,9 +255,8 @@ class Policy:
         model's own state_dict is whole."""
         if not self.sharded:
             return None
-        whole = get_model_state_dict(
-            self.module, options=_WHOLE
-        )  # gathered from the root FSDP2 was applied to
+        # gathered from the root FSDP2 was applied to
+        whole = get_model_state_dict(self.module, options=_WHOLE)
         return {name.removeprefix("model."): t for name, t in whole.items()}
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
@@ -286,9 +284,8 @@ def _wrap(module: torch.nn.Module, dist: Dist, shard: bool, blocks, trainable: b
         fully_shard(module, mesh=mesh, reshard_after_forward=None if trainable else True)
         return module
     device_ids = [dist.device.index] if dist.device.type == "cuda" else None
-    return DistributedDataParallel(
-        module, device_ids=device_ids
-    )  # Qwen3 has no buffers: no forward syncs any
+    # Qwen3 has no buffers: no forward syncs any
+    return DistributedDataParallel(module, device_ids=device_ids)
 
 
 def _gpu_for(device: str, local_rank: int) -> torch.device:

@@ -79,7 +79,8 @@ def evaluate(
 
 
 def summarize(results: list[dict], samples: int, ks: tuple[int, ...] = ()) -> Evaluation:
-    """The Evaluation of per-problem results (each with `samples` correct flags), e.g. joined from several ranks."""
+    """The Evaluation of per-problem results (each with `samples` correct flags), e.g. joined from
+    several ranks."""
     return Evaluation(
         pass_at_1=_mean([sum(r["correct"]) / samples for r in results]),
         pass_at_k={

@@ -63,7 +63,8 @@ def onednn_available() -> bool:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 (fp64 for fp64) and cast back before the weight, as Qwen3 does."""
+    """x / rms(x) * weight, computed in fp32 (fp64 for fp64) and cast back before the weight, as Qwen3
+    does."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -85,9 +86,8 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: 
     inv_freq = 1.0 / theta**exponents  # (head_dim/2,)
     angles = positions[..., None].float() * inv_freq  # (..., head_dim/2)
     cos, sin = angles.cos(), angles.sin()
-    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(
-        dtype
-    )  # (..., head_dim) each
+    # (..., head_dim) each
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

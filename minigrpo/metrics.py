@@ -47,15 +47,12 @@ class MetricsLogger:
     ):
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        first = (
-            start_stats if start_step == 0 else None
-        )  # step 0's line, written by this logger like every other
-        _drop_lines_after(
-            self.path, start_step if first is None else -1
-        )  # a resume rewrites what followed its checkpoint
-        self.file = open(
-            self.path, "ab", buffering=0
-        )  # unbuffered: _write leaves its whole line on file, or none
+        # step 0's line, written by this logger like every other
+        first = start_stats if start_step == 0 else None
+        # a resume rewrites what followed its checkpoint
+        _drop_lines_after(self.path, start_step if first is None else -1)
+        # unbuffered: _write leaves its whole line on file, or none
+        self.file = open(self.path, "ab", buffering=0)
         self.bar = tqdm(
             total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not progress_bar
         )
@@ -118,7 +115,8 @@ class TensorBoard:
 
 
 class Wandb:
-    """Each step's stats logged to a wandb run in offline mode, in output_dir/wandb (`wandb sync` uploads it)."""
+    """Each step's stats logged to a wandb run in offline mode, in output_dir/wandb (`wandb sync` uploads
+    it)."""
 
     def __init__(self, output_dir: str, start_step: int):
         import wandb
@@ -197,7 +195,8 @@ def console_line(step: int, stats: dict[str, float]) -> str:
 def _drop_lines_after(path: str, step: int) -> None:
     """Keep the lines of steps <= `step`; a line that is not a step's record (cut short by a crash, or
     not a JSON object with an integer step) is named and dropped. The file is replaced whole
-    (checkpoint.replaced_whole), never truncated in place: a kill at any moment leaves the old or the new one."""
+    (checkpoint.replaced_whole), never truncated in place: a kill at any moment leaves the old or the new
+    one."""
     if os.path.exists(path + ".tmp"):  # the temporary file of a trim killed before its rename
         os.remove(path + ".tmp")
     if not os.path.exists(path):

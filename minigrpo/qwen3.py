@@ -106,7 +106,8 @@ class Qwen3Config:
 
 
 class KVCache:
-    """Preallocated keys and values, one (B, kv_heads, max_len, head_dim) tensor each per layer, and per-row lengths.
+    """Preallocated keys and values, one (B, kv_heads, max_len, head_dim) tensor each per layer, and per-row
+    lengths.
 
     Row b holds `lengths[b]` tokens in slots 0 .. lengths[b]-1, so a token's slot is also its rotary
     position, and rows may differ in length; the next token of row b goes to slot lengths[b]. The
@@ -119,13 +120,11 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
-        self.rows = torch.arange(
-            batch_size, device=device
-        )  # (B,): row indices, for writing one token per row
+        # (B,): row indices, for writing one token per row
+        self.rows = torch.arange(batch_size, device=device)
         self.slots = torch.arange(max_len, device=device)  # (max_len,)
-        self.cos, self.sin = rotary_cos_sin(
-            self.slots, config.head_dim, config.rope_theta, dtype
-        )  # (max_len, D) each
+        # cos, sin: (max_len, D) each
+        self.cos, self.sin = rotary_cos_sin(self.slots, config.head_dim, config.rope_theta, dtype)
 
     @property
     def max_len(self) -> int:
@@ -226,9 +225,8 @@ class Attention(nn.Module):
         stored, then causal over itself (prefill); or, decoding, one token per row, stored at its row's
         length, attending to the cache's first mask.shape[-1] slots."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(
-            1, 2
-        )  # (B, H, T, D)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        q = self.q_norm(q).transpose(1, 2)  # (B, H, T, D)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -239,9 +237,9 @@ class Attention(nn.Module):
             # one query per row: the heads sharing a kv head become its queries (faster than enable_gqa)
             y = F.scaled_dot_product_attention(q.view(B, self.n_kv, -1, self.head_dim), k, v, attn_mask=mask)
             return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, H/Hkv, D) holds the heads in order
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_heads
-        )  # (B, H, T, D)
+        gqa = self.n_kv != self.n_heads
+        # y: (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -365,9 +363,8 @@ class Qwen3(nn.Module):
         hidden state at each prompt's last token, (B, hidden). Plain causal attention is exact: a real
         token never sees the padding after it, and decoded tokens overwrite the padded slots first."""
         B, T = input_ids.shape
-        x = self._blocks(
-            self.embed_tokens(input_ids), (cache.cos[:T], cache.sin[:T]), None, cache
-        )  # slot = position
+        # slot = position
+        x = self._blocks(self.embed_tokens(input_ids), (cache.cos[:T], cache.sin[:T]), None, cache)
         cache.lengths.copy_(lengths)
         return self.norm(x[torch.arange(B, device=x.device), lengths - 1])  # (B, hidden)
 
@@ -378,9 +375,8 @@ class Qwen3(nn.Module):
         positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
         rotary = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D) each
         mask = (cache.slots[:span] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
-        x = self._blocks(
-            self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True
-        )  # (B, 1, hidden)
+        # x: (B, 1, hidden)
+        x = self._blocks(self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True)
         cache.lengths.add_(1)
         return self.norm(x[:, 0])  # (B, hidden)
 

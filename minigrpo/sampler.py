@@ -56,9 +56,8 @@ class SamplingConfig:
         self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if (
-            not 0 <= self.temperature < float("inf")
-        ):  # inf would make every token equally likely; nan fails too
+        # inf would make every token equally likely; nan fails too
+        if not 0 <= self.temperature < float("inf"):
             raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -70,7 +69,8 @@ class SamplingConfig:
             not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1
         ):
             raise ValueError(
-                f"max_batch_rows must be a positive integer (or None for no limit), got {self.max_batch_rows!r}"
+                "max_batch_rows must be a positive integer (or None for no limit), "
+                f"got {self.max_batch_rows!r}"
             )
         if not isinstance(self.compile, bool):
             raise ValueError(
@@ -85,9 +85,7 @@ class Samples:
     """What one generate() call produced, ordered prompt by prompt (prompt 0's samples first)."""
 
     tokens: list[list[int]]  # completion ids per sample, EOS included when emitted
-    logprobs: list[
-        list[float]
-    ]  # per completion token: log softmax(logits / temperature); temperature 1 when greedy
+    logprobs: list[list[float]]  # per completion token: log softmax(logits / temperature), T = 1 when greedy
     finish_reasons: list[str]  # "stop" (an EOS id was emitted) or "length" (max_new_tokens reached)
     prompt_indices: list[int]  # the prompt each sample continues
     prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
@@ -114,7 +112,8 @@ class Samples:
 def generate(
     model: Qwen3, prompts: list[list[int]], config: SamplingConfig | None = None, **settings
 ) -> Samples:
-    """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields (over `config`'s)."""
+    """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields (over
+    `config`'s)."""
     config = replace(config, **settings) if config is not None else SamplingConfig(**settings)
     check_prompts(prompts, config, model.config.vocab_size, model.config.max_position_embeddings)
     seed = config.seed if config.seed is not None else int(torch.randint(2**62, ()).item())
@@ -151,7 +150,8 @@ def check_prompts(
                 name = f"row {i + 1} of the {what}" if what else f"prompt {i}"
             raise ValueError(
                 f"{name} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} "
-                f"(max_completion_length) that exceeds the model's context of {context} (max_position_embeddings)"
+                f"(max_completion_length) that exceeds the model's context of {context} "
+                "(max_position_embeddings)"
             )
 
 
@@ -169,9 +169,8 @@ class Engine:
         self.eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=self.device)
         self.keys = row_keys(seed, self.requests, self.device)  # (R,): one random stream per request
         self.tokens = torch.zeros(self.requests, self.N + 1, dtype=torch.long, device=self.device)  # (R, N+1)
-        self.logprobs = torch.zeros(
-            self.requests, self.N + 1, device=self.device
-        )  # (R, N+1); column N: done rows' scratch
+        # (R, N+1); column N: done rows' scratch
+        self.logprobs = torch.zeros(self.requests, self.N + 1, device=self.device)
         self.check_every = config.check_every or (1 if self.device.type == "cpu" else 8)
         self.prefill_seconds, self.decode_steps, self.prefill_cache_bytes = 0.0, 0, 0
 
@@ -188,9 +187,8 @@ class Engine:
             first_prefill = self.prefill_seconds
             start = time.perf_counter()
             self.decode_loop()
-            decode_seconds = (
-                time.perf_counter() - start - (self.prefill_seconds - first_prefill)
-            )  # refills are prefill
+            refill_seconds = self.prefill_seconds - first_prefill  # refills are prefill
+            decode_seconds = time.perf_counter() - start - refill_seconds
         return self.to_samples(decode_seconds)
 
     def allocate(self, rows: int) -> None:
@@ -201,17 +199,15 @@ class Engine:
         self.cache = self.model.new_cache(rows, slots)
         self.batch_rows, self.cache_bytes = rows, self.cache.nbytes
         self.batch_sizes = batch_buckets(rows)
-        self.waiting = list(
-            range(self.requests - 1, rows - 1, -1)
-        )  # requests not yet in the batch, next last
+        # requests not yet in the batch, next last
+        self.waiting = list(range(self.requests - 1, rows - 1, -1))
         self.rows = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
         self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its next token's index
         self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
         self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
         self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
-        self.row_keys = torch.zeros(
-            rows, dtype=torch.long, device=self.device
-        )  # (b,): its request's random key
+        # (b,): its request's random key
+        self.row_keys = torch.zeros(rows, dtype=torch.long, device=self.device)
         # host: each row's length minus the decode steps run so far; every step adds one to every row,
         # so the longest row then holds decode_steps + max(reach) tokens
         self.reach = [0] * rows
@@ -255,9 +251,8 @@ class Engine:
     def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
         """Sample the next token of the batch rows `which` (all by default) and record it."""
         rows, steps = self.rows[which], self.steps[which]
-        token, logprob = sample(
-            logits, self.config, self.noise[which], steps, self.row_keys[which]
-        )  # (b,) each
+        # token, logprob: (b,) each
+        token, logprob = sample(logits, self.config, self.noise[which], steps, self.row_keys[which])
         self.tokens[rows, steps], self.logprobs[rows, steps] = token, logprob
         done = self.done[which] | torch.isin(token, self.eos) | (steps == self.N - 1)
         self.done[which], self.token[which] = done, token
@@ -270,9 +265,8 @@ class Engine:
             refill = finished[: len(self.waiting)]
             requests = [self.waiting.pop() for _ in refill]
             logits = self.start_rows(refill, requests)
-            self.choose(
-                logits, torch.tensor(refill, device=self.device)
-            )  # their first tokens, from the prefill
+            # their first tokens, from the prefill
+            self.choose(logits, torch.tensor(refill, device=self.device))
             return True
         running = len(self.reach) - len(finished)
         if running == 0:

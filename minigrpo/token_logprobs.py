@@ -40,9 +40,10 @@ def token_logprobs(
     of one prompt, and each prompt runs once (Qwen3.shared_prompt_hidden_states).
     """
     if group_size > 1:
+        # (B, Tc, hidden)
         predicting = model.shared_prompt_hidden_states(
             input_ids, attention_mask, completion_start, group_size
-        )  # (B, Tc, hidden)
+        )
     else:
         hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
         # (B, Tc, hidden): the positions before each completion token
@@ -106,9 +107,10 @@ class ChunkedLogprobs(torch.autograd.Function):
             grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)  # (V, H)
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
+            # grad_z: (c, V)
             grad_z = _chunk_grad_logits(
                 hidden[rows], weight, targets[rows], normalisers[rows], grad_logprobs[rows], ctx.scale, dtype
-            )  # (c, V)
+            )
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ weight  # (c, H)
             if grad_weight is not None and grad_weight.dtype == grad_z.dtype:

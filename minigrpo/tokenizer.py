@@ -29,9 +29,8 @@ class Tokenizer:
     ):
         self.backend = tokenizer
         self.tokenizer_config = dict(tokenizer_config or {})  # written back unchanged by save()
-        self.generation_config = dict(
-            generation_config or {}
-        )  # written back by weights.write_files, with these EOS/pad ids
+        # written back by weights.write_files, with these EOS/pad ids
+        self.generation_config = dict(generation_config or {})
         self.eos_token_ids = self._eos_ids()  # every id that ends a completion, first = the canonical one
         self.pad_token_id = self._pad_id()  # id used to fill ragged batches (never attended to)
 
@@ -47,9 +46,8 @@ class Tokenizer:
         ]
         try:
             backend = _HFTokenizer.from_file(path)
-        except (
-            Exception
-        ) as e:  # the tokenizers library raises a bare Exception: bad JSON, an unknown model, ...
+        except Exception as e:
+            # the tokenizers library raises a bare Exception: bad JSON, an unknown model, ...
             cause = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ValueError(
                 f"{path} is not a tokenizer file the tokenizers library can read ({cause})"
@@ -92,8 +90,9 @@ class Tokenizer:
         if example is not None:
             text, back = (t if len(t) <= 80 else t[:77] + "..." for t in example)
             raise ValueError(
-                f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} of the characters of "
-                f"the {what} ({text!r} encodes to {back!r}); use a checkpoint whose tokenizer can (a Qwen3 one)"
+                f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} "
+                f"of the characters of the {what} ({text!r} encodes to {back!r}); "
+                "use a checkpoint whose tokenizer can (a Qwen3 one)"
             )
         return ids
 
@@ -207,13 +206,15 @@ def read_json_object(path: str, holding: str) -> dict:
     if not isinstance(value, dict):
         shown = json.dumps(value)
         raise ValueError(
-            f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not a JSON object with {holding}"
+            f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, "
+            f"not a JSON object with {holding}"
         )
     return value
 
 
 def write_json(path: str, data: dict) -> None:
-    """Not atomic, unlike checkpoint.replace_json: a save makes its files atomic by renaming their directory."""
+    """Not atomic, unlike checkpoint.replace_json: a save makes its files atomic by renaming their
+    directory."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
         f.write("\n")

@@ -24,6 +24,7 @@ from .token_logprobs import token_logprobs
 from .verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
+# the update stats shown, in order
 BRIEF = (
     "loss",
     "ratio/mean",
@@ -31,7 +32,7 @@ BRIEF = (
     "kl",
     "entropy",
     "grad_norm",
-)  # the update stats shown, in order
+)
 
 
 class Trace:
@@ -68,11 +69,13 @@ class Trace:
         for i, r in enumerate(self.group):
             rewards_text = ", ".join(f"{k}={v:g}" for k, v in r.rewards.items())
             w(
-                f"  #{i} {r.text!r:60.60}  answer={extract_answer(r.text)!r} ({r.finish_reason}, {len(r.completion_ids)} tokens)"
+                f"  #{i} {r.text!r:60.60}  answer={extract_answer(r.text)!r} "
+                f"({r.finish_reason}, {len(r.completion_ids)} tokens)"
             )
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
         w(
-            f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} (scale={trainer.grpo.scale_rewards}); "
+            f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} "
+            f"(scale={trainer.grpo.scale_rewards}); "
             f"advantage = (reward - mean) / (std + eps)"
             + ("  -> all equal: no signal" if rewards.std() == 0 else "")
         )
@@ -80,31 +83,33 @@ class Trace:
     def updated(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
         for i, (r, shown) in enumerate(zip(self.group, self.record["completions"])):
+            # (text, log p before, log p after)
             shown["tokens"] = [
                 (trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]))
                 for t, token in enumerate(r.completion_ids)
-            ]  # (text, log p before, log p after)
+            ]
         self.record["stats"] = dict(stats)
         w = self._writer(trainer)
         w(
-            f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: the {MAX_TOKENS_SHOWN} "
-            "tokens of each completion it moved most, position:token log p before -> after the AdamW step (ratio)"
+            f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: "
+            f"the {MAX_TOKENS_SHOWN} tokens of each completion it moved most, "
+            "position:token log p before -> after the AdamW step (ratio)"
         )
         for i, shown in enumerate(self.record["completions"]):
             w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(_most_moved(shown["tokens"])))
-        brief = {
-            k: round(stats[k], 5) for k in BRIEF if k in stats
-        }  # in BRIEF's order: stats' own order varies by run
+        # in BRIEF's order: stats' own order varies by run
+        brief = {k: round(stats[k], 5) for k in BRIEF if k in stats}
         w(
-            f"[4 loss]           {brief}   (with num_iterations=1 the ratio inside the loss is exactly 1, so the loss"
+            f"[4 loss]           {brief}   "
+            "(with num_iterations=1 the ratio inside the loss is exactly 1, so the loss"
         )
         w(
-            "                   is about -mean(advantage) = 0; its gradient, A * grad log p, is what moved the tokens above)"
+            "                   is about -mean(advantage) = 0; "
+            "its gradient, A * grad log p, is what moved the tokens above)"
         )
         if self.html_path and trainer.dist.is_main:
-            with replaced_whole(
-                self.html_path
-            ) as f:  # a page of an earlier run stays whole until this one is
+            # a page of an earlier run stays whole until this one is
+            with replaced_whole(self.html_path) as f:
                 f.write(render_html(self.record))
             w(f"[trace page]       {self.html_path}")
         w("=" * 92)
@@ -125,7 +130,8 @@ class Trace:
         return logprobs.cpu()  # (G, Tc)
 
 
-CSS = """body { font: 15px/1.45 system-ui, sans-serif; max-width: 1180px; margin: 24px auto; padding: 0 16px; color: #222 }
+CSS = """body { font: 15px/1.45 system-ui, sans-serif; max-width: 1180px; margin: 24px auto; \
+padding: 0 16px; color: #222 }
 pre, .tokens { font: 14px/1.9 ui-monospace, monospace; white-space: pre-wrap; word-break: break-all }
 pre { background: #f4f4f4; padding: 8px 12px; border-radius: 6px }
 .completion { border: 1px solid #ddd; border-radius: 6px; padding: 6px 12px; margin: 8px 0 }
@@ -143,10 +149,12 @@ def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
 
 
 def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:
-    """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after) whose log-prob moved most, in order."""
+    """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after) whose log-prob moved most, in
+    order."""
     moved = sorted(range(len(tokens)), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
     return [
-        f"{t}:{tokens[t][0]!r} {tokens[t][1]:.2f}->{tokens[t][2]:.2f}(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
+        f"{t}:{tokens[t][0]!r} {tokens[t][1]:.2f}->{tokens[t][2]:.2f}"
+        f"(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
         for t in sorted(moved)
     ]
 
@@ -158,10 +166,14 @@ def render_html(record: dict) -> str:
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",
         f"<style>{CSS}</style></head><body><h1>Step {step}: one group's journey</h1>",
-        f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre><h2>{len(completions)} completions</h2>",
-        f"<p>Group reward mean {record['mean']:.4g}, std {record['std']:.4g}; advantage = (reward − mean) / (std + eps). "
-        f"A token's colour is its log p after − before the update: <span style='background:{_colour(1, 1)}'>up</span>, "
-        f"<span style='background:{_colour(-1, 1)}'>down</span>, shaded on a log scale from |Δ| = {scale / 1000:.2g} "
+        f"<h2>Prompt</h2><pre class='prompt'>{e(record['prompt'])}</pre>"
+        f"<h2>{len(completions)} completions</h2>",
+        f"<p>Group reward mean {record['mean']:.4g}, std {record['std']:.4g}; "
+        "advantage = (reward − mean) / (std + eps). "
+        "A token's colour is its log p after − before the update: "
+        f"<span style='background:{_colour(1, 1)}'>up</span>, "
+        f"<span style='background:{_colour(-1, 1)}'>down</span>, "
+        f"shaded on a log scale from |Δ| = {scale / 1000:.2g} "
         f"to {scale:.2g}; hover over a token for its numbers.</p>",
     ]
     for i, c in enumerate(completions):
@@ -173,15 +185,18 @@ def render_html(record: dict) -> str:
             for t, b, a in c["tokens"]
         )
         parts.append(
-            f"<div class='completion'><b>#{i}</b> <span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> "
-            f"({e(rewards)}) <span class='key'>advantage</span> <b class='advantage'>{c['advantage']:+.6g}</b> "
-            f"<span class='key'>answer</span> {e(repr(c['answer']))} <span class='key'>{e(c['finish_reason'])}, "
-            f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span><div class='tokens'>{spans}</div></div>"
+            f"<div class='completion'><b>#{i}</b> "
+            f"<span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> ({e(rewards)}) "
+            f"<span class='key'>advantage</span> <b class='advantage'>{c['advantage']:+.6g}</b> "
+            f"<span class='key'>answer</span> {e(repr(c['answer']))} "
+            f"<span class='key'>{e(c['finish_reason'])}, "
+            f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span>"
+            f"<div class='tokens'>{spans}</div></div>"
         )
+    loss_first = sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0]))
     stats = "".join(
-        f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>"
-        for k, v in sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0]))
-    )  # the loss first
+        f"<div><span class='key'>{e(k)}</span> <span class='stat'>{v:.6g}</span></div>" for k, v in loss_first
+    )
     return "\n".join(
         parts + [f"<h2>Loss and stats of the update</h2><div class='stats'>{stats}</div></body></html>"]
     )

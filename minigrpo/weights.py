@@ -1,4 +1,5 @@
-"""Before and after the loop, the policy's weights in Hugging Face layout, as transformers and the Hub keep them.
+"""Before and after the loop, the policy's weights in Hugging Face layout, as transformers and the Hub
+keep them.
 
 (Training checkpoints, which add the optimizer and the run's position to these files, are checkpoint.py.)
 
@@ -120,7 +121,8 @@ def download(repo_id: str, local_dir: str | None = None, revision: str | None = 
         )
     except Exception as e:  # offline, unknown repo, gated repo, network error: all end here
         raise CheckpointError(
-            f"could not fetch {repo_id!r} from the Hugging Face Hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+            f"could not fetch {repo_id!r} from the Hugging Face Hub "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
             "Check the repo id and your network, or pass a local directory (see models/README.md)."
         ) from None
 
@@ -173,9 +175,8 @@ def check_tensors(directory: str) -> None:
     handles = {}
     for name, param in expected.items():
         if files[name] not in handles:
-            handles[files[name]] = _open_safetensors_listed(
-                files[name]
-            )  # checks the length against the header
+            # checks the length against the header
+            handles[files[name]] = _open_safetensors_listed(files[name])
         shape = tuple(handles[files[name]].get_slice(name).get_shape())
         if shape != tuple(param.shape):
             raise CheckpointError(_shape_error(name, directory, shape, param.shape))
@@ -232,7 +233,8 @@ def _open_safetensors_listed(path: str):
 
 
 def _open_safetensors(path: str):
-    """safe_open(path), with a damaged file (truncated, empty, not safetensors) a CheckpointError naming it."""
+    """safe_open(path), with a damaged file (truncated, empty, not safetensors) a CheckpointError naming
+    it."""
     try:
         return safe_open(path, framework="pt")
     except Exception as e:  # safetensors raises its own SafetensorError (and OSError for unreadable files)

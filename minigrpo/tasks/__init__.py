@@ -21,9 +21,8 @@ class Problem:
     answer: str  # the gold answer, as the verifier compares it ("185", "\\frac{5}{6}", "x = 5")
     solution: str = ""  # a worked solution ending in the answer (generated problems; for warm-up)
     extra: dict = field(default_factory=dict)  # more columns for the rewards (Countdown's "numbers")
-    source: str = field(
-        default="", compare=False
-    )  # where it was read, for errors ("data.jsonl, line 7"); "": made
+    # "": made, not read
+    source: str = field(default="", compare=False)  # where it was read, for errors ("data.jsonl, line 7")
 
 
 def to_task(problems: list[Problem], template, rewards, tokenizer=None):

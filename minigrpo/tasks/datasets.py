@@ -84,13 +84,14 @@ def load_jsonl(source: str, fmt: str = "auto") -> list[Problem]:
 def keep_scorable(
     problems: list[Problem], source: str, count: int | None = None, note=print
 ) -> list[Problem]:
-    """The first `count` problems (None: all) whose gold answer can be scored, with a note for each kind of gold
-    that needs one. A gold that does not equal itself written in \\boxed{}, as the prompts ask answers to be
-    written, can never be scored right (empty once normalised, such as "$$"; unbalanced braces): it is skipped.
-    A gold the verifier cannot parse (an integral, "1, 2, \\ldots") but equal to itself is kept: only an answer
-    spelled the same way, once normalised, scores right on it. Rows past the count-th kept one are not checked;
-    a plain number is not checked either, and any other gold costs a normalisation and a parse (well under a
-    millisecond for a gold of a few dozen characters: benchmarks/README.md)."""
+    """The first `count` problems (None: all) whose gold answer can be scored, with a note for each kind
+    of gold that needs one. A gold that does not equal itself written in \\boxed{}, as the prompts ask
+    answers to be written, can never be scored right (empty once normalised, such as "$$"; unbalanced
+    braces): it is skipped. A gold the verifier cannot parse (an integral, "1, 2, \\ldots") but equal to
+    itself is kept: only an answer spelled the same way, once normalised, scores right on it. Rows past
+    the count-th kept one are not checked; a plain number is not checked either, and any other gold
+    costs a normalisation and a parse (well under a millisecond for a gold of a few dozen characters:
+    benchmarks/README.md)."""
     kept, skipped, unparsed = [], [], []
     for problem in problems:
         if count is not None and len(kept) == count:
@@ -105,12 +106,14 @@ def keep_scorable(
     checked = len(kept) + len(skipped)
     if skipped:
         note(
-            f"note: {source}: skipped {len(skipped)} of {checked} rows whose gold answer no completion can match "
+            f"note: {source}: skipped {len(skipped)} of {checked} rows "
+            "whose gold answer no completion can match "
             f"(empty once normalised, or its braces unbalanced), first {_first(skipped)}"
         )
     if unparsed:
         note(
-            f"note: {source}: {len(unparsed)} of {checked} rows have a gold answer the verifier cannot parse, "
+            f"note: {source}: {len(unparsed)} of {checked} rows "
+            "have a gold answer the verifier cannot parse, "
             f"first {_first(unparsed)}; kept, but only an answer written the same way scores right on them"
         )
     if not kept:
@@ -132,9 +135,8 @@ def gold_verdict(answer: str) -> str:
         normalised = normalize(answer)
         if boxed is None or not normalised:  # an empty answer equals nothing
             return "never right"
-        if boxed != answer and not answers_match(
-            boxed, answer
-        ):  # answers_match(x, x): `normalised` non-empty
+        # answers_match(x, x): `normalised` non-empty
+        if boxed != answer and not answers_match(boxed, answer):
             return "never right"
         parse(normalised)
     except Unsupported:

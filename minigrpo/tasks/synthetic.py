@@ -42,7 +42,8 @@ def generate(
         if len(problems) == count:
             return problems
     raise ValueError(
-        f"only {len(problems)} distinct {split} problems of {kind} at difficulty {difficulty}; asked for {count}"
+        f"only {len(problems)} distinct {split} problems of {kind} at difficulty {difficulty}; "
+        f"asked for {count}"
     )
 
 

@@ -44,7 +44,8 @@ class Task:
                 raise ValueError(f"{self.where(i)} has columns {sorted(row)}, {first}")
 
     def where(self, i: int) -> str:
-        """Row i (from 0) as an error names it: its source, or "row i+1" (rows counted from 1, as in a file)."""
+        """Row i (from 0) as an error names it: its source, or "row i+1" (rows counted from 1, as in a
+        file)."""
         return self.sources[i] if self.sources is not None else f"row {i + 1}"
 
     def columns(self, rows: list[dict], repeat: int) -> dict[str, list]:
