@@ -6,9 +6,10 @@
 - `code_reward` / `code_rewards`: run generated Python against tests in a sandbox;
 - `countdown_reward`: an expression that reaches a target with the given numbers;
 - `compute_rewards`: the named rewards a task asks for, weighted and summed.
-The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and
-values for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions
-with variables), wrapped by bounded (worker processes running worker.py); format, code (sandbox, confine, cleanup), countdown and rewards beside them.
+The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
+for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
+wrapped by bounded (worker processes running worker.py); format, code (sandbox, confine, cleanup), countdown
+and rewards beside them.
 """
 
 from .bounded import TIME_LIMIT, VerifierError, is_equivalent, math_reward, math_rewards

@@ -1,10 +1,10 @@
 """Stage 2 of the loop, reward: the atoms of an answer, the part of `parse` that knows LaTeX.
 
-In: the tokens of a normalised answer. Out: the value of one atom (a number, with its decimals
-recorded; a letter, Greek name or constant; \\frac, \\sqrt, \\binom, \\sum, a function; a bracket,
-set, absolute value, rounding or matrix). The tables below and `_Atoms.command` are the whole
-vocabulary: any other command raises Unsupported. It knows single atoms, not precedence: what an atom encloses is
-read by `parse`'s grammar, which `_Atoms` calls back.
+In: the tokens of a normalised answer. Out: the value of one atom (a number, with its decimals recorded; a
+letter, Greek name or constant; \\frac, \\sqrt, \\binom, \\sum, a function; a bracket, set, absolute value,
+rounding or matrix). The tables below and `_Atoms.command` are the whole vocabulary: any other command raises
+Unsupported. It knows single atoms, not precedence: what an atom encloses is read by `parse`'s grammar, which
+`_Atoms` calls back.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Stage 2 of the loop, reward: math checks that always come back within a deadline.
 
-In: (answer, gold) or (response, gold) pairs. Out: a bool or a 0/1 reward per pair, never an
-exception, each within `TIME_LIMIT` seconds of wall time whatever the input (a batch within its
-`batch_budget`), and however many threads check at the same time. The checks run in worker processes (`worker.py`, plain
-subprocesses that import sympy but never torch) that are killed and replaced when one runs past
-its deadline: the answer is then "not equal". This is the backstop: `parse` already refuses
-oversized work from estimates, and a worker stops a job itself when the job's time is up (a timer,
-see `worker`), so only a job stuck in C code costs a kill and a restart.
+In: (answer, gold) or (response, gold) pairs. Out: a bool or a 0/1 reward per pair, never an exception, each
+within `TIME_LIMIT` seconds of wall time whatever the input (a batch within its `batch_budget`), and however
+many threads check at the same time. The checks run in worker processes (`worker.py`, plain subprocesses that
+import sympy but never torch) that are killed and replaced when one runs past its deadline: the answer is then
+"not equal". This is the backstop: `parse` already refuses oversized work from estimates, and a worker stops a
+job itself when the job's time is up (a timer, see `worker`), so only a job stuck in C code costs a kill and a
+restart.
 
 One pool of workers serves every caller in the process. A check takes a free worker from a shared
 list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
@@ -98,8 +98,8 @@ class _Worker:
         self.ready = True
 
     def send(self, job, seconds: float, deadline: float) -> None:
-        """Give the worker `job` to stop itself after `seconds` of CPU time; it is killed if it has not answered
-        by `deadline`."""
+        """Give the worker `job` to stop itself after `seconds` of CPU time; it is killed if it has not
+        answered by `deadline`."""
         write_frame(self.process.stdin, (*job, seconds))
         self.deadline = deadline
 
@@ -196,9 +196,8 @@ class WorkerPool:
         busy = {}  # worker -> index of the job it holds
         in_flight = self._in_flight(parallel)
         start = time.monotonic()
-        deadlines = [
-            min(start + (i // in_flight + 1) * slot, until) for i in range(len(jobs))
-        ]  # from the call
+        # each deadline counts from the call
+        deadlines = [min(start + (i // in_flight + 1) * slot, until) for i in range(len(jobs))]
         try:
             while waiting or busy:
                 self._dispatch(jobs, waiting, busy, parallel, deadlines, work_limit)
@@ -221,9 +220,8 @@ class WorkerPool:
                     return
                 waiting.popleft()  # no worker in time, nothing in flight: fail closed
                 continue
-            seconds = min(
-                work_limit, deadline - time.monotonic() - KILL_GRACE
-            )  # it stops itself before the kill
+            # the worker's own timer: it stops itself before the kill
+            seconds = min(work_limit, deadline - time.monotonic() - KILL_GRACE)
             if seconds <= 0:
                 self._give_back(worker)
                 waiting.popleft()  # no time left to do any work: fail closed
@@ -279,7 +277,8 @@ class WorkerPool:
                 self.waiting -= 1
 
     def _raise_start_error(self) -> None:
-        """Raise why a worker failed to start, once (called with `changed` held): the next check tries again."""
+        """Raise why a worker failed to start, once (called with `changed` held): the next check tries
+        again."""
         error, self.error = self.error, None
         if error is not None:
             raise error

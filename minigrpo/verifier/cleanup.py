@@ -13,7 +13,8 @@ import os
 
 
 def remove_tree(path: str, keep_top: bool = False) -> None:
-    """Delete `path` and all below it (only what is below, with `keep_top`); never raises for what a test made.
+    """Delete `path` and all below it (only what is below, with `keep_top`); never raises for what a test
+    made.
 
     Linear and flat whatever a test built: each directory below the top is emptied one level at a time, its
     subdirectories first renamed up into the top, so neither a recursion nor a path grows with depth

@@ -48,7 +48,8 @@ PYTHON_FENCES = ("python", "py", "python3", "")  # info strings of the fenced bl
 SANDBOX_UIDS = (
     1024  # as root, uids first_uid .. first_uid + 1023: at most this many sandboxes at once per machine
 )
-# one lock file per uid in use, root's: a fixed path, machine-wide whatever TMPDIR says (/run is cleared at boot)
+# one lock file per uid in use, root's: a fixed path, machine-wide whatever TMPDIR says (/run is cleared at
+# boot)
 UID_LOCKS = "/run/minigrpo-sandbox-uids"
 
 
@@ -95,12 +96,14 @@ class SandboxConfig:
             )
         if self.max_output_bytes > self.file_size_bytes:
             raise ValueError(
-                f"max_output_bytes ({self.max_output_bytes}) cannot exceed file_size_bytes ({self.file_size_bytes}): "
+                f"max_output_bytes ({self.max_output_bytes}) cannot exceed "
+                f"file_size_bytes ({self.file_size_bytes}): "
                 "stdout is a file, so it never grows past file_size_bytes"
             )
         if self.scratch_bytes < self.file_size_bytes:
             raise ValueError(
-                f"scratch_bytes ({self.scratch_bytes}) cannot be less than file_size_bytes ({self.file_size_bytes}): "
+                f"scratch_bytes ({self.scratch_bytes}) cannot be less than "
+                f"file_size_bytes ({self.file_size_bytes}): "
                 "a test's stdout is a file in that tmpfs"
             )
         if self.max_open_files < 16:
@@ -109,7 +112,8 @@ class SandboxConfig:
             )
         if not isinstance(self.first_uid, int) or not 0 < self.first_uid < 2**32 - SANDBOX_UIDS:
             raise ValueError(
-                f"first_uid must be a uid other than root's, 1 .. {2**32 - SANDBOX_UIDS - 1}, got {self.first_uid!r}"
+                f"first_uid must be a uid other than root's, 1 .. {2**32 - SANDBOX_UIDS - 1}, "
+                f"got {self.first_uid!r}"
             )
 
 
@@ -177,7 +181,8 @@ def _check_test(i: int, test, config: SandboxConfig) -> dict:
             )
         return {"kind": "stdio", "input": test["input"], "output": test["output"]}
     raise ValueError(
-        f"test {i} must be a str of Python statements or a dict with 'input' and 'output', not {type(test).__name__}"
+        f"test {i} must be a str of Python statements or a dict with 'input' and 'output', "
+        f"not {type(test).__name__}"
     )
 
 
@@ -320,17 +325,17 @@ def _sandbox_directory(uid: int | None):
 def _supervise(
     code: str, cases: list[dict], config: SandboxConfig, uid: int | None, lock: int | None, directory: str
 ) -> list[dict]:
-    """Run the supervisor on this job, handing it the uid's lock; its per-case reports (failures if it ran past
-    the backstop)."""
-    inputs = [
-        {k: v for k, v in case.items() if k != "output"} for case in cases
-    ]  # the expected output stays here
+    """Run the supervisor on this job, handing it the uid's lock; its per-case reports (failures if it ran
+    past the backstop)."""
+    # the expected output stays here
+    inputs = [{k: v for k, v in case.items() if k != "output"} for case in cases]
     job = {"program": code, "cases": inputs, "uid": uid, "trainer_pid": os.getpid(), **asdict(config)}
+    # nothing of os.environ
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
-    }  # nothing of os.environ
+    }
     process = subprocess.Popen(
         [sys.executable, "-I", os.path.abspath(sandbox.__file__)],
         cwd=directory,
@@ -361,9 +366,9 @@ def _supervise(
         raise RuntimeError(f"the code sandbox could not run: {result['error']}")
     if not result["isolated"]:  # shown once: Python's default filter reports a warning once per place
         warnings.warn(
-            "the code sandbox runs without namespaces here (they need root with CAP_SYS_ADMIN): tests can write "
-            "to the shared /tmp, /var/tmp, /dev/shm and /run/lock and share the host's SysV IPC; sockets are still "
-            "refused",
+            "the code sandbox runs without namespaces here (they need root with CAP_SYS_ADMIN): "
+            "tests can write to the shared /tmp, /var/tmp, /dev/shm and /run/lock "
+            "and share the host's SysV IPC; sockets are still refused",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -371,7 +376,8 @@ def _supervise(
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM: the supervisor kills and reaps its running test, then exits; SIGKILL if it has not within a second."""
+    """SIGTERM: the supervisor kills and reaps its running test, then exits; SIGKILL if it has not within a
+    second."""
     process.terminate()
     try:
         process.communicate(timeout=CLEANUP_SECONDS)

@@ -1,4 +1,5 @@
-"""Stage 2 of the loop, verify (code): the process of one test, forked by the sandbox supervisor (`sandbox.py`).
+"""Stage 2 of the loop, verify (code): the process of one test, forked by the sandbox supervisor
+(`sandbox.py`).
 
 It confines itself (process group, rlimits, a fresh session keyring and, in the supervisor's namespaces,
 a fresh IPC namespace; an unprivileged uid, no new privileges, the seccomp filter below), runs the program
@@ -141,9 +142,8 @@ def _confine(job: dict, files: list, proof_write: int) -> None:
     for fd, file in enumerate(files):
         os.dup2(file.fileno(), fd)  # stdin, stdout, stderr
     os.dup2(proof_write, PROOF_FD)
-    os.closerange(
-        PROOF_FD + 1, os.sysconf("SC_OPEN_MAX")
-    )  # nothing of the supervisor's, e.g. its report pipe
+    # nothing of the supervisor's, e.g. its report pipe
+    os.closerange(PROOF_FD + 1, os.sysconf("SC_OPEN_MAX"))
     try:
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")  # under memory pressure the kernel kills a test before the trainer
@@ -304,26 +304,24 @@ def _install_filter() -> None:
     program = _filter_steps(SYSCALLS[os.uname().machine])
     instructions = (_SockFilter * len(program))(*(_SockFilter(*step) for step in program))
     filter_program = _SockFprog(len(program), instructions)
-    if (
-        LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0
-    ):  # SECCOMP_MODE_FILTER
+    # SECCOMP_MODE_FILTER
+    if LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(filter_program), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
 
 
 def _run_assert_case(program: str, case: dict, nonce: bytes) -> None:
-    """The program as module "solution", then the test's statements in it; the nonce only if both ran to the end.
+    """The program as module "solution", then the test's statements in it; the nonce only if both ran to the
+    end.
 
     Printing or exiting early forges nothing: the nonce is in no file, argument or environment variable,
     only in this process's memory (this frame and its caller's). A program that reads the harness's frames
     or memory can still find it and write it to PROOF_FD: `sys._getframe(1).f_locals["nonce"]` is enough."""
     run, write, exit_now = exec, os.write, os._exit  # bound before the program could replace the builtins
-    namespace = _fresh_module(
-        "solution"
-    )  # not "__main__": an `if __name__ == "__main__":` block does not run
+    # not "__main__": an `if __name__ == "__main__":` block does not run
+    namespace = _fresh_module("solution")
     try:
-        test_code = compile(
-            case["source"], "<test>", "exec"
-        )  # compiled before the program can touch `compile`
+        # compiled before the program can touch `compile`
+        test_code = compile(case["source"], "<test>", "exec")
         run(compile(program, "<program>", "exec"), namespace)
         run(test_code, namespace)
     except BaseException:  # SystemExit included: a test that did not run to its end did not pass
@@ -336,7 +334,8 @@ def _run_assert_case(program: str, case: dict, nonce: bytes) -> None:
 
 
 def _run_script(program: str, case: dict, nonce: bytes) -> None:
-    """The program as __main__ with the test's input on stdin; exit status 0 unless it raised or exited non-zero."""
+    """The program as __main__ with the test's input on stdin; exit status 0 unless it raised or exited
+    non-zero."""
     exit_now = os._exit
     try:
         exec(compile(program, "<program>", "exec"), _fresh_module("__main__"))

@@ -62,9 +62,8 @@ def answers_match(pred: str, gold: str) -> bool:
     """Whether the extracted answer `pred` equals `gold` by the rules in the module docstring."""
     if not (isinstance(pred, str) and isinstance(gold, str)):
         return False
-    if pred.strip() == gold.strip() and _PLAIN_NUMBER.fullmatch(
-        pred
-    ):  # the same number(s), written the same:
+    # the same number(s), written the same:
+    if pred.strip() == gold.strip() and _PLAIN_NUMBER.fullmatch(pred):
         return True  # equal before anything costly (normalising long runs of digits is slow)
     if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
         return False
@@ -142,7 +141,8 @@ def _as_point(value):
 
 
 def _is_name(value) -> bool:
-    """A variable, a tuple of them, or a product/ratio/absolute value of them: x, (p, q), AB, V_1/V_2, |AB|."""
+    """A variable, a tuple of them, or a product/ratio/absolute value of them: x, (p, q), AB, V_1/V_2,
+    |AB|."""
     if isinstance(value, Tuple):
         return all(map(_is_name, value.items))
     if isinstance(value, sympy.Symbol):

@@ -50,11 +50,12 @@ _SPAN_CLOSERS = {
 _SENTENCE_END = re.compile(r"\n|\.(?:\s|$)|[;!?](?:\s|$)|\s+(?:I hope|which|because|since)\b")
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _SENTENCE_BREAK = re.compile(r"\n\s*\n|[.!?](?:\s|$)")
+# between two boxes: the second replaces the first
 _CORRECTION = re.compile(
     r"\b(?:later|actually|instead|rather|wait|correct(?:ion|ed)|on second thought|re-?check(?:ed|ing)?"
     r"|after checking)\b",
     re.IGNORECASE,
-)  # between two boxes: the second replaces the first
+)
 _HEDGE = re.compile(r"\b(?:or|maybe|perhaps|possibly)\b", re.IGNORECASE)  # ... unless the gap also hedges
 # A plain number: 72, -3.5, 1,250, 3/4. It never starts at an inner group of a comma-grouped number
 # (the "000" of ",000,0"): from every such group the regex walked the rest of the number again, which

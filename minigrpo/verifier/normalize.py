@@ -39,9 +39,8 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|\\degree(?![A
 _PERCENT_AND_MONEY = re.compile(r"\\%|%|\\\$|\$")
 # Thousands separators. The first group of a number written with them has 1-3 digits and does not
 # start with 0: "0,500" is a list (or a decimal comma), never 500.
-_BRACED_THOUSANDS = re.compile(
-    r"(?<![\d.])[1-9]\d{0,2}(?:\s*(?:\{\s*,\s*\}|,\\!)\s*\d{3})+(?!\d)"
-)  # 10{,}000, 10,\!000
+# 10{,}000, 10,\!000
+_BRACED_THOUSANDS = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?:\s*(?:\{\s*,\s*\}|,\\!)\s*\d{3})+(?!\d)")
 _BRACE = re.compile(r"(?<!\\)[{}]")
 _UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*[23]\s*\}?")
 _SIMPLE_SUBSCRIPT = re.compile(r"_\{\s*([A-Za-z0-9]+)\s*\}")

@@ -80,9 +80,7 @@ class RewardSpec:
 class Rewards:
     total: list[float]  # weighted sum per completion
     components: dict[str, list[float]]  # unweighted value per reward name, per completion
-    timed_out: list[bool] = field(
-        default_factory=list
-    )  # per completion: some reward ran out of time (scored 0)
+    timed_out: list[bool] = field(default_factory=list)  # per completion: a reward ran out of time (scored 0)
 
     def stats(self) -> dict[str, float]:
         """Flat, slash-named stats for the logger: reward/mean, reward/std, reward/timeout_frac,
@@ -121,7 +119,8 @@ def _call(
     missing = [p for p in _required_columns(fn) if p not in columns and p not in spec.options]
     if missing:
         raise ValueError(
-            f"reward {spec.name!r} needs the column(s) {', '.join(missing)}; the task has {', '.join(sorted(columns)) or 'none'}"
+            f"reward {spec.name!r} needs the column(s) {', '.join(missing)}; "
+            f"the task has {', '.join(sorted(columns)) or 'none'}"
         )
     values = fn(completions, **columns, **spec.options)
     if len(values) != len(completions) or not all(

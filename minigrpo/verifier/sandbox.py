@@ -75,9 +75,9 @@ SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual 
 
 
 def _load_sibling(name: str) -> types.ModuleType:
-    """`name`.py from this file's directory, loaded by its path. This file runs as `python -I sandbox.py`, outside
-    its package: importing minigrpo would pull torch into every sandbox, and the program run here later must
-    find sys.path as Python set it. So neither a package import nor a sys.path entry."""
+    """`name`.py from this file's directory, loaded by its path. This file runs as `python -I sandbox.py`,
+    outside its package: importing minigrpo would pull torch into every sandbox, and the program run here
+    later must find sys.path as Python set it. So neither a package import nor a sys.path entry."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"_minigrpo_sandbox_{name}", path)  # a private name
     module = importlib.util.module_from_spec(spec)
@@ -86,9 +86,8 @@ def _load_sibling(name: str) -> types.ModuleType:
     return module
 
 
-confine = _load_sibling(
-    "confine"
-)  # the forked test process: rlimits, uid, seccomp, then the program and the test
+# the forked test process: rlimits, uid, seccomp, then the program and the test
+confine = _load_sibling("confine")
 cleanup = _load_sibling("cleanup")  # remove_tree, which code.py also runs on the host
 
 
@@ -103,13 +102,11 @@ def main() -> None:
         return _reply(
             {"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"}
         )
-    signal.signal(
-        signal.SIGTERM, _give_up
-    )  # from the trainer's backstop: clean up the running test, then exit
+    # SIGTERM from the trainer's backstop: clean up the running test, then exit
+    signal.signal(signal.SIGTERM, _give_up)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # delivered only while waiting for a test
-    sys.path[:] = [
-        p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))
-    ]  # Python 3.10's -I keeps it
+    # this file's directory off sys.path: Python 3.10's -I keeps it
+    sys.path[:] = [p for p in sys.path if p != os.path.dirname(os.path.abspath(__file__))]
     # without root, the tests' (same) uid cannot read our memory or file descriptors
     confine.prctl(confine.PR_SET_DUMPABLE, 0)
     # orphans of a test become our children, so we reap them (PID 1 may not)
@@ -154,7 +151,8 @@ def _isolate(job: dict) -> bool:
     confine.limit_ipc(job["scratch_bytes"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # private first, or our mounts would show outside
     _mount_scratch(job)
-    # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer resolves
+    # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer
+    # resolves
     directory = os.open(".", os.O_PATH | os.O_DIRECTORY)
     for shared in SHARED_DIRECTORIES:
         if os.path.isdir(shared):
@@ -179,13 +177,13 @@ def _mount_scratch(job: dict) -> None:
 
 def _expose_python() -> None:
     """Let the sandbox uid reach the interpreter even where a directory above it is closed to others (pyenv
-    under /root, mode 0700): in our mount namespace such a directory becomes a tmpfs holding just the way on."""
+    under /root, mode 0700): in our mount namespace such a directory becomes a tmpfs holding just the way
+    on."""
     paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if os.path.isdir(p)}
     while blocked := _first_blocked_ancestors(paths):
         for ancestor, children in blocked.items():
-            keep = {
-                child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children
-            }  # before hiding
+            # the children, opened before hiding
+            keep = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}
             _mount("tmpfs", ancestor, "tmpfs", 0, b"mode=0755")
             for child, fd in keep.items():
                 os.mkdir(os.path.join(ancestor, child))
@@ -207,11 +205,11 @@ def _first_blocked_ancestors(paths: set[str]) -> dict[str, set[str]]:
 
 
 def _run_case(job: dict, case: dict) -> dict:
-    """Fork the test's process, wait for it up to the timeout, kill and reap everything it left; its report."""
+    """Fork the test's process, wait for it up to the timeout, kill and reap everything it left; its
+    report."""
     nonce = os.urandom(16).hex().encode()  # fresh per test: a proof from one test says nothing about another
-    stdin, stdout, stderr = files = [
-        tempfile.TemporaryFile() for _ in range(3)
-    ]  # unnamed: unreachable by path
+    # unnamed: unreachable by path
+    stdin, stdout, stderr = files = [tempfile.TemporaryFile() for _ in range(3)]
     stdin.write(case.get("input", "").encode())
     stdin.seek(0)
     proof_read, proof_write = os.pipe()
@@ -265,12 +263,14 @@ def _check_uid(uid: int) -> str | None:
     if status == 1:
         return f"cannot switch to uid {uid}; set SandboxConfig.first_uid to uids that can be used here"
     if status == 2:
-        return f"uid {uid} cannot read the Python installation at {os.path.dirname(os.__file__)}; make it readable"
+        installation = os.path.dirname(os.__file__)
+        return f"uid {uid} cannot read the Python installation at {installation}; make it readable"
     return None
 
 
 def _kill_leftovers(pgid: int, uid: int | None) -> None:
-    """SIGKILL the test's process group and, as root, every process of its uid (also those that left the group)."""
+    """SIGKILL the test's process group and, as root, every process of its uid (also those that left the
+    group)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
@@ -280,7 +280,8 @@ def _kill_leftovers(pgid: int, uid: int | None) -> None:
 
 
 def _kill_all_as(uid: int) -> None:
-    """kill(-1, SIGKILL) from a process running as `uid`: every process of that uid, at once (a fork cannot slip by)."""
+    """kill(-1, SIGKILL) from a process running as `uid`: every process of that uid, at once (a fork cannot
+    slip by)."""
     pid = os.fork()
     if pid == 0:
         try:

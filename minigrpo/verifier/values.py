@@ -54,9 +54,7 @@ class Text:
 @dataclass
 class Parsed:
     value: object
-    decimals: dict = field(
-        default_factory=dict
-    )  # exact value of a decimal literal -> (significant digits, ulp)
+    decimals: dict = field(default_factory=dict)  # decimal literal's exact value -> (significant digits, ulp)
 
 
 REAL_LINE = Interval(-sympy.oo, sympy.oo, False, False)

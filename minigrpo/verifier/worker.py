@@ -1,10 +1,11 @@
 """The verifier's worker process: `python -m minigrpo.verifier.worker`, driven by `bounded`.
 
-Reads jobs from stdin and writes results to stdout, one length-prefixed pickle frame each:
-("match", pred, gold, seconds) -> bool, ("reward", response, gold, seconds) -> float, or
-OUT_OF_TIME once the job has used `seconds` of CPU time (a timer interrupts it: the worker lives
-on, with no restart to pay; CPU time, so that other processes on a busy machine do not count). It imports sympy, never torch, caps its own memory, and ignores Ctrl-C. Its parent
-owns it and kills it when a job runs well past its deadline: the timer cannot stop C code.
+Reads jobs from stdin and writes results to stdout, one length-prefixed pickle frame each: ("match", pred,
+gold, seconds) -> bool, ("reward", response, gold, seconds) -> float, or OUT_OF_TIME once the job has used
+`seconds` of CPU time (a timer interrupts it: the worker lives on, with no restart to pay; CPU time, so that
+other processes on a busy machine do not count). It imports sympy, never torch, caps its own memory, and
+ignores Ctrl-C. Its parent owns it and kills it when a job runs well past its deadline: the timer cannot stop
+C code.
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ import struct
 import sys
 
 MEMORY_LIMIT_BYTES = 4 << 30  # a check that needs more fails (as not equal) instead of swapping
-WARM_UP = [
-    ("(x+1)^2", "x^2+2x+1"),
-    (r"\frac{\sqrt{2}}{2}", r"\sin(\pi/4)"),
-    ("0.3333333", r"\frac13"),
-]  # run once
-# before the worker says it is ready: sympy's first polynomial, root and decimal cost ~0.1 s, outside any deadline
+# run once before the worker says it is ready: sympy's first polynomial, root and decimal cost ~0.1 s,
+# outside any deadline
+WARM_UP = [("(x+1)^2", "x^2+2x+1"), (r"\frac{\sqrt{2}}{2}", r"\sin(\pi/4)"), ("0.3333333", r"\frac13")]
 OUT_OF_TIME = "out of time"  # the answer to a job its timer stopped (compared with ==: it is unpickled)
 
 _HEADER = struct.Struct(">I")
