@@ -3,7 +3,9 @@ from setuptools import find_packages, setup
 setup(
     name="minigrpo",
     version="0.1.0",
-    description="A from-scratch, pure-PyTorch GRPO trainer for reinforcement learning from verifiable rewards",
+    description=(
+        "A from-scratch, pure-PyTorch GRPO trainer for reinforcement learning from verifiable rewards"
+    ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["minigrpo", "minigrpo.*"]),
@@ -32,7 +34,8 @@ setup(
         "plot": ["matplotlib"],
         "tensorboard": ["tensorboard"],  # --report_to tensorboard (torch.utils.tensorboard writes the events)
         "wandb": ["wandb"],  # --report_to wandb (offline runs; `wandb sync` uploads them)
-        # what benchmarks/ measures against: transformers' generate and forward, TRL's GRPOTrainer, Math-Verify's grader
+        # what benchmarks/ measures against: transformers' generate and forward, TRL's GRPOTrainer,
+        # Math-Verify's grader
         "bench": ["transformers>=4.51", "trl>=1.0", "math-verify[antlr4_13_2]"],
         # the formatter and linter CI checks with (ruff.toml); pinned, as another version formats differently
         "dev": ["ruff==0.17.6"],

@@ -3,10 +3,10 @@
     python benchmarks/bench_forward.py                       # tiny and 0.6B shapes, fp32, CPU
     python benchmarks/bench_forward.py --shapes tiny --batch 8 --seq 256
 
-Random weights; both models run in this process on the same inputs. Each round times one call of
-each, back to back in alternating order, and the printed ratio is the median over rounds of
-ours / transformers speed (>= 1.0 means minigrpo is no slower), so that machine drift cancels. The loss for the backward pass
-is a cross-entropy on random targets over the full vocabulary, as a training step would compute.
+Random weights; both models run in this process on the same inputs. Each round times one call of each, back to
+back in alternating order, and the printed ratio is the median over rounds of ours / transformers speed (>=
+1.0 means minigrpo is no slower), so that machine drift cancels. The loss for the backward pass is a
+cross-entropy on random targets over the full vocabulary, as a training step would compute.
 """
 
 import argparse
@@ -84,7 +84,8 @@ def main():
     args = parser.parse_args()
     print(machine_line())
     print(
-        f"{'shape':6} {'pass':17} {'batch x seq':>11} {'ours tok/s':>11} {'transformers tok/s':>19} {'ratio':>6}"
+        f"{'shape':6} {'pass':17} {'batch x seq':>11} {'ours tok/s':>11} "
+        f"{'transformers tok/s':>19} {'ratio':>6}"
     )
     for shape in args.shapes.split(","):
         batch, rounds = (
@@ -95,11 +96,13 @@ def main():
             shape, batch, args.seq, rounds, getattr(torch, args.dtype)
         ):
             print(
-                f"{shape_:6} {label:17} {f'{batch} x {args.seq}':>11} {ours:11.0f} {theirs:19.0f} {ratio:6.2f}",
+                f"{shape_:6} {label:17} {f'{batch} x {args.seq}':>11} "
+                f"{ours:11.0f} {theirs:19.0f} {ratio:6.2f}",
                 flush=True,
             )
     print(
-        f"({args.dtype}; tok/s are medians over rounds; ratio = median over rounds of ours / transformers speed)"
+        f"({args.dtype}; tok/s are medians over rounds; "
+        "ratio = median over rounds of ours / transformers speed)"
     )
 
 

@@ -107,9 +107,8 @@ def bench_shape(shape, args, bandwidth, flops):
     for batch in args.batches:
         prompts = prompts_for(batch, args.prompt, vocab, seed=batch)
         compile_s = None
-        if (
-            "compiled" in args.paths
-        ):  # the first call builds the graphs; a second, timed the same way, does not
+        # the first call builds the graphs; a second, timed the same way, does not
+        if "compiled" in args.paths:
             first, _ = seconds(lambda: ours(model, prompts, new, "compiled"))
             compile_s = first - seconds(lambda: ours(model, prompts, new, "compiled"))[0]
         times = {name: [] for name in ["transformers", *args.paths]}
@@ -128,7 +127,8 @@ def bench_shape(shape, args, bandwidth, flops):
         decode = statistics.median(decode_ms)
         note = f"  compiling took {compile_s:.0f} s" if compile_s is not None else ""
         print(
-            f"{shape:5} {batch:5} {ms['transformers']:9.1f} {cells} {decode:9.1f} {floor_ms:8.1f} {decode / floor_ms:6.2f}{note}",
+            f"{shape:5} {batch:5} {ms['transformers']:9.1f} {cells} "
+            f"{decode:9.1f} {floor_ms:8.1f} {decode / floor_ms:6.2f}{note}",
             flush=True,
         )
     if args.naive_tokens:
@@ -139,7 +139,8 @@ def bench_shape(shape, args, bandwidth, flops):
             )
         )
         print(
-            f"{shape:5} naive no-cache sampler, batch 1, {naive_tokens} new tokens: {1e3 * t_naive / naive_tokens:.1f} ms/step",
+            f"{shape:5} naive no-cache sampler, batch 1, {naive_tokens} new tokens: "
+            f"{1e3 * t_naive / naive_tokens:.1f} ms/step",
             flush=True,
         )
     return model
@@ -171,8 +172,9 @@ def bench_refill(model, shape, args):
     a, b = statistics.median(rates["refill"]), statistics.median(rates["chunks"])
     mean = {k: sum(v) / len(v) for k, v in lengths.items()}
     print(
-        f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   mean length {mean['refill']:.0f} / "
-        f"{mean['chunks']:.0f}, longest {max(lengths['refill'])} / {max(lengths['chunks'])}; KV cache {cache_mb:.1f} MB",
+        f"{shape:5} {len(prompts):5} {budget:7} {a:12.0f} {b:12.0f} {a / b:6.2f}x   "
+        f"mean length {mean['refill']:.0f} / {mean['chunks']:.0f}, "
+        f"longest {max(lengths['refill'])} / {max(lengths['chunks'])}; KV cache {cache_mb:.1f} MB",
         flush=True,
     )
 
@@ -188,7 +190,8 @@ def bench_compaction(model, shape, batch, args):
         )
         lengths = [len(x) for x in samples.tokens]
         print(
-            f"{shape:5} {batch:5} {'compact' if compact else 'mask':8} {t:8.2f} s {samples.num_tokens / t:9.0f} tok/s  "
+            f"{shape:5} {batch:5} {'compact' if compact else 'mask':8} "
+            f"{t:8.2f} s {samples.num_tokens / t:9.0f} tok/s  "
             f"lengths mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}",
             flush=True,
         )
@@ -279,7 +282,8 @@ def main():
     bandwidth, flops = copy_bandwidth(), matmul_rate()
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s (measured now)")
     print(
-        f"prompt {args.prompt}, new tokens {args.new} (tiny) / {args.new_large} (others), temperature 1.0, top_p 0.9, "
+        f"prompt {args.prompt}, new tokens {args.new} (tiny) / {args.new_large} (others), "
+        "temperature 1.0, top_p 0.9, "
         f"EOS off; ms = call time / new tokens, median of {args.rounds}; ratio = transformers ms / ours"
     )
     cells = " ".join(f"{p + ' ms':>9} {'ratio':>6}" for p in args.paths)
@@ -287,14 +291,16 @@ def main():
     models = {shape: bench_shape(shape, args, bandwidth, flops) for shape in args.shapes.split(",")}
     if args.refill_rows:
         print(
-            f"\nrefill under a row budget vs sequential chunks of it (EOS on, eager steps, median of {args.rounds})"
+            "\nrefill under a row budget vs sequential chunks of it "
+            f"(EOS on, eager steps, median of {args.rounds})"
         )
         print(f"{'shape':5} {'rows':>5} {'budget':>7} {'refill tok/s':>12} {'chunks tok/s':>12} {'ratio':>7}")
         for shape, model in models.items():
             bench_refill(model, shape, args)
     if args.compaction_batch and "tiny" in models:
         print(
-            f"\nfinished rows, EOS on, batch {args.compaction_batch}: dropped from the batch (compact) or kept (mask)"
+            f"\nfinished rows, EOS on, batch {args.compaction_batch}: "
+            "dropped from the batch (compact) or kept (mask)"
         )
         bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
     if args.packed_rows:

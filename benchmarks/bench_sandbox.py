@@ -27,7 +27,9 @@ from minigrpo.verifier.code import CaseResult, SandboxConfig, run_cases  # noqa:
 
 SANDBOX_EXIT = 125  # confine.py's exit status when it could not confine the test (the program never ran)
 NON_GOALS = {  # payload file: why it is not contained, by design (README, "What is guaranteed")
-    "python/escape_chroot.py": "reads /etc/passwd through '..': world-readable files are readable (no chroot)",
+    "python/escape_chroot.py": (
+        "reads /etc/passwd through '..': world-readable files are readable (no chroot)"
+    ),
     "python/read_etc_passwd.py": "world-readable files are readable (no chroot)",
     "python/read_proc_cpuinfo.py": "/proc is the host's (it shows CPU and memory, not secrets)",
     "python/read_proc_meminfo.py": "/proc is the host's (it shows CPU and memory, not secrets)",
@@ -86,7 +88,8 @@ def main() -> None:
     manifest = os.path.join(args.suite, "manifest.json")
     if not os.path.isfile(manifest):
         sys.exit(
-            f"bench_sandbox: no manifest.json in {args.suite}; see benchmarks/README.md for how to get the suite"
+            f"bench_sandbox: no manifest.json in {args.suite}; "
+            "see benchmarks/README.md for how to get the suite"
         )
     with open(manifest, encoding="utf-8") as file:
         tests = json.load(file)["tests"]
@@ -104,7 +107,8 @@ def main() -> None:
     for test, (got, contained) in zip(python, outcomes):
         why = "" if contained else NON_GOALS.get(test["file"], "**not a documented non-goal**")
         print(
-            f"| {test['name']} | {expected(test['expect'])} | {got} | {'yes' if contained else 'NO'} | {why} |"
+            f"| {test['name']} | {expected(test['expect'])} | {got} | "
+            f"{'yes' if contained else 'NO'} | {why} |"
         )
     missed = [test for test, (_, contained) in zip(python, outcomes) if not contained]
     documented = sum(test["file"] in NON_GOALS for test in missed)

@@ -39,14 +39,14 @@ from common import SHAPES, machine_line, transformers_twin  # noqa: E402
 
 import minigrpo  # noqa: E402
 from minigrpo.loss import grpo_loss  # noqa: E402
-from minigrpo.rollout import (
+from minigrpo.rollout import (  # noqa: E402
     Rollout,
     collate,
     group_batches,
     micro_batches,
     padding_fraction,
     token_budget_batches,
-)  # noqa: E402
+)
 from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs  # noqa: E402
 
 PATHS = ("full", "chunked", "budget", "shared", "trl")
@@ -182,7 +182,8 @@ def resident() -> tuple[int, int]:
 
 
 def measure(path: str, case: str, blocks: int, repeats: int, smoke: bool) -> dict:
-    """One path in this process (a fork of its own): seconds per update (median of repeats) and peak growth."""
+    """One path in this process (a fork of its own): seconds per update (median of repeats) and peak
+    growth."""
     torch.manual_seed(0)
     model, rollouts = build(case, blocks, smoke)
     batches = batches_for(path, rollouts, case)
@@ -233,7 +234,8 @@ def run_case(case: str, paths, blocks: int, repeats: int, smoke: bool) -> list[s
         f"case {case}"
         + (f", {blocks} block(s)" if case == "vocab" else "")
         + f", {repeats} update(s) per path",
-        "| path | micro-batches | padding | s / update | tokens/s | peak growth GB | time vs full | tokens/s vs chunked |",
+        "| path | micro-batches | padding | s / update | tokens/s | peak growth GB "
+        "| time vs full | tokens/s vs chunked |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     results = {}
@@ -248,7 +250,8 @@ def run_case(case: str, paths, blocks: int, repeats: int, smoke: bool) -> list[s
     full, chunked = results.get("full"), results.get("chunked")
     for path, r in results.items():
         lines.append(
-            f"| {path} | {r['micro_batches']} | {100 * r['padding']:.1f}% | {r['seconds']:.3f} | {r['tokens'] / r['seconds']:,.0f} | "
+            f"| {path} | {r['micro_batches']} | {100 * r['padding']:.1f}% | {r['seconds']:.3f} | "
+            f"{r['tokens'] / r['seconds']:,.0f} | "
             f"{r['growth'] / 1e9:.2f} | "
             + (f"{r['seconds'] / full['seconds']:.2f}x" if full else "-")
             + " | "

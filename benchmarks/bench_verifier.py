@@ -168,15 +168,13 @@ def hostile_batch(cases, rows: int) -> None:
     print("| hostile share | hostile rows | seconds | benign rows right | reward/timeout_frac |")
     print("|---|---|---|---|---|")
     for fraction in HOSTILE_FRACTIONS:
-        hostile = [
-            int((i + 1) * fraction) > int(i * fraction) for i in range(rows)
-        ]  # spread through the batch
+        # spread through the batch
+        hostile = [int((i + 1) * fraction) > int(i * fraction) for i in range(rows)]
         picked = [benign[i % len(benign)] for i in range(rows)]
         responses = [HOSTILE_ANSWER if h else as_response(c) for h, c in zip(hostile, picked)]
         golds = ["2" if h else c["gold"] for h, c in zip(hostile, picked)]
-        verifier.bounded.shared_pool().reserve(
-            verifier.bounded.default_workers()
-        )  # started outside the timing
+        # started outside the timing
+        verifier.bounded.shared_pool().reserve(verifier.bounded.default_workers())
         verifier.math_rewards(responses[:2], golds[:2])
         start = time.perf_counter()
         scores = verifier.math_rewards(responses, golds)
@@ -227,7 +225,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     if args.hostile_batch is not None:
         print(
-            f"{args.hostile_batch}-row batches, benign rows from {source}; {os.cpu_count()} cpus, load avg {load:.2f}\n"
+            f"{args.hostile_batch}-row batches, benign rows from {source}; "
+            f"{os.cpu_count()} cpus, load avg {load:.2f}\n"
         )
         hostile_batch(cases, args.hostile_batch)
         return
@@ -243,7 +242,8 @@ def main() -> None:
         for case, (said, _) in zip(cases, results):
             if said != case["expected"]:
                 print(
-                    f"  miss [{case['category']}] expected {case['expected']}: gold {case['gold']!r} pred {case['pred'][-120:]!r}"
+                    f"  miss [{case['category']}] expected {case['expected']}: "
+                    f"gold {case['gold']!r} pred {case['pred'][-120:]!r}"
                 )
     if args.against == "math-verify":
         import importlib.metadata

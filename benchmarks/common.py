@@ -56,9 +56,8 @@ def transformers_twin(model: minigrpo.Qwen3):
     with torch.device("meta"):
         twin = Qwen3ForCausalLM(config)
     twin = twin.to_empty(device=model.device).to(model.dtype)
-    twin.model.rotary_emb = type(twin.model.rotary_emb)(config).to(
-        model.device
-    )  # to_empty left its buffers blank
+    # to_empty left its buffers blank
+    twin.model.rotary_emb = type(twin.model.rotary_emb)(config).to(model.device)
     state = minigrpo.weights.to_hf_state_dict(model)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
@@ -69,4 +68,5 @@ def transformers_twin(model: minigrpo.Qwen3):
 
 def machine_line() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus, load avg {load:.2f}"
+    threads = torch.get_num_threads()
+    return f"torch {torch.__version__}, {threads} threads, {os.cpu_count()} cpus, load avg {load:.2f}"

@@ -1,7 +1,8 @@
 """Evaluate a checkpoint on math problems: greedy pass@1, or pass@k and majority vote from n samples.
 
     python examples/eval_math.py --data arithmetic --num_samples 1          # greedy, tiny model
-    python examples/eval_math.py --model Qwen/Qwen3-0.6B --template chat --data test.jsonl --k 1,4,8 --output results.jsonl
+    python examples/eval_math.py --model Qwen/Qwen3-0.6B --template chat --data test.jsonl --k 1,4,8 \\
+        --output results.jsonl
 
 --data is a synthetic kind (arithmetic, fractions, linear, countdown) or a GSM8K/MATH JSONL file
 (local or hf://datasets/...). Countdown is scored by the countdown reward, everything else by the
@@ -120,7 +121,8 @@ from minigrpo.sampler import SamplingConfig, check_prompts  # noqa: E402
 
 context = model.config.max_position_embeddings
 sources = sources_of(problems)  # a file's: "data.jsonl, line 7" names a prompt too long
-try:  # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators), and fit
+# every prompt must survive the tokenizer (the embedded model's keeps only digits and operators), and fit
+try:
     prompts = [template(args.template).render(p.question, tokenizer) for p in problems]
     encoded = tokenizer.encode_all(
         prompts, "prompts", args.model, context - (args.max_new_tokens or 1), sources
@@ -163,7 +165,8 @@ else:
         + [f"maj@{samples} {result.majority_at_k:.3f}"]
     )
 print(
-    f"{args.data} ({len(problems)} problems, {samples} sample{'s' * (samples > 1)} each, temperature {temperature}): "
+    f"{args.data} ({len(problems)} problems, {samples} sample{'s' * (samples > 1)} each, "
+    f"temperature {temperature}): "
     f"{scores}  [{seconds:.1f} s]"
 )
 if args.output:

@@ -44,7 +44,8 @@ parser.add_argument("--eval_every", type=int, default=25)
 
 
 def check_output(path: str) -> None:
-    """Before any work: --output is replaced whole by a directory made beside it, so its parent must be writable."""
+    """Before any work: --output is replaced whole by a directory made beside it, so its parent must be
+    writable."""
     if os.path.exists(path) and not os.path.isdir(path):
         sys.exit(f"pretrain_tiny.py: --output {path} is a file; it must be a directory (or not exist yet)")
     existing = os.path.dirname(os.path.abspath(path))
@@ -135,7 +136,8 @@ for step in range(1, args.max_steps + 1):
         model.eval()
         accuracy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=40).pass_at_1
         print(
-            f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} ({time.time() - started:.0f} s)"
+            f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} "
+            f"({time.time() - started:.0f} s)"
         )
         if accuracy >= args.stop_accuracy:
             break
@@ -146,7 +148,8 @@ sampled = evaluate(
     model, tokenizer, held_out, TEMPLATE, samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8)
 )
 print(
-    f"stopped at step {step}: greedy {accuracy:.3f}, sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}"
+    f"stopped at step {step}: greedy {accuracy:.3f}, "
+    f"sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}"
 )
 minigrpo.save_pretrained(model, tokenizer, args.output)
 with open(os.path.join(args.output, "pretrain.json"), "w") as f:

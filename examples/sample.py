@@ -99,7 +99,8 @@ correct = 0
 for i, (ids, reason) in enumerate(zip(samples.tokens, samples.finish_reasons), start=1):
     text = tokenizer.decode_completion(ids)
     print(
-        f"\n--- sample {i}/{len(samples.tokens)} ({len(ids) - (reason == 'stop')} tokens before EOS, {reason}) ---\n{text}"
+        f"\n--- sample {i}/{len(samples.tokens)} "
+        f"({len(ids) - (reason == 'stop')} tokens before EOS, {reason}) ---\n{text}"
     )
     line = f"answer: {extract_answer(text)}"
     if args.answer is not None:

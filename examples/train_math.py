@@ -1,16 +1,17 @@
 """GRPO on math problems with verifiable answers: evaluate, train, evaluate again.
 
     python examples/train_math.py                      # the embedded tiny model on arithmetic, CPU, minutes
-    python examples/train_math.py --model Qwen/Qwen3-0.6B --data math_train.jsonl --eval_data math500_test.jsonl \\
-        --template chat --num_generations 8 --learning_rate 1e-5 --max_completion_length 512 --device cuda
+    python examples/train_math.py --model Qwen/Qwen3-0.6B --data math_train.jsonl \\
+        --eval_data math500_test.jsonl --template chat --num_generations 8 --learning_rate 1e-5 \\
+        --max_completion_length 512 --device cuda
 
-With no arguments it loads models/minigrpo-tiny-arith (made by examples/pretrain_tiny.py),
-measures greedy accuracy on held-out problems, runs GRPO, measures again and writes
-output_dir/summary.json. Besides this script's own flags, every field of GRPOConfig and TrainConfig
-is a flag of its name (TRL's names where they overlap; --help lists each with its comment), with
-this script's DEFAULTS below; --config takes the same names from a JSON (or YAML) file, flags on
-the command line win. --report_to tensorboard|wandb also sends the metrics there; --trace prints
-the first step's journey through every stage (and output_dir/trace.html). The stages live in the library (minigrpo/trainer.py).
+With no arguments it loads models/minigrpo-tiny-arith (made by examples/pretrain_tiny.py), measures greedy
+accuracy on held-out problems, runs GRPO, measures again and writes output_dir/summary.json. Besides this
+script's own flags, every field of GRPOConfig and TrainConfig is a flag of its name (TRL's names where they
+overlap; --help lists each with its comment), with this script's DEFAULTS below; --config takes the same names
+from a JSON (or YAML) file, flags on the command line win. --report_to tensorboard|wandb also sends the
+metrics there; --trace prints the first step's journey through every stage (and output_dir/trace.html). The
+stages live in the library (minigrpo/trainer.py).
 
 Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); rank 0 writes:
 
@@ -95,13 +96,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]
             ),
             add(
                 "--rewards",
-                help="name:weight,... e.g. accuracy:1.0,format:0.1; None: countdown:1.0 for countdown, else accuracy:1.0",
+                help="name:weight,... e.g. accuracy:1.0,format:0.1; "
+                "None: countdown:1.0 for countdown, else accuracy:1.0",
             ),
             add(
                 "--trace",
                 action=argparse.BooleanOptionalAction,
                 default=False,
-                help="print the first step's journey through every stage, and write it as output_dir/trace.html",
+                help="print the first step's journey through every stage, "
+                "and write it as output_dir/trace.html",
             ),
             add("--device", default="cpu", help="cpu, cuda, cuda:1, ..."),
             add(
@@ -229,7 +232,8 @@ def default_rewards(data: str) -> str:
 
 
 def parse_rewards(spec: str) -> list[RewardSpec]:
-    """--rewards name:weight,... (a weight left out is 1.0) as RewardSpecs; a ValueError names the part at fault."""
+    """--rewards name:weight,... (a weight left out is 1.0) as RewardSpecs; a ValueError names the part at
+    fault."""
     rewards = []
     for part in spec.split(","):
         name, _, weight = part.partition(":")
@@ -269,9 +273,9 @@ def check_output_dir(path: str) -> None:
 
 
 def write_probe(path: str) -> str | None:
-    """Create `path`, write a file in it and remove both again (nothing is left behind); what went wrong, or None.
-    os.access is not enough: root passes it everywhere, /proc and /sys included, and it knows nothing of a
-    full disk."""
+    """Create `path`, write a file in it and remove both again (nothing is left behind); what went wrong, or
+    None. os.access is not enough: root passes it everywhere, /proc and /sys included, and it knows nothing of
+    a full disk."""
     created = []  # the directories this made, outermost first
     missing = os.path.abspath(path)
     while not os.path.exists(missing):
@@ -334,9 +338,8 @@ if __name__ == "__main__":
         held_out = [prompt.render(p.question, tokenizer) for p in eval_problems]
         sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
         what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
-        room = (
-            trainer.model.config.max_position_embeddings - grpo.max_completion_length
-        )  # tokens a prompt may have
+        # tokens a prompt may have
+        room = trainer.model.config.max_position_embeddings - grpo.max_completion_length
         held_out_ids = tokenizer.encode_all(held_out, what, args.model, room, sources)
         trainer.check_context(held_out_ids, what, sources)
     except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
@@ -362,7 +365,8 @@ if __name__ == "__main__":
     except (ValueError, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
     trainer.dist.print(
-        f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} ({len(eval_problems)} problems)"
+        f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} "
+        f"({len(eval_problems)} problems)"
     )
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
@@ -379,10 +383,10 @@ if __name__ == "__main__":
     # After: the same evaluation, and a summary to compare runs by.
     final_accuracy = held_out_accuracy()
     if not main:
-        distributed.finish()  # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
-    wall = (
-        trainer.wall_seconds()
-    )  # this process's, and the earlier ones' up to the checkpoint it resumed from
+        # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
+        distributed.finish()
+    # this process's, and the earlier ones' up to the checkpoint it resumed from
+    wall = trainer.wall_seconds()
     summary = {
         "initial_accuracy": initial["initial_accuracy"],
         "final_accuracy": final_accuracy,

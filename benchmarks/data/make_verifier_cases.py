@@ -51,9 +51,8 @@ def cases() -> list[dict]:
     rows += [(gold, pred, True, "equal", "EQUAL", True) for pred, gold in tv.EQUAL]
     rows += [(gold, pred, False, "not_equal", "NOT_EQUAL", True) for pred, gold in tv.NOT_EQUAL]
     for pred in tv.HOSTILE:  # asserted by test_hostile_inputs_return_in_time, with these golds
-        if (
-            len(pred) > MAX_CHARS
-        ):  # the megabyte inputs stay in the tests; they would make this file megabytes
+        # the megabyte inputs stay in the tests; they would make this file megabytes
+        if len(pred) > MAX_CHARS:
             continue
         rows.append(("1", pred, False, "adversarial", "HOSTILE", True))
         rows.append(("2", f"\\boxed{{{pred}}}", False, "adversarial", "HOSTILE", False))
