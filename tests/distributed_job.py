@@ -66,9 +66,8 @@ def recording_clip(clip):
 
 
 def _whole(gradient: torch.Tensor) -> torch.Tensor:
-    return (
-        gradient.full_tensor() if hasattr(gradient, "full_tensor") else gradient.detach().clone()
-    )  # FSDP2: a DTensor
+    # FSDP2: a DTensor
+    return gradient.full_tensor() if hasattr(gradient, "full_tensor") else gradient.detach().clone()
 
 
 def main(job: dict) -> None:

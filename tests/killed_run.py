@@ -1,6 +1,6 @@
-"""A test-only launcher: examples/train_math.py in a child process that SIGKILLs itself at a chosen
-point of a checkpoint save, a prune, a metrics rewrite or the final rewrite of initial_eval.json. The library has no test hooks: the child
-patches the call it dies in (os.rename, torch.save, ...) before train_math starts.
+"""A test-only launcher: examples/train_math.py in a child process that SIGKILLs itself at a chosen point of a
+checkpoint save, a prune, a metrics rewrite or the final rewrite of initial_eval.json. The library has no test
+hooks: the child patches the call it dies in (os.rename, torch.save, ...) before train_math starts.
 
 Children fork from a server (`Server`, this file run as a script) that has imported torch and
 everything train_math needs (tool_runner.py, which also runs the script) but run nothing: a
@@ -114,13 +114,13 @@ class Server:
     """The fork server as a test sees it: train_math(args, kill_point, ...) -> exit code (-9: killed)."""
 
     def __init__(self):
+        # a tiny model on a busy machine: a second thread only spins
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
-        }  # a tiny model on a busy machine: a second thread only spins
-        root = os.path.dirname(
-            os.path.dirname(os.path.abspath(__file__))
-        )  # runs start where a user would run them
+        }
+        # runs start where a user would run them
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.process = subprocess.Popen(
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
@@ -137,7 +137,8 @@ class Server:
     def run(
         self, script: str, args: list[str], log_dir: str, name: str, kill_point: str | None = None
     ) -> int:
-        """`python script *args` (a file of examples/, or a path) as a forked child: its exit code (-9: killed)."""
+        """`python script *args` (a file of examples/, or a path) as a forked child: its exit code (-9:
+        killed)."""
         self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name]) + "\n")
         self.process.stdin.flush()
         answer = self.process.stdout.readline().strip()

@@ -1,4 +1,5 @@
-"""The slow, obviously correct sampler: one prompt at a time, the whole sequence recomputed per token, no cache.
+"""The slow, obviously correct sampler: one prompt at a time, the whole sequence recomputed per token, no
+cache.
 
 Kept out of the library, and sharing none of its sampling code: the distribution is built the
 textbook way (temperature, then top-k by a full sort, then top-p on the sorted, renormalised

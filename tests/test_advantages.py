@@ -53,9 +53,8 @@ FLAT_MIXED = torch.tensor([0.9, 0.9, 0.9, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0])
 def test_zero_variance_groups_are_flagged():
     assert zero_variance_groups(FLAT_MIXED, 3).tolist() == [True, False, True]
     assert zero_variance_groups(REWARDS, 4).tolist() == [False, False]
-    assert zero_variance_groups(torch.tensor([0.0, 1e-7]), 2).tolist() == [
-        False
-    ]  # only exactly equal is flat
+    # only exactly equal is flat
+    assert zero_variance_groups(torch.tensor([0.0, 1e-7]), 2).tolist() == [False]
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])

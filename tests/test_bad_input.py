@@ -22,9 +22,8 @@ import minigrpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-EMBEDDED = os.path.join(
-    ROOT, "models", "minigrpo-tiny-arith"
-)  # its tokenizer keeps digits and operators only
+# its tokenizer keeps digits and operators only
+EMBEDDED = os.path.join(ROOT, "models", "minigrpo-tiny-arith")
 LONG = "What is 12 + 30? " * 40  # about 280 tokens, beyond the tiny model's context of 64
 HUGE = "What is 12 + 30? " * 600_000  # 10 MB: tokenizing it takes half a minute, refusing it must not
 
@@ -95,18 +94,20 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
         ["--model", "{ckpt}", "--prompt", LONG],
         "exceeds the model's context of 64",
     ),
+    # its message also says "exceeds the model's context of 64"
     (
         "eval_math.py",
         "prompt_beyond_context",
         ["--model", "{ckpt}", "--data", "{long}"],
         "{long}, line 2 (prompts) has",
-    ),  # and "exceeds the model's context of 64"
+    ),
+    # the file's line, counted from 1, not the row's index
     (
         "train_math.py",
         "prompt_beyond_context",
         ["--model", "{ckpt}", "--eval_data", "{long}", "--max_completion_length", "8"],
         "{long}, line 2 (held-out prompts) has",
-    ),  # the file's line, counted from 1, not the row's index
+    ),
     (
         "train_math.py",
         "config_model_is_a_number",
@@ -125,12 +126,13 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
         ["--config", "{config_unknown}"],
         "{config_unknown} has unknown options: epochs, lr",
     ),
+    # SamplingConfig's check
     (
         "train_math.py",
         "config_top_p_0",
         ["--config", "{config_top_p_0}"],
         "top_p must be in (0, 1], got 0",
-    ),  # SamplingConfig's check
+    ),
     (
         "train_math.py",
         "output_dir_is_a_file",
@@ -191,8 +193,8 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
         ["--output", "{file}/model"],
         "--output {file}/model cannot be created: {file} is a file",
     ),
-    # Earlier one-line errors, here to share the runner: a missing model or data set, and (item 17) prompts that
-    # the embedded default's tokenizer cannot represent.
+    # Earlier one-line errors, here to share the runner: a missing model or data set, and (item 17) prompts
+    # that the embedded default's tokenizer cannot represent.
     (
         "sample.py",
         "model_missing",
@@ -230,8 +232,9 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
         "minigrpo-tiny-arith cannot represent",
     ),
 ]
-# Issue 22, item 12: numbers that are not finite, 0 read as "the default", a YAML error, a reward weight, a data set's
-# NaN, a data set of golds nothing can match; item 10: output_dir where os.access says yes but nothing can be written.
+# Issue 22, item 12: numbers that are not finite, 0 read as "the default", a YAML error, a reward weight, a
+# data set's NaN, a data set of golds nothing can match; item 10: output_dir where os.access says yes but
+# nothing can be written.
 CASES += [
     (
         "train_math.py",
@@ -330,16 +333,18 @@ CASES += [
         "--stop_accuracy must be a finite number, got nan",
     ),
 ]
-# Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case, arguments, note).
+# Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case,
+# arguments, note).
 NOTED = [
     (
         "eval_math.py",
         "golds_skipped_and_unparsed",
         ["--model", "{ckpt}", "--data", "{golds_mixed}", "--count", "5", "--num_samples", "1"],
         [
-            "note: {golds_mixed}: skipped 2 of 5 rows whose gold answer no completion can match (empty once normalised, or its "
-            "braces unbalanced), first line 3 ('$$')",
-            "note: {golds_mixed}: 1 of 5 rows have a gold answer the verifier cannot parse, first line 5 ('\\\\int_0^1 x dx'); kept, "
+            "note: {golds_mixed}: skipped 2 of 5 rows whose gold answer no completion can match "
+            "(empty once normalised, or its braces unbalanced), first line 3 ('$$')",
+            "note: {golds_mixed}: 1 of 5 rows have a gold answer the verifier cannot parse, "
+            "first line 5 ('\\\\int_0^1 x dx'); kept, "
             "but only an answer written the same way scores right on them",
             "{golds_mixed} (3 problems",
         ],
@@ -361,7 +366,8 @@ def name_of(tool, case):
 
 
 def checkpoints(tmp) -> dict:
-    """A good tiny checkpoint (context 64) and one damaged copy per bad input; the other paths the table names."""
+    """A good tiny checkpoint (context 64) and one damaged copy per bad input; the other paths the table
+    names."""
     tokenizer = tiny_tokenizer(str(tmp / "tokenizer"))
     good = tmp / "ckpt"
     minigrpo.save_pretrained(
@@ -372,9 +378,8 @@ def checkpoints(tmp) -> dict:
         "no_tokenizer": lambda d: (d / "tokenizer.json").unlink(),
         "truncated": lambda d: (d / "model.safetensors").write_bytes(weights[: len(weights) // 2]),
         "empty": lambda d: (d / "model.safetensors").write_bytes(b""),
-        "corrupt": lambda d: (d / "model.safetensors").write_bytes(
-            weights[:8] + b"x" * 32 + weights[40:]
-        ),  # the header's JSON
+        # the header's JSON
+        "corrupt": lambda d: (d / "model.safetensors").write_bytes(weights[:8] + b"x" * 32 + weights[40:]),
         "config_null": lambda d: (d / "config.json").write_text("null"),
         "config_list": lambda d: (d / "config.json").write_text("[1, 2]"),
         "bad_tokenizer": lambda d: (d / "tokenizer.json").write_text("{not json"),
@@ -407,13 +412,11 @@ def checkpoints(tmp) -> dict:
         + json.dumps({"question": LONG, "answer": "#### 42"})
         + "\n"
     )
-    paths["config_bad_yaml"].write_text(
-        "learning_rate: 1e-5\nadam_betas: [0.9, 0.95\n"
-    )  # the list never closes
+    # the list never closes
+    paths["config_bad_yaml"].write_text("learning_rate: 1e-5\nadam_betas: [0.9, 0.95\n")
     first = json.dumps({"problem": "What is 1 + 1?", "answer": "2"})
-    paths["answer_nan"].write_text(
-        first + '\n{"problem": "What is 0 / 0?", "answer": NaN}\n'
-    )  # Python's json reads both
+    # Python's json reads both
+    paths["answer_nan"].write_text(first + '\n{"problem": "What is 0 / 0?", "answer": NaN}\n')
     paths["answer_infinity"].write_text(first + '\n{"problem": "What is 1 / 0?", "answer": Infinity}\n')
     paths["golds_unmatchable"].write_text(
         "".join(
@@ -421,13 +424,14 @@ def checkpoints(tmp) -> dict:
             for i, gold in enumerate(["$$", "\\frac{1", "\\$"])
         )
     )
+    # kept, kept, skipped, skipped, kept (not parsed)
     golds = [
         "2",
         "\\frac{1}{2}",
         "$$",
         "\\frac{1",
         "\\int_0^1 x dx",
-    ]  # kept, kept, skipped, skipped, kept (not parsed)
+    ]
     paths["golds_mixed"].write_text(
         "".join(json.dumps({"problem": f"{i} + 1", "answer": gold}) + "\n" for i, gold in enumerate(golds))
     )
@@ -499,9 +503,8 @@ def test_bad_input_is_refused_in_one_line(runs, tool, case, args, message):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{tool}: "), stderr
     assert message.format(**paths) in lines[0]
-    if (
-        "output" in case
-    ):  # refused before anything ran: the damaged --model was never read, nothing was printed
+    # refused before anything ran: the damaged --model was never read, nothing was printed
+    if "output" in case:
         assert stdout == ""
     if tool == "train_math.py":  # nothing written
         assert not (paths["tmp"] / "runs" / name_of(tool, case)).exists()
@@ -521,9 +524,8 @@ def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_
     in time linear in its length (a look at its characters), naming its file and line."""
     huge = tmp_path / "huge.jsonl"
     huge.write_text(json.dumps({"question": HUGE, "answer": "#### 42"}) + "\n")
-    examples_server.run(
-        "eval_math.py", ["--data", "no-such-kind"], str(tmp_path), "warm-up"
-    )  # the server has imported
+    # the server has imported
+    examples_server.run("eval_math.py", ["--data", "no-such-kind"], str(tmp_path), "warm-up")
     started = time.monotonic()
     code = examples_server.run(
         "eval_math.py",
@@ -539,7 +541,8 @@ def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_
 
 
 def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(tmp_path, monkeypatch):
-    """ENOSPC while probing --output_dir (a write, or the fsync after it) says so, and leaves nothing behind."""
+    """ENOSPC while probing --output_dir (a write, or the fsync after it) says so, and leaves nothing
+    behind."""
     spec = importlib.util.spec_from_file_location(
         "train_math", os.path.join(ROOT, "examples", "train_math.py")
     )
@@ -561,8 +564,9 @@ def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(t
 
 
 def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_path):
-    """A run killed as it saves its last step, then resumed: the resumed process has nothing left to train, and
-    summary.json's wall_seconds still holds the killed process's time (kept in the checkpoint), not only its own."""
+    """A run killed as it saves its last step, then resumed: the resumed process has nothing left to train,
+    and summary.json's wall_seconds still holds the killed process's time (kept in the checkpoint), not only
+    its own."""
     out = tmp_path / "run"
     args = [
         "--template",
@@ -599,15 +603,17 @@ def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_
     ).read_text()[-3000:]
     resumed = time.monotonic() - started  # the resumed process's time, start-up included
     wall = json.load(open(out / "summary.json"))["wall_seconds"]
+    # 0.05: the summary's rounding
     assert saved > 0 and saved <= wall <= saved + resumed + 0.05, (
         saved,
         wall,
         resumed,
-    )  # 0.05: the summary's rounding
+    )
 
 
 def test_the_runner_shows_what_the_interpreter_would(runs):
-    """A tool that raises prints its traceback through the runner: "no Traceback" above is not for want of one."""
+    """A tool that raises prints its traceback through the runner: "no Traceback" above is not for want of
+    one."""
     status, _, stderr = runs[0]["crash"]
     assert (
         status == 1

@@ -98,10 +98,11 @@ def write_escape_suite(suite) -> None:
             'print("blocked here")\nraise SystemExit(1)\n',
             {"verdict": "RE", "stdout_contains": "here"},
         ),
+        # a documented non-goal
         "read_etc_passwd.py": (
             "print(open('/etc/passwd').read())\n",
             {"verdict": "RE"},
-        ),  # a documented non-goal
+        ),
     }
     (suite / "payloads" / "python").mkdir(parents=True)
     tests = []

@@ -208,9 +208,8 @@ def test_a_resume_from_another_model_is_refused(trained, policy, other_policy, t
         ValueError, match=f"started from {policy}, not {other_policy}: resume with that model"
     ):
         build_trainer(other_policy, task(), *settings(out, max_steps=3, resume=True))
-    same_model = build_trainer(
-        policy + "/", task(), *settings(out, max_steps=3, resume=True)
-    )  # another spelling
+    # the same policy path, spelled another way
+    same_model = build_trainer(policy + "/", task(), *settings(out, max_steps=3, resume=True))
     assert same_model.step == 2
 
 
@@ -360,9 +359,8 @@ def tiny_disk(tmp_path):
 
     yield mount
     for path in mounted:
-        subprocess.run(
-            ["umount", "--lazy", str(path)], check=True
-        )  # lazy: an open file cannot keep it mounted
+        # lazy: an open file cannot keep it mounted
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
 
 
 @pytest.mark.parametrize("overflows", ["weights", "trainer state", "json"])

@@ -1,5 +1,6 @@
-"""The code reward: exact fractions of tests passed, stdin/stdout tests, fence extraction, and the sandbox held
-against hostile programs (loops, fork bombs, memory, files, environment, network, output, forged passes)."""
+"""The code reward: exact fractions of tests passed, stdin/stdout tests, fence extraction, and the sandbox
+held against hostile programs (loops, fork bombs, memory, files, environment, network, output, forged
+passes)."""
 
 import ctypes
 import os
@@ -27,9 +28,8 @@ ROOT = os.geteuid() == 0
 as_root = pytest.mark.skipif(
     not ROOT, reason="not root: the uid drop and the namespaces need root (sandbox case not run)"
 )
-FAST = SandboxConfig(
-    timeout=0.5, cpu_seconds=5, memory_bytes=512 << 20
-)  # hostile cases end at the 0.5 s wall clock
+# hostile cases end at the 0.5 s wall clock
+FAST = SandboxConfig(timeout=0.5, cpu_seconds=5, memory_bytes=512 << 20)
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
@@ -81,9 +81,8 @@ def test_stdin_stdout_tests():
     ]
     assert run_tests(SUM_STDIN, tests) == [True, True, False, True]
     assert code_reward(fenced(SUM_STDIN), tests) == 0.75
-    assert run_tests("print(' 3')", [{"input": "", "output": "3"}]) == [
-        False
-    ]  # leading whitespace does count
+    # leading whitespace does count
+    assert run_tests("print(' 3')", [{"input": "", "output": "3"}]) == [False]
     crashes_after = "print(3)\nraise ValueError('late')\n"  # the right output, then a crash: not a pass
     result = run_cases(crashes_after, [{"input": "", "output": "3"}])[0]
     assert (result.passed, result.exit_code, result.stdout) == (
@@ -173,9 +172,8 @@ def test_huge_allocation_fails_and_the_trainer_is_unaffected():
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = run_cases("x = bytearray(8 << 30)\n", ["pass"], config)[0]
     assert not result.passed and "MemoryError" in result.stderr
-    assert run_tests("x = bytearray(64 << 20)\n", ["assert len(x) == 64 << 20"], config) == [
-        True
-    ]  # within the limit
+    # within the limit
+    assert run_tests("x = bytearray(64 << 20)\n", ["assert len(x) == 64 << 20"], config) == [True]
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 20 << 10  # KiB: under 20 MiB
 
 
@@ -203,9 +201,9 @@ def test_cannot_write_outside_its_directory(tmp_path):
     )
     try:
         result = run_cases(program, [{"input": "", "output": ""}])[0]
-        # the test's tmp_path is under /tmp, which inside the sandbox is the sandbox directory: not found there,
-        # and the /tmp writes "succeed" into the sandbox directory; the repository is not the sandbox uid's
-        # (or, for a checkout under /tmp, not there at all)
+        # the test's tmp_path is under /tmp, which inside the sandbox is the sandbox directory: not found
+        # there, and the /tmp writes "succeed" into the sandbox directory; the repository is not the sandbox
+        # uid's (or, for a checkout under /tmp, not there at all)
         printed = result.stdout.split()
         assert printed[:4] + printed[5:] == ["FileNotFoundError"] * 2 + ["ok", "ok", "ok"]
         assert printed[4] in ("PermissionError", "FileNotFoundError")
@@ -258,9 +256,8 @@ def test_huge_output_is_bounded():
     result = run_cases(flood, [{"input": "", "output": "x"}], config)[0]
     assert time.perf_counter() - start < 3.0
     assert not result.passed and len(result.stdout) == 64 << 10 and "File too large" in result.stderr
-    result = run_cases("print('y' * 100_000)", [{"input": "", "output": "y"}], config)[
-        0
-    ]  # under the file limit
+    # under the file limit
+    result = run_cases("print('y' * 100_000)", [{"input": "", "output": "y"}], config)[0]
     assert not result.passed and result.exit_code == 0 and len(result.stdout) == 64 << 10
 
 
@@ -278,9 +275,11 @@ def test_exiting_early_is_not_a_pass():
 def test_forging_the_pass_signal_is_not_a_pass():
     forgers = [
         "print('PASS')\nprint('ok')\n",
-        "import os\nfor fd in range(1, 10):\n    try:\n        os.write(fd, os.urandom(16).hex().encode() + b'\\n')\n"
+        "import os\nfor fd in range(1, 10):\n    try:\n"
+        "        os.write(fd, os.urandom(16).hex().encode() + b'\\n')\n"
         "    except OSError:\n        pass\nos._exit(0)\n",
-        "import builtins\nbuiltins.exec = builtins.compile = lambda *a, **k: None\n",  # the harness bound them first
+        # the harness bound them first
+        "import builtins\nbuiltins.exec = builtins.compile = lambda *a, **k: None\n",
         "import os\nos.write = lambda *a: None\nos._exit = lambda *a: None\n",
     ]
     failing = ["assert add(1, 2) == 4", "assert False"]
@@ -352,7 +351,8 @@ def sandbox_owned_entries():
 
 @pytest.fixture
 def unix_server():
-    """A world-writable UNIX socket on the host, outside every directory the sandbox covers (so under /run)."""
+    """A world-writable UNIX socket on the host, outside every directory the sandbox covers (so under
+    /run)."""
     path = f"/run/{PROBE}.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -374,11 +374,13 @@ ESCAPES = {  # name: (program, what the host must look like after it)
         lambda: not any(os.path.exists(os.path.join(d, PROBE)) for d in SHARED),
     ),
     "3,000 nested directories": (
-        "import os\nfor _ in range(3000):\n    os.mkdir('a')\n    os.chdir('a')\nopen('deep', 'w').write('x')\n",
+        "import os\nfor _ in range(3000):\n    os.mkdir('a')\n    os.chdir('a')\n"
+        "open('deep', 'w').write('x')\n",
         lambda: True,
     ),
     "a directory closed to its owner": (
-        "import os\nos.makedirs('closed/inner')\nopen('closed/inner/f', 'w').write('x')\nos.chmod('closed/inner', 0)\n"
+        "import os\nos.makedirs('closed/inner')\nopen('closed/inner/f', 'w').write('x')\n"
+        "os.chmod('closed/inner', 0)\n"
         "os.chmod('closed', 0)\n",
         lambda: True,
     ),
@@ -387,10 +389,12 @@ ESCAPES = {  # name: (program, what the host must look like after it)
         f"os.symlink({os.path.abspath(__file__)!r}, 'this_file')\n",
         lambda: os.path.isfile(__file__),
     ),
+    # checked against the server below
     "a connection to a host UNIX socket": (
-        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/{PROBE}.sock')\ns.sendall(b'pwned')\n",
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/{PROBE}.sock')\n"
+        "s.sendall(b'pwned')\n",
         None,
-    ),  # checked against the server below
+    ),
 }
 
 
@@ -399,9 +403,8 @@ ESCAPES = {  # name: (program, what the host must look like after it)
 def test_escape_attempts_are_contained_and_leave_nothing_on_the_host(name, unix_server):
     program, host_is_intact = ESCAPES[name]
     before = sandbox_owned_entries()
-    result = run_cases(program, ["pass"], FAST)[
-        0
-    ]  # returns: nothing the program did raises out of the reward
+    # returns: nothing the program did raises out of the reward
+    result = run_cases(program, ["pass"], FAST)[0]
     assert sandbox_owned_entries() == before  # no file, directory or sandbox directory left behind
     if host_is_intact is not None:
         assert host_is_intact(), result.stderr
@@ -428,7 +431,8 @@ def test_a_failed_mount_stops_the_sandbox(monkeypatch, tmp_path):
 
 
 def sandbox_with_failing_mount(directory):
-    """A copy of sandbox.py whose bind mount over /var/tmp fails, as it did when its source path was unreachable."""
+    """A copy of sandbox.py whose bind mount over /var/tmp fails, as it did when its source path was
+    unreachable."""
     source = open(code_module.sandbox.__file__).read()
     hooked = source.replace(
         '_mount(f"/proc/self/fd/{directory}", shared,',
@@ -445,8 +449,8 @@ def sandbox_with_failing_mount(directory):
 
 @as_root
 def test_two_processes_sandboxes_do_not_kill_each_others_tests(tmp_path):
-    """Each supervisor kills every process of its uid after each test: with one uid block per process, as before,
-    one trainer's clean-up killed the other's running tests."""
+    """Each supervisor kills every process of its uid after each test: with one uid block per process, as
+    before, one trainer's clean-up killed the other's running tests."""
     script = textwrap.dedent("""
         from minigrpo.verifier.code import run_tests
         slow = "import time\\ndef add(a, b):\\n    time.sleep(0.3)\\n    return a + b\\n"
@@ -466,9 +470,11 @@ SYSCALL = {"x86_64": dict(add_key=248, keyctl=250), "aarch64": dict(add_key=217,
 )
 SESSION_KEYRING, KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_INVALIDATE = -3, 10, 11, 21
 STDIO = [{"input": "", "output": ""}]  # a test that passes whatever the program prints
-ATTEMPT = (  # program text: raw(number, *args) is a system call; attempt() prints 'ok' or the error's class and errno
+# program text: raw(number, *args) is a system call; attempt() prints 'ok' or the error's class and errno
+ATTEMPT = (
     "import ctypes, os, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-    "def raw(*args):\n    result = libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))\n"
+    "def raw(*args):\n"
+    "    result = libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))\n"
     "    if result < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
     "    return result\n"
     "def attempt(name, call):\n    try:\n        print(name, 'ok', call())\n"
@@ -491,13 +497,13 @@ def test_the_trainers_session_keyring_is_out_of_reach():
     program = ATTEMPT + (
         f"search = lambda: raw({keyctl}, {KEYCTL_SEARCH}, {SESSION_KEYRING}, b'user', {description!r}, 0)\n"
         f"buffer = ctypes.create_string_buffer(256)\n"
-        f"def read():\n    size = raw({keyctl}, {KEYCTL_READ}, search(), buffer, 256)\n    return buffer.raw[:size]\n"
+        f"def read():\n    size = raw({keyctl}, {KEYCTL_READ}, search(), buffer, 256)\n"
+        "    return buffer.raw[:size]\n"
         "attempt('search', search)\nattempt('read', read)\nprint(open('/proc/keys').read())\n"
     )
     try:
-        assert (
-            raw_syscall(keyctl, KEYCTL_SEARCH, SESSION_KEYRING, b"user", description, 0) == key
-        )  # here it is found
+        # here it is found
+        assert raw_syscall(keyctl, KEYCTL_SEARCH, SESSION_KEYRING, b"user", description, 0) == key
         result = run_cases(program, STDIO)[0]
     finally:
         raw_syscall(keyctl, KEYCTL_INVALIDATE, key)
@@ -513,7 +519,8 @@ SHM = (
     + (  # peek(key): the first bytes of SysV segment `key`; leave(key): a segment that outlives the test
         "libc.shmat.restype = ctypes.c_void_p\n"
         "def segment(key, size=0, flags=0):\n    shmid = libc.shmget(key, size, flags)\n"
-        "    if shmid < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n    return shmid\n"
+        "    if shmid < 0:\n        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+        "    return shmid\n"
         f"peek = lambda key: ctypes.string_at(libc.shmat(segment(key), None, {SHM_RDONLY}), 5)\n"
         f"def leave(key):\n    address = libc.shmat(segment(key, 4096, {IPC_CREAT} | 0o666), None, 0)\n"
         "    ctypes.memmove(address, b'left!', 5)\n"
@@ -571,7 +578,8 @@ def test_no_host_unix_socket_is_reachable_through_a_socketpair(datagram_server):
         f"attempt('raw pair', lambda: end(socket.SOCK_RAW).sendto(b'pwned', {path!r}))\n"
         f"attempt('stream sendto', lambda: end(socket.SOCK_STREAM).sendto(b'pwned', {path!r}))\n"
         f"attempt('stream sendmsg', lambda: end(socket.SOCK_STREAM).sendmsg([b'pwned'], [], 0, {path!r}))\n"
-        f"attempt('seqpacket sendmsg', lambda: end(socket.SOCK_SEQPACKET).sendmsg([b'pwned'], [], 0, {path!r}))\n"
+        "attempt('seqpacket sendmsg', "
+        f"lambda: end(socket.SOCK_SEQPACKET).sendmsg([b'pwned'], [], 0, {path!r}))\n"
         f"attempt('connect', lambda: end(socket.SOCK_STREAM).connect({path!r}))\n"
         "attempt('bind', lambda: end(socket.SOCK_STREAM).bind('\\0minigrpo-probe'))\n"
     )
@@ -581,7 +589,8 @@ def test_no_host_unix_socket_is_reachable_through_a_socketpair(datagram_server):
         "raw pair PermissionError 1",
         "stream sendto PermissionError 1",
         "stream sendmsg OSError 106",  # EISCONN: Linux refuses an address on a connected stream socket
-        "seqpacket sendmsg ok 5",  # delivered to its own pair: Linux ignores the address on a seqpacket socket
+        # delivered to its own pair: Linux ignores the address on a seqpacket socket
+        "seqpacket sendmsg ok 5",
         "connect PermissionError 1",
         "bind PermissionError 1",
     ], result.stdout + result.stderr
@@ -589,17 +598,19 @@ def test_no_host_unix_socket_is_reachable_through_a_socketpair(datagram_server):
         server.recv(16)  # nothing arrived
 
 
-# ---------------------------------------------------------------- uids: locks, stragglers, a trainer that dies
+# ------------------------------------------------------------ uids: locks, stragglers, a trainer that dies
 
 HOLD_A_UID = (
     "import sys\nfrom minigrpo.verifier import code\n"
-    "with code._sandbox_uid(code.SandboxConfig()) as (uid, _):\n    print(uid, flush=True)\n    sys.stdin.read()\n"
+    "with code._sandbox_uid(code.SandboxConfig()) as (uid, _):\n"
+    "    print(uid, flush=True)\n    sys.stdin.read()\n"
 )
 
 
 @as_root
 def test_uid_locks_do_not_follow_tmpdir(tmp_path):
-    """Two trainers with different TMPDIRs (a per-job TMPDIR, systemd's PrivateTmp) still take different uids."""
+    """Two trainers with different TMPDIRs (a per-job TMPDIR, systemd's PrivateTmp) still take different
+    uids."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_A_UID], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -684,7 +695,8 @@ def sandbox_child(parent):
 
 
 def ours(pid, supervisor_pid):
-    """Whether `pid` is still the supervisor or the test this test started (not a process that reused the pid)."""
+    """Whether `pid` is still the supervisor or the test this test started (not a process that reused the
+    pid)."""
     try:
         command = open(f"/proc/{pid}/cmdline", "rb").read()
     except OSError:
@@ -723,7 +735,7 @@ def test_the_supervisor_and_its_test_die_with_the_trainer():
                 os.kill(pid, signal.SIGKILL)
 
 
-# ---------------------------------------------------------------- the system calls a test is refused, and what it keeps
+# ------------------------------------------------ the system calls a test is refused, and what it keeps
 
 NUMBERS = {  # system calls the programs below make directly, by machine
     "x86_64": dict(unshare=272, clone=56, ptrace=101, memfd_secret=447, personality=135, userfaultfd=323),
@@ -803,11 +815,12 @@ def test_a_host_name_of_its_own_and_nothing_executable_in_its_directories():
     )
     result = run_cases(program, STDIO)[0]
     assert socket.gethostname() != "sandbox"
+    # EACCES: noexec
     refused = [
         ". PermissionError 13",
         "/tmp PermissionError 13",
         "/dev/shm PermissionError 13",
-    ]  # EACCES: noexec
+    ]
     assert result.stdout.splitlines() == ["sandbox", "sethostname PermissionError 1", *refused], (
         result.stdout + result.stderr
     )

@@ -105,9 +105,8 @@ def test_a_config_file_and_the_same_flags_give_the_same_configs(tmp_path, suffix
 def test_yaml_text_that_means_a_number_is_that_number(tmp_path):
     pytest.importorskip("yaml")
     path = tmp_path / "run.yaml"
-    path.write_text(
-        "learning_rate: 1e-5\nadam_betas: [0.9, 0.95]\nloss_type: dapo\n"
-    )  # PyYAML reads 1e-5 as text
+    # PyYAML reads 1e-5 as text
+    path.write_text("learning_rate: 1e-5\nadam_betas: [0.9, 0.95]\nloss_type: dapo\n")
     _, train = configs(["--config", str(path)])
     assert train.learning_rate == 1e-5 and train.adam_betas == (0.9, 0.95)
 
@@ -144,9 +143,8 @@ def test_grpo_config_gives_the_sampler_its_settings_and_they_are_checked_there()
         max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=5, num_samples=4
     )
     model, prompts = tiny_model(), [[1, 2, 3], [4, 5]]
-    given = generate(
-        model, prompts, grpo.sampling_config(), max_new_tokens=6, seed=3
-    )  # per-call settings over it
+    # per-call settings over it
+    given = generate(model, prompts, grpo.sampling_config(), max_new_tokens=6, seed=3)
     assert (
         given.tokens
         == generate(
@@ -172,9 +170,8 @@ def test_report_to_tensorboard_logs_the_metrics_under_their_names(tmp_path):
         logger.close()
 
     run(0, [1, 2, 3])
-    run(
-        1, [2, 3, 4]
-    )  # resumed from step 1: steps 2 and 3 are logged again, and only their second values stay
+    # resumed from step 1: steps 2 and 3 are logged again, and only their second values stay
+    run(1, [2, 3, 4])
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     metrics = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]

@@ -46,9 +46,8 @@ ARGS = [
 # its kill leaves: the entries of the checkpoints directory with their number of files, and the
 # steps in metrics.jsonl. A resume to the end follows.
 CASES = [
-    [
-        ("save 2: weights written, trainer state not", {".tmp-step-*": 6, "step-000001": 7}, [0, 1, 2])
-    ],  # an empty state file
+    # an empty state file
+    [("save 2: weights written, trainer state not", {".tmp-step-*": 6, "step-000001": 7}, [0, 1, 2])],
     [
         (
             "save 2: every file written and fsynced, not yet renamed into place",
@@ -132,9 +131,8 @@ def test_a_killed_run_resumes_to_the_straight_runs_end(examples_server, policy, 
         )
         state = load_state(latest)
         assert state["step"] == int(latest[-6:]) and minigrpo.load_pretrained(latest)[0] is not None
-        assert (
-            history(out)[: state["step"] + 1] == history(straight)[: state["step"] + 1]
-        )  # no step it holds is lost
+        # no step it holds is lost
+        assert history(out)[: state["step"] + 1] == history(straight)[: state["step"] + 1]
         states_load_as_data(out)
     assert examples_server.train_math(args + ["--resume"], None, str(tmp_path), "resumed") == 0, (
         tmp_path / "resumed.err"
@@ -187,10 +185,11 @@ def assert_same_end(out: str, straight: str) -> None:
             torch.equal(weights[k], expected[k]) for k in weights
         ), name
         state, expected = load_state(ours), load_state(theirs)
+        # nothing in the loop draws from the global RNGs, and a new process seeds Python's anew
         for s in (
             state,
             expected,
-        ):  # nothing in the loop draws from the global RNGs, and a new process seeds Python's anew
+        ):
             del s["rng"], s["configs"]["TrainConfig"]["output_dir"], s["configs"]["TrainConfig"]["resume"]
             s.pop("wall_seconds", None)  # measured, as summary.json's is
         assert_equal(state, expected, name)

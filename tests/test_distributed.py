@@ -320,8 +320,8 @@ def test_ranks_that_disagree_on_the_configuration_stop_with_one_line(checkpoint,
     result = job(2, checkpoint, [run(tmp_path / "run", "grpo")], disagree=True)
     assert result.returncode != 0
     assert (
-        "the ranks disagree on the run's configuration: rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001"
-        in result.stderr
+        "the ranks disagree on the run's configuration: "
+        "rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001" in result.stderr
     )
     assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
 

@@ -16,7 +16,8 @@ import minigrpo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# name -> (script, arguments); {ckpt}, {data} and {tmp} are filled in by the fixture. Bad input: test_bad_input.py
+# name -> (script, arguments); {ckpt}, {data} and {tmp} are filled in by the fixture. Bad input:
+# test_bad_input.py
 RUNS = {
     "sample": ("sample.py", "--model {ckpt} --prompt 12+30 --answer 42 --num_samples 3 --max_new_tokens 8"),
     "eval": (
@@ -77,9 +78,8 @@ def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp)
     assert out.returncode == 0, out.stderr
     summary = out.stdout.splitlines()[0]
     assert summary.startswith(f"{tmp}/gsm8k.jsonl (4 problems, 2 samples each, temperature 0.8): pass@1 ")
-    assert (
-        "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary
-    )  # k above the samples is left out
+    # k above the samples is left out
+    assert "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary
     rows = read_jsonl(tmp / "results.jsonl")
     assert [row["answer"] for row in rows] == ["1", "2", "3", "4"]  # the first 4 of the file's 6 rows
     assert all(set(row) == {"question", "answer", "completions", "correct"} for row in rows)

@@ -27,18 +27,20 @@ def close(actual, expected, atol=ATOL):
 # A batch of B = 3 completions, T = 4 columns, of lengths 4, 2 and 3 (right padded).
 MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
 OLD = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -4.0, -4.0], [-2.5, -0.1, -1.2, -4.0]])
+# all inside [0.8, 1.2]: no clipping
 RATIOS = [
     [1.1, 0.9, 1.0, 1.0],
     [1.1, 0.9, 1.0, 1.0],
     [1.1, 1.1, 0.9, 1.0],
-]  # all inside [0.8, 1.2]: no clipping
+]
 ADV = torch.tensor([1.0, -0.5, 2.0])
 # Per-token loss -ratio * A on the real tokens (0 on padding), which is also its gradient:
+# all 9 tokens: sum -4.0 + 1.0 - 6.2 = -9.2
 PER_TOKEN = [
     [-1.1, -0.9, -1.0, -1.0],  # A = 1:    sum -4.0, mean -4.0 / 4 = -1.0
     [0.55, 0.45, 0.0, 0.0],  #   A = -0.5: sum  1.0, mean  1.0 / 2 =  0.5
     [-2.2, -2.2, -1.8, 0.0],  #  A = 2:    sum -6.2, mean -6.2 / 3
-]  # all 9 tokens: sum -4.0 + 1.0 - 6.2 = -9.2
+]
 # Weight of each token in the loss, per aggregation:
 GRPO_WEIGHT = [[1 / 12] * 4, [1 / 6] * 2 + [0, 0], [1 / 9] * 3 + [0]]  # 1 / (tokens of its row * 3 rows)
 TOKEN_WEIGHT = [[1 / 9] * 4, [1 / 9] * 2 + [0, 0], [1 / 9] * 3 + [0]]  # 1 / 9 tokens
@@ -193,9 +195,8 @@ def test_beta_adds_beta_times_k3_per_token():
     without, stats = grpo_loss(
         logprobs, logprobs.detach(), torch.tensor([1.0]), torch.ones(1, 2), ref_logprobs=ref
     )
-    assert (
-        without.item() == pytest.approx(-1.0, abs=ATOL) and "kl" not in stats
-    )  # beta 0: the reference is ignored
+    # beta 0: the reference is ignored
+    assert without.item() == pytest.approx(-1.0, abs=ATOL) and "kl" not in stats
 
 
 def test_beta_without_a_reference_is_refused():

@@ -54,6 +54,7 @@ def weight(mode, i, t):
 @pytest.mark.parametrize("mode", SAMPLER_CORRECTIONS)
 def test_each_sampler_correction_against_hand_computed_loss_and_gradient(mode):
     logprobs, old, adv, mask, sampler = tensors()
+    # loss_type grpo: token mean per row, then row mean
     loss, stats = grpo_loss(
         logprobs,
         old,
@@ -62,7 +63,7 @@ def test_each_sampler_correction_against_hand_computed_loss_and_gradient(mode):
         sampler_logprobs=sampler,
         sampler_correction=mode,
         sampler_correction_cap=CAP,
-    )  # loss_type grpo: token mean per row, then row mean
+    )
     loss.backward()
     expected, grad = 0.0, [[0.0] * 3 for _ in range(2)]
     for i in range(2):
@@ -97,9 +98,8 @@ def test_sequence_level_ratio_is_gspo_against_hand_computed_numbers():
     expected, grad = 0.0, [[0.0] * 3 for _ in range(2)]
     for i in range(2):
         tokens = [t for t in range(3) if MASK[i][t]]
-        s = math.exp(
-            sum(math.log(RATIOS[i][t]) for t in tokens) / len(tokens)
-        )  # s_i, the geometric mean ratio
+        # s_i, the geometric mean ratio
+        s = math.exp(sum(math.log(RATIOS[i][t]) for t in tokens) / len(tokens))
         expected += -surrogate(s, ADV[i]) / 2  # every token of the row carries the same term: its mean is it
         for t in tokens:  # d s_i / d logp_t = s_i / |tokens|
             grad[i][t] = -clipped_surrogate_slope(s, ADV[i]) / len(tokens) / 2
@@ -114,18 +114,16 @@ def test_sequence_level_ratio_is_gspo_against_hand_computed_numbers():
     )
 
 
-@pytest.mark.parametrize(
-    "epsilon_high, cap", [(None, 5.0), (0.2, 1.2)]
-)  # cispo's default weight cap is 1 + 4.0
+# cispo's default weight cap is 1 + 4.0
+@pytest.mark.parametrize("epsilon_high, cap", [(None, 5.0), (0.2, 1.2)])
 def test_cispo_against_hand_computed_loss_and_gradient(epsilon_high, cap):
     logprobs, old, adv, mask, _ = tensors()
     loss, _ = grpo_loss(logprobs, old, adv, mask, loss_type="cispo", epsilon_high=epsilon_high)
     loss.backward()
     tokens = [(i, t) for i in range(2) for t in range(3) if MASK[i][t]]
     logp = lambda i, t: OLD[i][t] + math.log(RATIOS[i][t])  # noqa: E731
-    expected = sum(-min(RATIOS[i][t], cap) * ADV[i] * logp(i, t) for i, t in tokens) / len(
-        tokens
-    )  # dapo's token mean
+    # dapo's token mean
+    expected = sum(-min(RATIOS[i][t], cap) * ADV[i] * logp(i, t) for i, t in tokens) / len(tokens)
     grad = [
         [(-min(RATIOS[i][t], cap) * ADV[i] / len(tokens)) if MASK[i][t] else 0.0 for t in range(3)]
         for i in range(2)
@@ -298,6 +296,5 @@ def test_mismatch_metrics_by_hand():
     assert stats["mismatch/logprob_abs_max"] == pytest.approx(0.2)
     # exp(0.05) = 1.05 in; exp(-0.2) = 0.82 out; exp(0.12) = 1.13 out; exp(-0.1) = 0.905 in
     assert stats["mismatch/ratio_outside_0.9_1.1_frac"] == pytest.approx(2 / 5)
-    assert stats["mismatch/seq_logratio_mean"] == pytest.approx(
-        ((0.05 - 0.2) + (0.12 - 0.1)) / 4
-    )  # a share of 4 sequences
+    # a share of 4 sequences
+    assert stats["mismatch/seq_logratio_mean"] == pytest.approx(((0.05 - 0.2) + (0.12 - 0.1)) / 4)

@@ -1,4 +1,5 @@
-"""The hand-written decoder is the same function as transformers' Qwen3, with and without cache and padding."""
+"""The hand-written decoder is the same function as transformers' Qwen3, with and without cache and
+padding."""
 
 import pytest
 import torch
@@ -155,9 +156,8 @@ def test_config_reads_both_rope_theta_spellings():
 def test_packed_weights_give_the_plain_products():
     """Inside packed_for_decoding the large weights multiply through oneDNN: same logits within
     fp32 rounding, and outside it nothing of the packing is left."""
-    model = tiny_model(
-        hidden_size=256, intermediate_size=768, vocab_size=600
-    )  # MLP and head >= 2**17 elements
+    # MLP and head >= 2**17 elements
+    model = tiny_model(hidden_size=256, intermediate_size=768, vocab_size=600)
     ids = torch.randint(0, 600, (3, 9))
     with torch.inference_mode():
         plain = model(ids)

@@ -200,9 +200,8 @@ def test_sampling_frequencies_follow_the_renormalised_softmax(settings):
     assert observed[~support].sum() == 0
     counts, wanted = observed[support], expected[support].double() * tokens.numel()
     chi2 = ((counts - wanted) ** 2 / wanted).sum()
-    p_value = torch.special.gammaincc(
-        torch.tensor((len(counts) - 1) / 2), chi2 / 2
-    )  # chi-square survival function
+    # chi-square survival function
+    p_value = torch.special.gammaincc(torch.tensor((len(counts) - 1) / 2), chi2 / 2)
     assert p_value > 1e-3, f"chi2 {chi2:.1f} on {len(counts) - 1} degrees of freedom (p = {p_value:.2e})"
 
 
@@ -223,13 +222,10 @@ def test_no_two_draws_of_a_row_share_a_counter_across_steps_and_retries(monkeypa
     numbers: over 2 x TRIES steps no value comes twice, so no retry reuses a later step's draw or
     another retry's. A retry's draws depend on the row, not on which rows retry with it."""
     keys = next_token.row_keys(seed=5, rows=3, device="cpu")
-    N, tries = (
-        2 * next_token.TRIES,
-        next_token.TRIES,
-    )  # past TRIES steps: a counter without a stride per step collides
-    noise = next_token.uniform(
-        keys[:, None], next_token.draw_counters(N, 0, "cpu")
-    )  # (3, N+1): the sampler's
+    # past TRIES steps: a counter without a stride per step collides
+    N, tries = 2 * next_token.TRIES, next_token.TRIES
+    # (3, N+1): the sampler's
+    noise = next_token.uniform(keys[:, None], next_token.draw_counters(N, 0, "cpu"))
     retries = []  # per step, sample()'s source of further draws
     monkeypatch.setattr(
         next_token,
@@ -299,9 +295,8 @@ def test_reports_timings_and_cache_size(model):
     assert not samples.compiled  # eager unless the caller asks for compile=True
 
 
-FINISHING = dict(
-    prompts=[[i + 1, 2 * i + 3, 5, i * 7 % 97] for i in range(12)], eos=[56, 0, 17, 82]
-)  # rows end at varied steps
+# rows end at varied steps
+FINISHING = dict(prompts=[[i + 1, 2 * i + 3, 5, i * 7 % 97] for i in range(12)], eos=[56, 0, 17, 82])
 
 
 def test_dropping_finished_rows_changes_no_token(model, monkeypatch):
@@ -348,9 +343,8 @@ def test_refill_under_a_row_budget_equals_the_unbounded_call(model, rows):
     for a, b in zip(bounded.logprobs, unbounded.logprobs):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
     assert bounded.batch_rows == rows and bounded.kv_cache_bytes < unbounded.kv_cache_bytes
-    assert (
-        len(set(map(len, unbounded.tokens))) > 2
-    )  # rows finish at different steps, so refills happen mid-way
+    # rows finish at different steps, so refills happen mid-way
+    assert len(set(map(len, unbounded.tokens))) > 2
 
 
 def test_each_row_keeps_its_seed_whatever_the_row_budget(model):
@@ -373,9 +367,8 @@ def test_compiled_decode_crosses_span_buckets_and_compacts_like_eager(monkeypatc
     prompts = [list(range(1, 61)), [13, 4, 9]]  # 60 and 3 tokens: row 0 crosses slot 64 early, slot 128 late
     free = minigrpo.generate(model, prompts, max_new_tokens=76, temperature=0)
     late = lambda t: t not in free.tokens[0][:70]  # noqa: E731
-    eos = next(
-        t for t in free.tokens[1][5:21] if late(t) and t not in free.tokens[1][:5]
-    )  # row 1 ends by step 21, row 0 late or never
+    # row 1 ends by step 21, row 0 late or never
+    eos = next(t for t in free.tokens[1][5:21] if late(t) and t not in free.tokens[1][:5])
     settings = dict(max_new_tokens=76, temperature=0, eos_token_ids=[eos], check_every=4)
     eager = minigrpo.generate(model, prompts, **settings)
     shrunk = []

@@ -21,13 +21,16 @@ from minigrpo.verifier import REWARD_FUNCTIONS, RewardSpec, compute_rewards
 GSM8K_ROWS = [
     {
         "question": "Natalia sold clips to 48 friends in April, and half as many in May. How many in all?",
-        "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72",
+        "answer": (
+            "In May she sold 48/2 = <<48/2=24>>24 clips.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72"
+        ),
     },
+    # extra fields are ignored
     {
         "question": "A ship carries 1,000 boxes and takes on 234 more. How many boxes now?",
         "answer": "1,000 + 234 = 1,234 boxes.\n#### 1,234",
         "id": 7,
-    },  # extra fields are ignored
+    },
     {"question": "How much is lost?", "answer": "She loses 2,500,000 - 2,500,005.\n####  -5 "},
 ]
 MATH_ROWS = [
@@ -252,9 +255,8 @@ def test_golds_no_completion_can_match_are_skipped_with_a_note(tmp_path):
     notes = []
     problems = load_problems(path, note=notes.append)
     assert [p.answer for p in problems] == ["\\frac{1}{2}", "7", "1, 2, \\ldots", "x = 2"]
-    assert [p.source for p in problems] == [
-        f"{path}, line {n}" for n in (1, 4, 6, 7)
-    ]  # the file's lines, from 1
+    # the file's lines, from 1
+    assert [p.source for p in problems] == [f"{path}, line {n}" for n in (1, 4, 6, 7)]
     assert notes == [
         f"note: {path}: skipped 3 of 7 rows whose gold answer no completion can match (empty once "
         "normalised, or its braces unbalanced), first line 3 ('$$')",
@@ -263,10 +265,11 @@ def test_golds_no_completion_can_match_are_skipped_with_a_note(tmp_path):
     ]
     notes.clear()
     assert [p.answer for p in load_problems(path, count=2, note=notes.append)] == ["\\frac{1}{2}", "7"]
+    # rows past the count: not read
     assert notes == [
         f"note: {path}: skipped 1 of 3 rows whose gold answer no completion can match (empty once "
         "normalised, or its braces unbalanced), first line 3 ('$$')"
-    ]  # rows past the count: not read
+    ]
     unusable = write_jsonl(tmp_path / "none.jsonl", [{"problem": "q", "answer": "$$"}])
     with pytest.raises(ValueError, match="none.jsonl: no row has a gold answer that a completion can match"):
         load_problems(unusable, note=notes.append)
@@ -323,17 +326,18 @@ def test_a_prompt_too_long_is_named_by_its_file_and_line():
     "texts",
     [
         ["What is 12 + 30? " * 50, "x" * 999, " " * 500, "\\boxed{42}" * 30, "Janet has 3 ducks." * 20],
+        # NFC shortens the first, lengthens the second
         [
             "e\u0301" * 300,
             "\ufb2c" * 200,
             "\u1e17" * 100,
             "한국어 " * 100,
-        ],  # NFC shortens the first, lengthens the second
+        ],
     ],
 )
 def test_fewest_tokens_is_a_lower_bound_found_without_encoding(tokenizer, texts):
-    """fewest_tokens never says more than encode gives (it may refuse only what could never fit), and a text past
-    what the room can spell is refused before anything is encoded."""
+    """fewest_tokens never says more than encode gives (it may refuse only what could never fit), and a text
+    past what the room can spell is refused before anything is encoded."""
     for text in texts:
         assert tokenizer.fewest_tokens(text) <= len(tokenizer.encode(text)), text[:20]
     huge = "What is 12 + 30? " * 600_000  # 10 MB: half a minute to encode
@@ -432,20 +436,20 @@ def test_evaluate_scores_a_model_whose_answers_are_known(tokenizer):
         max_new_tokens=6,
         ks=(1, 2, 4, 8),
     )
+    # k above the 5 samples is left out
     assert len(result.results) == 3 and set(result.pass_at_k) == {
         1,
         2,
         4,
-    }  # k above the 5 samples is left out
+    }
     counts = []
     for row, problem in zip(result.results, problems):
         assert (row["question"], row["answer"]) == (problem.question, problem.answer)
         assert set(row["completions"]) <= {"42", "2"} and len(row["completions"]) == 5
         assert row["correct"] == [c == problem.answer for c in row["completions"]]
         counts.append(sum(row["correct"]))
-    assert 0 < sum(counts) < 15 and any(0 < c < 5 for c in counts), (
-        counts
-    )  # right and wrong, within a problem too
+    # right and wrong, within a problem too
+    assert 0 < sum(counts) < 15 and any(0 < c < 5 for c in counts), counts
     assert result.pass_at_1 == pytest.approx(sum(counts) / 15)
     for k in (1, 2, 4):  # 1 - C(n - c, k) / C(n, k): the chance that none of k samples is right, from 1
         assert result.pass_at_k[k] == pytest.approx(
@@ -455,9 +459,8 @@ def test_evaluate_scores_a_model_whose_answers_are_known(tokenizer):
     assert result.majority_at_k == pytest.approx(sum(m == p.answer for m, p in zip(majorities, problems)) / 3)
     greedy = [evaluate(model, tokenizer, problems, template("tiny"), max_new_tokens=6) for _ in range(2)]
     assert greedy[0].results == greedy[1].results
-    assert [row["completions"] for row in greedy[0].results] == [
-        ["42"]
-    ] * 3  # the likelier answer, every time
+    # the likelier answer, every time
+    assert [row["completions"] for row in greedy[0].results] == [["42"]] * 3
     assert greedy[0].pass_at_1 == pytest.approx(2 / 3)
 
 

@@ -98,9 +98,8 @@ def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, t
     row, which a backward that skipped the last row would leave unset."""
     model = tiny_model(seed=2, tie_word_embeddings=tied).to(dtype)
     ids, mask = (t[[1, 0]] for t in padded_batch())
-    weights = torch.tensor(
-        [[1.5, -0.4, 0.0, 0.0], [0.3, -1.2, 0.7, 2.0]], dtype=dtype
-    )  # padded tokens weigh 0
+    # padded tokens weigh 0
+    weights = torch.tensor([[1.5, -0.4, 0.0, 0.0], [0.3, -1.2, 0.7, 2.0]], dtype=dtype)
     results = []
     for path in ("chunked", "full"):
         model.zero_grad()

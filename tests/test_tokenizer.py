@@ -19,9 +19,8 @@ def test_encode_decode_round_trip(tokenizer):
 def test_a_completion_is_decoded_without_its_final_eos_but_with_think_tags(tokenizer):
     body = tokenizer.encode("<think>hm</think> 42")
     assert tokenizer.decode_completion(body + [tokenizer.eos_token_id]) == "<think>hm</think> 42"
-    assert (
-        tokenizer.decode_completion(body) == "<think>hm</think> 42"
-    )  # cut at the length limit: nothing to drop
+    # cut at the length limit: nothing to drop
+    assert tokenizer.decode_completion(body) == "<think>hm</think> 42"
 
 
 def test_special_ids_from_generation_and_tokenizer_config(tokenizer):
@@ -45,7 +44,9 @@ def test_chat_format(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 + 30?"}]
     assert tokenizer.has_chat_format
     assert tokenizer.apply_chat_template(messages) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n"
+        "<|im_start|>assistant\n"
     )
     no_thinking = tokenizer.apply_chat_template(messages[1:], enable_thinking=False)
     assert no_thinking.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

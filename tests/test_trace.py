@@ -121,9 +121,8 @@ def test_the_page_shows_the_traced_group(traced):
             )
             assert before_shown == pytest.approx(float(trace.before[i, t]), abs=1e-6)
             assert after_shown == pytest.approx(float(after[i, t]), abs=1e-6)
-            assert (
-                abs(float(trace.before[i, t]) - float(r.sampler_logprobs[t])) < 1e-4
-            )  # "before" is the sampling policy
+            # "before" is the sampling policy
+            assert abs(float(trace.before[i, t]) - float(r.sampler_logprobs[t])) < 1e-4
             change = float(after[i, t] - trace.before[i, t])
             if change != 0:
                 assert span["style"].startswith("background:" + (GREEN if change > 0 else RED)), (
@@ -143,6 +142,7 @@ def test_the_page_shows_the_traced_group(traced):
 
 def test_the_page_is_self_contained(traced):
     page = traced[3]
+    # no script, link, img, iframe
     assert {e["tag"] for e in page.elements} <= {
         "html",
         "head",
@@ -157,7 +157,7 @@ def test_the_page_is_self_contained(traced):
         "div",
         "span",
         "b",
-    }  # no script, link, img, iframe
+    }
     assert not any(name in ("src", "href") for e in page.elements for name in e)
     assert not re.search(r"https?://|url\(|@import", page.raw)
 
@@ -173,8 +173,9 @@ def test_the_console_shows_the_tokens_the_update_moved_most_in_their_order():
     largest = sorted(range(20), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
     assert len(cells) == MAX_TOKENS_SHOWN and positions == sorted(largest) and {2, 5, 19} <= set(positions)
     assert cells[positions.index(5)] == "5:'b' -1.00->-3.00(x0.135)"  # exp(-2)
+    # fewer than the table holds: all
     assert [cell.split(":")[0] for cell in _most_moved(tokens[:3])] == [
         "0",
         "1",
         "2",
-    ]  # fewer than the table holds: all
+    ]

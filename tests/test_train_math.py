@@ -62,9 +62,8 @@ def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     _, printed, _ = train_math(examples_server, tmp_path, "--output_dir", out, "--trace", *MICRO)
     for stage in ("[task -> prompt]", "[1 sample]", "[2 verify]", "[3 advantages]", "[4 update]", "[4 loss]"):
         assert stage in printed
-    assert (
-        "class='tok'" in open(os.path.join(out, "trace.html"), encoding="utf-8").read()
-    )  # the page (tests/test_trace.py)
+    # the page (tests/test_trace.py)
+    assert "class='tok'" in open(os.path.join(out, "trace.html"), encoding="utf-8").read()
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert (
         summary["steps"] == 2
@@ -77,9 +76,8 @@ def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     )
     assert "resuming from" in printed
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert [s["step"] for s in steps] == [0, 1, 2, 3] and all(
-        "eval/accuracy" in s for s in steps
-    )  # 0: before GRPO
+    # 0: before GRPO
+    assert [s["step"] for s in steps] == [0, 1, 2, 3] and all("eval/accuracy" in s for s in steps)
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["steps"] == 3
     # The resumed run trained and saved its step 3, and that checkpoint is the policy it measured last.
@@ -100,8 +98,8 @@ def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     )
     assert code != 0 and "Traceback" not in err and err.count("\n") == 1, err
     assert (
-        "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, not on eval_data arithmetic, eval_count 3"
-        in err
+        "accuracy before GRPO was measured on eval_data arithmetic, eval_count 4, "
+        "not on eval_data arithmetic, eval_count 3" in err
     )
     assert json.load(open(os.path.join(out, "initial_eval.json")))["held_out"]["eval_count"] == 4  # untouched
 
@@ -159,6 +157,7 @@ def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
 
     from minigrpo.plots import PANELS, plot_curves
 
+    # no "kl": beta 0 keeps no reference
     rows = [{"step": 0, "eval/accuracy": 0.25}] + [
         {
             "step": s,
@@ -168,17 +167,18 @@ def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
             "eval/accuracy": 0.5,
         }
         for s in range(1, 4)
-    ]  # no "kl": beta 0 keeps no reference
+    ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(row) for row in rows))
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure, to read what was drawn
     assert plot_curves(str(metrics), str(tmp_path / "curves.png"))
     png = (tmp_path / "curves.png").read_bytes()
+    # IHDR: width, height
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (
         2000,
         320,
-    )  # IHDR: width, height
+    )
     (figure,) = figures
     panels = {ax.get_title(): ax for ax in figure.axes}
     assert list(panels) == [title for _, title in PANELS]
@@ -188,10 +188,11 @@ def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
         return list(line.get_xdata()), list(line.get_ydata())
 
     assert curve("reward") == ([1, 2, 3], [0.1, 0.2, 0.3])
+    # from step 0, before GRPO
     assert curve("held-out accuracy (greedy)") == (
         [0, 1, 2, 3],
         [0.25, 0.5, 0.5, 0.5],
-    )  # from step 0, before GRPO
+    )
     assert curve("completion length (tokens)") == ([1, 2, 3], [21, 22, 23])
     assert not panels["KL to reference"].lines
     assert [t.get_text() for t in panels["KL to reference"].texts] == ["not logged in this run"]

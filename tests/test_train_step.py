@@ -60,13 +60,11 @@ class FixedSampler:
                 rng = random.Random(f"{i}-{j}-{self.trainer.step}")
                 length, reward, truncated = LENGTHS[p][j], REWARDS[p][j], LENGTHS[p][j] == MAX_LEN
                 digit = tokenizer.token_to_id(str(int(reward * 4)))
-                ids = [digit] + [
-                    rng.randrange(5, tokenizer.vocab_size) for _ in range(length - 1)
-                ]  # 0-4: special tokens
+                # 0-4: special tokens
+                ids = [digit] + [rng.randrange(5, tokenizer.vocab_size) for _ in range(length - 1)]
                 if not truncated:
-                    ids[-1] = tokenizer.eos_token_ids[
-                        0
-                    ]  # a completion of length 1 is EOS alone: empty, worth 0
+                    # a completion of length 1 is EOS alone: empty, worth 0
+                    ids[-1] = tokenizer.eos_token_ids[0]
                 assert _leading_digit([tokenizer.decode_completion(ids)]) == [reward]
                 tokens.append(ids)
                 reasons.append("length" if truncated else "stop")
@@ -144,9 +142,8 @@ def logprobs_by_hand(model, prompt, completion, temperature):
     """(Tc,): log softmax(logits / temperature) of each completion token, the row run alone (no padding)."""
     ids = torch.tensor([prompt + completion])  # (1, Lp + Tc)
     logits = model(ids)[0, len(prompt) - 1 : -1] / temperature  # (Tc, V): position t predicts token t + 1
-    return (
-        torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
-    )  # (Tc,)
+    # (Tc,): log p of each completion token
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
 def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
@@ -224,10 +221,11 @@ CASES = {  # (the objective, the update's layout)
         ),
         {},
     ),
+    # each row its own prompt, ragged
     "dr_grpo-group-mu2-padded": (
         GRPOConfig(loss_type="dr_grpo", scale_rewards="group", num_iterations=2),
         dict(shared_prompt=False, micro_batch_size=5),
-    ),  # each row its own prompt, ragged
+    ),
 }
 
 

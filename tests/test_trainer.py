@@ -153,22 +153,19 @@ def test_dynamic_sampling_with_batch_scaling_divides_by_the_std_of_the_trained_g
     trainer = make_trainer(checkpoint, tmp_path, reward="test_odd_only", grpo=grpo, micro_batch_size=8)
     recorder = Recorder(trainer, monkeypatch)
     stats, _ = trainer.train_step(recorder)
-    assert (
-        stats["groups/trained"] == 2 and stats["groups/sampled"] > 2
-    )  # flat groups were sampled and dropped
+    # flat groups were sampled and dropped
+    assert stats["groups/trained"] == 2 and stats["groups/sampled"] > 2
     (sampled,), (trained,) = recorder.sampled, recorder.trained
     rewards = [r.reward for r in trained]
     std = statistics.stdev(rewards)
-    assert (
-        abs(std - statistics.stdev([r.reward for r in sampled])) > 0.1 * std
-    )  # the dropped groups would matter
+    # the dropped groups would matter
+    assert abs(std - statistics.stdev([r.reward for r in sampled])) > 0.1 * std
     for g in range(0, len(trained), 4):
         mean = statistics.fmean(rewards[g : g + 4])
         for r in trained[g : g + 4]:
             assert r.advantage == pytest.approx((r.reward - mean) / (std + 1e-4), rel=1e-5, abs=1e-6)
-    assert len(recorder.seeds) >= 2 and len(set(recorder.seeds)) == len(
-        recorder.seeds
-    )  # rounds past the first
+    # rounds past the first
+    assert len(recorder.seeds) >= 2 and len(set(recorder.seeds)) == len(recorder.seeds)
 
 
 def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_batch(checkpoint, tmp_path):
@@ -241,8 +238,9 @@ import test_trainer  # registers the test rewards
 
 task = Task(test_trainer.ROWS, [RewardSpec("test_count_x")])
 grpo = GRPOConfig(num_generations=4, max_completion_length=10, num_iterations=2, beta=0.05)
-config = TrainConfig(output_dir={out!r}, max_steps=4, stop_at_step={steps}, batch_size=8, micro_batch_size=3, learning_rate=1e-2,
-                     warmup_steps=1, lr_schedule="cosine", resume={resume}, progress_bar=False, log_completions_every=0)
+config = TrainConfig(output_dir={out!r}, max_steps=4, stop_at_step={steps}, batch_size=8, micro_batch_size=3,
+                     learning_rate=1e-2, warmup_steps=1, lr_schedule="cosine", resume={resume},
+                     progress_bar=False, log_completions_every=0)
 minigrpo.train({checkpoint!r}, task, grpo, config)
 """
 
@@ -262,9 +260,8 @@ def run_training(server, checkpoint, out, steps, resume):
 
 def test_resume_is_exact(examples_server, checkpoint, tmp_path):
     straight = run_training(examples_server, checkpoint, tmp_path / "straight", 4, resume=False)
-    run_training(
-        examples_server, checkpoint, tmp_path / "stopped", 2, resume=False
-    )  # this process ends after step 2 of 4
+    # this process ends after step 2 of 4
+    run_training(examples_server, checkpoint, tmp_path / "stopped", 2, resume=False)
     resumed = run_training(examples_server, checkpoint, tmp_path / "stopped", 4, resume=True)
     original = minigrpo.load_pretrained(checkpoint)[0].state_dict()
     for name, value in straight.state_dict().items():
@@ -400,9 +397,8 @@ def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(
         checkpoint, tmp_path, grpo=grpo, adam_epsilon=1e-3, **{"micro_batch_size": 8, **layout}
     )
     for trainer in (whole, split):
-        trainer.eos_ids = tuple(
-            range(5, trainer.model.config.vocab_size, 4)
-        )  # a quarter of the vocabulary ends a completion
+        # a quarter of the vocabulary ends a completion
+        trainer.eos_ids = tuple(range(5, trainer.model.config.vocab_size, 4))
     recorder, chunks = Recorder(split, monkeypatch), []
     cut = split.updater._micro_batches
     split.updater._micro_batches = lambda rollouts, generator=None: (
@@ -438,8 +434,8 @@ def test_shared_prompt_batches_hold_whole_groups_and_count_a_prompt_once():
     from minigrpo.rollout import Rollout, group_batches, padding_fraction
 
     lengths = [(5, 3), (5, 9), (2, 1), (2, 2), (7, 4), (7, 4)]  # three groups of 2: (prompt, completion)
-    # a group weighs its prompt plus G x its longest completion: 5 + 2 * 9 = 23, 2 + 2 * 2 = 6, 7 + 2 * 4 = 15;
-    # two groups pad to the longer of each: the last two, 2 * (7 + 8) = 30, fit a budget of 30
+    # a group weighs its prompt plus G x its longest completion: 5 + 2 * 9 = 23, 2 + 2 * 2 = 6, 7 + 2 * 4 =
+    # 15; two groups pad to the longer of each: the last two, 2 * (7 + 8) = 30, fit a budget of 30
     batches = group_batches(lengths, 2, max_rows=8, max_tokens=30)
     assert sorted(sorted(b) for b in batches) == [[0, 1], [2, 3, 4, 5]]
     assert len(group_batches(lengths, 2, max_rows=8, max_tokens=29)) == 3
@@ -594,9 +590,8 @@ def test_a_prune_killed_midway_leaves_no_half_checkpoint(checkpoint, tmp_path):
     out = tmp_path / "run"
     save_checkpoint(str(out), 1, model, tokenizer, {"step": 1}, keep=2)
     parent = out / "checkpoints"
-    os.rename(
-        parent / "step-000001", parent / ".deleting-step-000001"
-    )  # where a kill during pruning leaves it
+    # where a kill during pruning leaves it
+    os.rename(parent / "step-000001", parent / ".deleting-step-000001")
     assert latest_checkpoint(str(out)) is None
     save_checkpoint(str(out), 2, model, tokenizer, {"step": 2}, keep=2)
     assert sorted(os.listdir(parent)) == ["step-000002"]
@@ -625,9 +620,8 @@ def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpo
         ValueError, match="measured on eval_data a, eval_count 4, not on eval_data a, eval_count 3"
     ):
         initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 3})
-    (tmp_path / "run" / "initial_eval.json").write_text(
-        '{"initial_acc'
-    )  # not valid JSON: said, with the path
+    # not valid JSON: said, with the path
+    (tmp_path / "run" / "initial_eval.json").write_text('{"initial_acc')
     with pytest.raises(ValueError, match="initial_eval.json is not valid JSON"):
         initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4})
     (tmp_path / "run" / "initial_eval.json").write_text("null")  # JSON, but not the object it must be

@@ -42,10 +42,11 @@ SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
         (r"Earlier box \boxed{1/3}, later \boxed{2/3}", "2/3"),  # unless the words between correct the first
         (r"first \boxed{3}, then after checking \boxed{4}", "4"),
         (r"\boxed{3}, or actually \boxed{5}", "3, 5"),  # a hedge stays a hedge
+        # the last one counts
         (
             r"We get \boxed{3}. Rechecking the second case, the count is \boxed{5}.",
             "5",
-        ),  # the last one counts
+        ),
         (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
         (r"\boxed{\left\{ 1, \frac{3}{4} \right\}}", r"\left\{ 1, \frac{3}{4} \right\}"),
         (r"the answer is \boxed 7 apples", "7"),
@@ -387,9 +388,8 @@ def test_bounded_check_agrees_with_the_reference():
     pairs = EQUAL + NOT_EQUAL
     expected = [answers_match(p, g) for p, g in pairs]
     assert [is_equivalent(p, g) for p, g in pairs[::7]] == expected[::7]
-    responses = [
-        f"The answer is $\\boxed{{{p} }}$." for p, _ in pairs
-    ]  # the space: 185\\ must not escape the brace
+    # the space: 185\\ must not escape the brace
+    responses = [f"The answer is $\\boxed{{{p} }}$." for p, _ in pairs]
     assert math_rewards(responses, [g for _, g in pairs], workers=2) == [float(e) for e in expected]
 
 
@@ -465,7 +465,8 @@ def test_in_process_steps_are_linear(step, text):
 
 
 def test_a_worker_stops_a_slow_job_itself_and_lives_on():
-    """The worker's timer ends a job at its time (no kill, no restart): the next check runs in the same process."""
+    """The worker's timer ends a job at its time (no kill, no restart): the next check runs in the same
+    process."""
     pool = WorkerPool(1)
     try:
         (worker,) = pool.free
@@ -563,9 +564,8 @@ def test_a_check_that_gets_no_worker_in_time_fails_closed():
     it, not for ever, and answers 'not equal'."""
     pool = WorkerPool(1)
     try:
-        held = [
-            ("match", KILLED, "1")
-        ] * 2  # the second has until 2 * TIME_LIMIT: the worker is busy past 1 s
+        # the second has until 2 * TIME_LIMIT: the worker is busy past 1 s
+        held = [("match", KILLED, "1")] * 2
         holder = threading.Thread(target=pool.run, args=(held, False), kwargs={"work_limit": 5.0})
         holder.start()
         time.sleep(0.05)  # the hostile check holds the worker
@@ -611,7 +611,8 @@ def hostile_batch(rows: int, every: int) -> tuple[list, list, list]:
 
 def test_benign_answers_in_a_hostile_batch_are_scored_right_in_bounded_time():
     """A third of 40 rows run until stopped: each used to take WORK_LIMIT (12 x 0.8 s over 2 workers, ~5 s).
-    Now the batch ends within its budget, every benign row is scored right, and the hostile ones say timed out."""
+    Now the batch ends within its budget, every benign row is scored right, and the hostile ones say timed
+    out."""
     responses, golds, rewards = hostile_batch(40, every=3)
     shared_pool().reserve(2)
     start = time.monotonic()
@@ -815,5 +816,8 @@ def test_public_names_are_reexported():
 
 
 def test_the_verifier_never_imports_torch():
-    code = "import sys, minigrpo.verifier as v; v.math_reward('\\\\boxed{1}', '1'); assert 'torch' not in sys.modules"
+    code = (
+        "import sys, minigrpo.verifier as v; v.math_reward('\\\\boxed{1}', '1'); "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

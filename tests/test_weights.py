@@ -81,9 +81,8 @@ def test_tokenizer_and_side_files_round_trip(tmp_path):
 def test_save_replaces_an_existing_checkpoint_whole(tmp_path):
     target = tmp_path / "ckpt"
     minigrpo.save_pretrained(tiny_model(seed=0), None, target, max_shard_bytes=20_000)
-    minigrpo.save_pretrained(
-        tiny_model(seed=1), None, target
-    )  # now a single file: no stale shards may remain
+    # now a single file: no stale shards may remain
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)
     assert sorted(os.listdir(target)) == ["config.json", "model.safetensors"]
     assert os.listdir(tmp_path) == ["ckpt"]  # no temporary directories left behind
     loaded, _ = minigrpo.load_pretrained(str(target))
