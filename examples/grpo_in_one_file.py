@@ -248,8 +248,8 @@ def learning_rate_at(step: int, s: Settings) -> float:
 
 def make_optimizer(weights: dict, s: Settings) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter 2019) over every weight; the learning rate is set per step."""
-    return torch.optim.AdamW(list(weights.values()), lr=s.learning_rate, betas=(s.adam_beta1, s.adam_beta2),
-                             eps=s.adam_epsilon, weight_decay=s.weight_decay)
+    adam = dict(betas=(s.adam_beta1, s.adam_beta2), eps=s.adam_epsilon, weight_decay=s.weight_decay)
+    return torch.optim.AdamW(list(weights.values()), lr=s.learning_rate, **adam)
 
 
 def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s: Settings, generator):
@@ -283,8 +283,9 @@ def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, 
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(list(weights.values()), s.max_grad_norm)
         optimizer.step()
-    return {"reward": float(rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm),
-            "lr": optimizer.param_groups[0]["lr"], "length": sum(map(len, completions)) / len(completions)}
+    length = sum(map(len, completions)) / len(completions)
+    stats = {"reward": float(rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm)}
+    return {**stats, "lr": optimizer.param_groups[0]["lr"], "length": length}
 
 
 # ---- Evaluation: greedy accuracy on held-out problems --------------------------------------------
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.monotonic()
     torch.set_num_threads(1)  # this model's products are too small to gain from a second thread
     torch.manual_seed(s.seed)
-    generator = torch.Generator().manual_seed(s.seed)  # every sampled token is drawn from it
+    rng = torch.Generator().manual_seed(s.seed)  # every sampled token is drawn from it
     weights, config = load_model(MODEL, torch.float32)
     tokenizer = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
     reference = None  # pi_ref of the KL: the starting policy, frozen
@@ -375,22 +376,23 @@ def main(argv: list[str] | None = None) -> dict:
         step_started = time.monotonic()
         prompts = [encode(tokenizer, problem.question) for problem in batch]
         golds = [problem.answer for problem in batch]
-        stats = grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s,
-                          generator)
+        stats = grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s, rng)
         stats["seconds"] = time.monotonic() - step_started
         shown = [f"{key} {value:.4g}" for key, value in stats.items()]
         print(" | ".join([f"step {step}"] + shown), flush=True)
     final = greedy_accuracy(weights, config, tokenizer, held_out, s)
 
     seconds = time.monotonic() - started
-    summary = {"initial_accuracy": initial, "final_accuracy": final, "gain": final - initial,
-               "steps": s.max_steps, "seconds": round(seconds, 1), "settings": dataclasses.asdict(s)}
+    summary = {"initial_accuracy": initial, "final_accuracy": final, "steps": s.max_steps}
+    summary.update(seconds=round(seconds, 1), settings=dataclasses.asdict(s))
     with open(os.path.join(s.output_dir, "summary.json.tmp"), "w") as f:
         json.dump(summary, f, indent=2)
     os.replace(f.name, os.path.join(s.output_dir, "summary.json"))  # whole or not at all
     save_policy(weights, MODEL, os.path.join(s.output_dir, "final"))
-    print(f"held-out greedy accuracy: {initial:.3f} -> {final:.3f} ({100 * (final - initial):+.1f} points) "
-          f"in {s.max_steps} steps, {seconds / 60:.1f} min; {s.output_dir}/summary.json and final/")
+    gain = 100 * (final - initial)
+    print(
+        f"held-out greedy accuracy {initial:.3f} -> {final:.3f} ({gain:+.1f} points), {seconds / 60:.1f} min"
+    )
     return summary
 
 

@@ -101,8 +101,12 @@ class FixedSampler:
             self.asked.append(i)
             tokens += fixed_completions(self.tokenizer, PROBLEMS[i])
         reasons = ["stop" if t[-1] == EOS else "length" for t in tokens]
-        return Samples(tokens=tokens, logprobs=[[0.0] * len(t) for t in tokens], finish_reasons=reasons,
-                       prompt_indices=[p for p in range(len(indices)) for _ in range(G)])
+        return Samples(
+            tokens=tokens,
+            logprobs=[[0.0] * len(t) for t in tokens],
+            finish_reasons=reasons,
+            prompt_indices=[p for p in range(len(indices)) for _ in range(G)],
+        )
 
 
 # Settings under which every part of a step shows in the weights: AdamW's eps about the size of the
@@ -112,8 +116,9 @@ class FixedSampler:
 # side moves some weight by 1e-5 or more (measured: no gradient clip 8e-5, no temperature 4e-5, grpo's
 # aggregation for dapo's 1.3e-4, beta doubled 1e-4, epsilon 0.2 at mu = 2 2e-5).
 SHARED = dict(num_generations=G, max_completion_length=32, temperature=0.7, epsilon=0.002)
-OPTIMIZER = dict(learning_rate=1e-4, warmup_steps=3, max_steps=10, adam_epsilon=1e-4, weight_decay=0.1,
-                 max_grad_norm=0.05)
+OPTIMIZER = dict(
+    learning_rate=1e-4, warmup_steps=3, max_steps=10, adam_epsilon=1e-4, weight_decay=0.1, max_grad_norm=0.05
+)
 CASES = {  # loss_type, beta, num_iterations
     "grpo": ("grpo", 0.0, 1),
     "dapo": ("dapo", 0.0, 1),
@@ -128,8 +133,10 @@ def reference_weights() -> dict:
     from the policy of a later step (were the two equal, the k3 term would have no gradient in pass 1)."""
     weights, _ = twin.load_model(twin.MODEL, torch.float64)
     noise = torch.Generator().manual_seed(1)
-    return {name: w.detach() + 0.01 * torch.randn(w.shape, generator=noise, dtype=w.dtype)
-            for name, w in weights.items()}
+    return {
+        name: w.detach() + 0.01 * torch.randn(w.shape, generator=noise, dtype=w.dtype)
+        for name, w in weights.items()
+    }
 
 
 def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
@@ -142,10 +149,18 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
     rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in PROBLEMS]
     grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu)
     optimizer = dict(OPTIMIZER, adam_betas=(0.8, 0.95))
-    config = TrainConfig(output_dir=str(tmp_path / "run"), batch_size=len(PROBLEMS) * G, micro_batch_size=G,
-                         lr_schedule="cosine", progress_bar=False, log_completions_every=0, **optimizer)
-    trainer = Trainer(model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config,
-                      reference=reference)
+    config = TrainConfig(
+        output_dir=str(tmp_path / "run"),
+        batch_size=len(PROBLEMS) * G,
+        micro_batch_size=G,
+        lr_schedule="cosine",
+        progress_bar=False,
+        log_completions_every=0,
+        **optimizer,
+    )
+    trainer = Trainer(
+        model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config, reference=reference
+    )
     sampler = FixedSampler(tokenizer)
     trainer._sample = sampler  # the seam: stage 1 only
     trainer.step = step - 1  # as if resumed: the step's learning rate is on the cosine, past the warm-up
@@ -157,8 +172,16 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
 def twin_step(tokenizer, monkeypatch, loss_type, beta, mu, step, asked):
     """The weights after the twin's grpo_step number `step` on the same completions, the prompts in the
     library's order."""
-    s = twin.Settings(**SHARED, **OPTIMIZER, adam_beta1=0.8, adam_beta2=0.95, loss_type=loss_type, beta=beta,
-                      num_iterations=mu, prompts_per_step=len(asked))
+    s = twin.Settings(
+        **SHARED,
+        **OPTIMIZER,
+        adam_beta1=0.8,
+        adam_beta2=0.95,
+        loss_type=loss_type,
+        beta=beta,
+        num_iterations=mu,
+        prompts_per_step=len(asked),
+    )
     fixed = {tuple(twin.encode(tokenizer, p.question)): fixed_completions(tokenizer, p) for p in PROBLEMS}
     monkeypatch.setattr(twin, "sample_group", lambda weights, config, prompt, *_: fixed[tuple(prompt)])
     monkeypatch.setattr(twin, "completion_logprobs", stored_in_fp32(twin.completion_logprobs))
@@ -224,8 +247,9 @@ def test_main_trains_and_saves_a_policy_the_library_loads(tmp_path):
     """A 1-step run of 2 prompts writes summary.json and final/, which minigrpo.load_pretrained reads back
     as the twin's trained weights."""
     out = tmp_path / "run"
-    summary = twin.main(["--output_dir", str(out), "--max_steps", "1", "--prompts_per_step", "2",
-                         "--eval_count", "2"])
+    summary = twin.main(
+        ["--output_dir", str(out), "--max_steps", "1", "--prompts_per_step", "2", "--eval_count", "2"]
+    )
     written = json.loads((out / "summary.json").read_text())
     assert written["steps"] == 1 and set(written) >= {"initial_accuracy", "final_accuracy", "seconds"}
     assert written["final_accuracy"] == summary["final_accuracy"]
@@ -241,9 +265,11 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     """A --output_dir that is a file, or a setting out of range, stops before any work with one line."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    for argv, says in ((["--output_dir", str(blocker)], "cannot be written"),
-                       (["--loss_type", "bnpo"], "--loss_type must be grpo or dapo"),
-                       (["--beta", "-1"], "--beta must be")):
+    for argv, says in (
+        (["--output_dir", str(blocker)], "cannot be written"),
+        (["--loss_type", "bnpo"], "--loss_type must be grpo or dapo"),
+        (["--beta", "-1"], "--beta must be"),
+    ):
         with pytest.raises(SystemExit) as stopped:
             twin.main(argv)
         message = str(stopped.value.code)
