@@ -556,7 +556,10 @@ def test_eight_threads_of_hostile_checks_each_return_in_time():
     assert len(timings) == 8 * len(calls)
     assert max(elapsed for elapsed, *_ in timings) <= CONCURRENT_LIMIT, sorted(t[0] for t in timings)[-5:]
     for elapsed, said, right, hostile in timings:
-        assert said == right or (not hostile and elapsed >= TIME_LIMIT), (elapsed, said, right)
+        # A check fails closed at its deadline, or when a worker frees less than KILL_GRACE before it
+        # (too late to start: bounded._dispatch), so a benign one may come back wrong from there on.
+        failed_closed = not hostile and elapsed >= TIME_LIMIT - bounded.KILL_GRACE
+        assert said == right or failed_closed, (elapsed, said, right)
 
 
 def test_a_check_that_gets_no_worker_in_time_fails_closed():
