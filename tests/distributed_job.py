@@ -71,7 +71,11 @@ def _whole(gradient: torch.Tensor) -> torch.Tensor:
 
 
 def main(job: dict) -> None:
-    print(f"rank {os.environ.get('RANK', '0')} imports minigrpo from {minigrpo.__file__}", flush=True)
+    if "imports_dir" in job:
+        # A file per process, not a line on stdout: two ranks share torchrun's stdout, where a line
+        # can reach the reader cut or joined to another.
+        with open(os.path.join(job["imports_dir"], f"process-{os.getpid()}.txt"), "w") as f:
+            f.write(f"{os.environ.get('RANK', '0')}\n{minigrpo.__file__}\n")
     sample = Trainer._sample
     distributed.Policy.clip_gradients = recording_clip(distributed.Policy.clip_gradients)
     for run in job["runs"]:

@@ -6,7 +6,6 @@ Every job imports minigrpo from this checkout, whatever else is installed."""
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -122,11 +121,13 @@ RESUMED = [("ddp", {}), ("fsdp", {"fsdp": True})]  # the layouts test_resume_und
 @pytest.fixture(scope="module")
 def layouts(checkpoint, tmp_path_factory):
     """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2;
-    what the jobs printed is kept in output.txt. The two-rank job also runs, with sampled completions,
-    the straight and the stopped runs that test_resume_under_two_ranks_is_exact compares (one torchrun
-    start-up less)."""
+    where each process imported minigrpo from is kept in imports/. The two-rank job also runs, with
+    sampled completions, the straight and the stopped runs that test_resume_under_two_ranks_is_exact
+    compares (one torchrun start-up less)."""
     base = tmp_path_factory.mktemp("layouts")
-    one = job(1, checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in OBJECTIVES])
+    imports = {"imports_dir": str(base / "imports")}
+    (base / "imports").mkdir()
+    job(1, checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in OBJECTIVES], **imports)
     layouts = [run(base / f"ddp-{name}", name, fixed=True) for name in OBJECTIVES]
     layouts += [run(base / f"fsdp-{name}", name, fixed=True, fsdp=True) for name in OBJECTIVES]
     resumed = [run(base / f"straight-{kind}", "dapo", max_steps=3, **options) for kind, options in RESUMED]
@@ -134,15 +135,12 @@ def layouts(checkpoint, tmp_path_factory):
         run(base / f"stopped-{kind}", "dapo", max_steps=3, stop_at_step=2, **options)
         for kind, options in RESUMED
     ]
-    two = job(2, checkpoint, layouts + resumed)
-    (base / "output.txt").write_text(one.stdout + two.stdout)
+    job(2, checkpoint, layouts + resumed, **imports)
     return base
 
 
 def test_every_job_imports_minigrpo_from_this_checkout(layouts):
-    imported = re.findall(
-        r"^rank (\d) imports minigrpo from (.+)$", (layouts / "output.txt").read_text(), re.M
-    )
+    imported = [path.read_text().splitlines() for path in (layouts / "imports").iterdir()]
     assert sorted(rank for rank, _ in imported) == ["0", "0", "1"]  # one plain process, then two ranks
     for _, path in imported:
         assert os.path.commonpath([os.path.realpath(path), os.path.realpath(ROOT)]) == os.path.realpath(
