@@ -5,6 +5,7 @@
 - `format_reward`: <think>...</think>, then exactly one \\boxed{};
 - `code_reward` / `code_rewards`: run generated Python against tests in a sandbox;
 - `countdown_reward`: an expression that reaches a target with the given numbers;
+- `steps.check_steps`: each `expression = number` step of a response, checked exactly (process rewards);
 - `compute_rewards`: the named rewards a task asks for, weighted and summed.
 The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
 for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
