@@ -21,17 +21,20 @@ import tokenize
 import typing
 from dataclasses import asdict, dataclass, fields
 
-from .advantages import SCALES, check_scale
+from .advantages import ADVANTAGE_TYPES, SCALES, check_advantage_type, check_scale
 from .loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS, check_objective
 from .metrics import REPORT_TO, check_report_to
 from .sampler import SamplingConfig
 
 SCHEDULES = ("constant", "cosine")
+PROCESS_REWARDS = ("steps", "monte_carlo")
 # flags' choices
 CHOICES = {
     "loss_type": LOSS_TYPES,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "scale_rewards": SCALES,
+    "advantage_type": ADVANTAGE_TYPES,
+    "process_rewards": PROCESS_REWARDS,
     "sampler_correction": SAMPLER_CORRECTIONS,
     "lr_schedule": SCHEDULES,
     "report_to": REPORT_TO,
@@ -55,6 +58,9 @@ class GRPOConfig:
     sampler_correction: str = "none"  # weight tokens by trained-on over sampler probability (loss.py)
     sampler_correction_cap: float = 3.0  # C: weights truncated at C, or masked outside [1/C, C]
     scale_rewards: str = "group"  # group | batch | none (Dr. GRPO): what the centred reward is divided by
+    advantage_type: str = "outcome"  # outcome | process | outcome+process (DeepSeekMath 4.1.3, advantages.py)
+    process_rewards: str = "steps"  # step rewards: steps (arithmetic checker) | monte_carlo (Math-Shepherd)
+    process_samples: int = 4  # monte_carlo: continuations sampled per step prefix (its N)
     num_iterations: int = 1  # mu: passes over each batch of rollouts; 1 is on-policy (ratio exactly 1)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length get no loss (DAPO)
     dynamic_sampling: bool = False  # DAPO: sample more until the batch's groups all have reward variance
@@ -85,6 +91,15 @@ class GRPOConfig:
             self.sampler_correction_cap,
         )
         check_scale(self.scale_rewards)
+        check_advantage_type(self.advantage_type)
+        _require(
+            self.process_rewards in PROCESS_REWARDS,
+            f"process_rewards must be one of {', '.join(PROCESS_REWARDS)}, got {self.process_rewards!r}",
+        )
+        _require(
+            isinstance(self.process_samples, int) and self.process_samples >= 1,
+            f"process_samples must be a positive integer, got {self.process_samples!r}",
+        )
         _require(
             isinstance(self.num_iterations, int) and self.num_iterations >= 1,
             f"num_iterations must be a positive integer, got {self.num_iterations!r}",

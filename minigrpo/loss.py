@@ -2,13 +2,14 @@
 
 In: per-token log-probs of the completions under the policy being trained (with grad), under the
 policy that sampled them ("old") and optionally under a frozen reference; one advantage per
-completion; the completion mask. Out: `(loss, stats)`. It knows tensors, not text, rewards or
-the model: token_logprobs.py computes the log-probs it is given.
+completion, or one per token (process supervision); the completion mask. Out: `(loss, stats)`. It
+knows tensors, not text, rewards or the model: token_logprobs.py computes the log-probs it is given.
 
-Per completion token t of completion i, with A_i its advantage:
+Per completion token t of completion i, with A_i,t its advantage (A_i on every token of an outcome
+advantage):
 
     ratio     = exp(logp - logp_old)
-    surrogate = min(ratio * A_i, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A_i)
+    surrogate = min(ratio * A_i,t, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A_i,t)
     k3        = exp(ref - logp) - (ref - logp) - 1        (unbiased KL estimate, >= 0 up to rounding)
     l_t       = -surrogate + beta * k3
 
@@ -81,7 +82,7 @@ def grpo_loss(
     num_tokens: int | None = None,
     entropies: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO loss of one (micro-)batch and its stats; shapes (B, T) but advantages (B,).
+    """The GRPO loss of one (micro-)batch and its stats; shapes (B, T), advantages (B,) or (B, T).
 
     num_sequences / num_tokens: the whole optimizer step's (default: this batch's), for exact
     gradient accumulation. max_completion_length: Dr. GRPO's constant (default: T).
@@ -106,7 +107,10 @@ def grpo_loss(
         per_sequence = log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)  # (B, 1)
         log_ratio = per_sequence.expand_as(log_ratio)  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
-    adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
+    adv = advantages.to(logprobs.dtype)  # (B, T), or (B,) for one advantage per completion
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1)  # (B, 1)
+    adv = adv.masked_fill(padding, 0.0)  # (B, T): nothing on padding, whatever the caller put there
     if loss_type == "cispo":  # the clipped ratio is a constant weight of A * logp
         capped = ratio.clamp(max=1 + epsilon_high).detach()  # (B, T)
         per_token = -capped * adv * logprobs.masked_fill(padding, 0.0)  # (B, T)
@@ -271,7 +275,8 @@ def _check(
     ):
         if t is not None and t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, logprobs {tuple(shape)}")
-    if advantages.shape != shape[:1]:
+    if advantages.shape not in (shape[:1], shape):
         raise ValueError(
-            f"advantages must have shape ({shape[0]},), one per sequence; got {tuple(advantages.shape)}"
+            f"advantages must have shape ({shape[0]},), one per sequence, or {tuple(shape)}, one per "
+            f"token; got {tuple(advantages.shape)}"
         )

@@ -1,7 +1,8 @@
 """Between the stages: the rollout buffer, one record per sampled completion.
 
 In: the sampler's completions for a batch of prompts (stage 1); later stages fill in the decoded
-text and rewards (2), advantages (3) and the old / reference log-probs (4). Out: padded tensors for
+text, rewards and step rewards (2), advantages, per completion or per token (3), and the old /
+reference log-probs (4). Out: padded tensors for
 the update, in micro-batches, and the logger's length stats (`completion_stats`). It knows token
 ids and numbers, not rewards' meaning or the model.
 """
@@ -24,7 +25,10 @@ class Rollout:
     rewards: dict[str, float] = field(default_factory=dict)  # each reward component, unweighted
     reward: float = 0.0  # the weighted total
     timed_out: bool = False  # a reward failed closed at the verifier's time limit (reward/timeout_frac)
+    step_rewards: list[float] = field(default_factory=list)  # process supervision: each step's reward
+    step_ends: list[int] = field(default_factory=list)  # the index of each step's last completion token
     advantage: float = 0.0  # group-relative, from the total
+    token_advantages: torch.Tensor | None = None  # (Tc,) per token (process advantages); None: `advantage`
     in_loss: bool = True  # False for a truncated completion when those are masked
     sampler_logprobs: torch.Tensor | None = None  # (Tc,) as the sampler computed them drawing the tokens
     old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it (num_iterations > 1)
@@ -39,7 +43,7 @@ class Batch:
     attention_mask: torch.Tensor  # (B, Lp + Tc) 1 for real tokens
     completion_start: int  # Lp: the column of each completion's first token
     completion_mask: torch.Tensor  # (B, Tc) 1 for tokens that count in the loss: up to and including EOS
-    advantages: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B, Tc) each token's advantage: its rollout's, or its own (process)
     sampler_logprobs: torch.Tensor | None  # (B, Tc) or None
     old_logprobs: torch.Tensor | None  # (B, Tc) or None
     ref_logprobs: torch.Tensor | None  # (B, Tc) or None
@@ -65,11 +69,22 @@ def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
         attention_mask=attention.to(device),
         completion_start=prompt_width,
         completion_mask=loss_mask.to(device),
-        advantages=torch.tensor([r.advantage for r in rollouts], dtype=torch.float32, device=device),
+        advantages=_token_advantages(rollouts, completion_width).to(device),
         sampler_logprobs=_pad([r.sampler_logprobs for r in rollouts], completion_width, device),
         old_logprobs=_pad([r.old_logprobs for r in rollouts], completion_width, device),
         ref_logprobs=_pad([r.ref_logprobs for r in rollouts], completion_width, device),
     )
+
+
+def _token_advantages(rollouts: list[Rollout], width: int) -> torch.Tensor:
+    """(B, width): each rollout's per-token advantages, or its one advantage on every token."""
+    out = torch.zeros(len(rollouts), width, dtype=torch.float32)  # (B, Tc)
+    for i, r in enumerate(rollouts):
+        if r.token_advantages is None:
+            out[i, : len(r.completion_ids)] = r.advantage
+        else:
+            out[i, : len(r.completion_ids)] = r.token_advantages
+    return out
 
 
 def _pad(rows: list, width: int, device) -> torch.Tensor | None:

@@ -345,9 +345,12 @@ def good_inputs():
         (dict(ref_logprobs=torch.zeros(3, 5)), r"ref_logprobs has shape \(3, 5\), logprobs \(3, 4\)"),
         (
             dict(advantages=torch.zeros(3, 1)),
-            r"advantages must have shape \(3,\), one per sequence; got \(3, 1\)",
+            r"advantages must have shape \(3,\), one per sequence, or \(3, 4\), one per token; got \(3, 1\)",
         ),
-        (dict(advantages=torch.zeros(4)), r"advantages must have shape \(3,\), one per sequence; got \(4,\)"),
+        (
+            dict(advantages=torch.zeros(4)),
+            r"advantages must have shape \(3,\), one per sequence, or .*; got \(4,\)",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_with_a_message(change, message):
