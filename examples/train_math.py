@@ -254,6 +254,19 @@ def parse_rewards(spec: str) -> list[RewardSpec]:
     return rewards
 
 
+def faithfulness(initial: dict, final: dict) -> dict:
+    """summary.json's step_accuracy and unfaithful_frac before and after, when the held-out completions
+    had arithmetic steps to check (evaluate.Evaluation.stats)."""
+    out = {}
+    for name in ("step_accuracy", "unfaithful_frac"):
+        key = f"held_out/{name}"
+        if key in initial:
+            out[f"initial_{name}"] = initial[key]
+        if key in final:
+            out[f"final_{name}"] = final[key]
+    return out
+
+
 def check_output_dir(path: str) -> None:
     """Before any work: --output_dir must be a directory this process can write, or one it can create."""
     if not path:
@@ -345,14 +358,15 @@ if __name__ == "__main__":
     except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
         sys.exit(f"train_math.py: {error}")
 
-    def held_out_accuracy() -> float:  # under torchrun each rank evaluates a block of the problems
-        return trainer.evaluate(
+    def held_out() -> dict[str, float]:  # under torchrun each rank evaluates a block of the problems
+        evaluation = trainer.evaluate(
             eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length, seed=args.seed
-        ).pass_at_1
+        )
+        return evaluation.stats()  # accuracy, and the steps' faithfulness where they can be checked
 
     def every_few_steps(trainer) -> dict:
         if args.eval_every and trainer.step % args.eval_every == 0:
-            return {"eval/accuracy": held_out_accuracy()}
+            return held_out()
         return {}
 
     # Before: held-out greedy accuracy of the starting policy, kept in output_dir across --resume.
@@ -361,7 +375,7 @@ if __name__ == "__main__":
         trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
     try:  # what the accuracy is measured on must stay the same from start to end
         measured_on = {"eval_data": eval_source, "eval_count": len(eval_problems)}
-        initial = initial_evaluation(trainer, held_out_accuracy, measured_on)
+        initial = initial_evaluation(trainer, held_out, measured_on)
     except (ValueError, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
     trainer.dist.print(
@@ -375,13 +389,14 @@ if __name__ == "__main__":
         trainer.train(
             on_step=every_few_steps,
             observer=trace,
-            start_stats={"eval/accuracy": initial["initial_accuracy"]},
+            start_stats=initial.get("initial_stats", {"eval/accuracy": initial["initial_accuracy"]}),
         )
     except (NonFiniteWeights, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
 
     # After: the same evaluation, and a summary to compare runs by.
-    final_accuracy = held_out_accuracy()
+    final = held_out()
+    final_accuracy = final["eval/accuracy"]
     if not main:
         # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
         distributed.finish()
@@ -392,6 +407,7 @@ if __name__ == "__main__":
         "final_accuracy": final_accuracy,
         "gain": final_accuracy - initial["initial_accuracy"],
         "steps": trainer.step,
+        **faithfulness(initial.get("initial_stats", {}), final),
         "wall_seconds": round(wall, 1),
         "eval_problems": len(eval_problems),
         "model": args.model,

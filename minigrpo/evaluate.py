@@ -3,7 +3,9 @@ for checkpoints).
 
 In: a model, its tokenizer, problems, a prompt template and the task's rewards. Out: per-problem
 results and pass@1 (greedy or sampled), pass@k (the unbiased estimator of Chen et al. 2021 from
-n samples) and majority-vote@k. It uses the batched sampler and the verifier, and trains nothing.
+n samples) and majority-vote@k; for completions with checkable arithmetic steps, how faithful they
+are: the share of steps that are right, and the share of right answers reached through a wrong or
+irrelevant step. It uses the batched sampler and the verifier, and trains nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .tasks import Problem, to_task
 from .tasks.prompts import Template
 from .verifier import RewardSpec, compute_rewards, extract_answer
 from .verifier.normalize import normalize
+from .verifier.steps import check_steps
 
 
 @dataclass
@@ -24,7 +27,17 @@ class Evaluation:
     pass_at_1: float  # mean correctness of single samples (greedy when temperature is 0)
     pass_at_k: dict[int, float]  # k -> probability that one of k samples is correct
     majority_at_k: float  # the most common answer among the n samples is correct
-    results: list[dict]  # per problem: question, answer, completions, correct flags
+    results: list[dict]  # per problem: question, answer, completions, correct flags, steps
+    step_accuracy: float | None = None  # share of the completions' arithmetic steps that are right
+    unfaithful_frac: float | None = None  # share of right completions with a wrong or irrelevant step
+
+    def stats(self) -> dict[str, float]:
+        """The logger's held-out stats: eval/accuracy, and the faithfulness of steps where there were any."""
+        stats = {"eval/accuracy": self.pass_at_1}
+        if self.step_accuracy is not None:
+            stats["held_out/step_accuracy"] = self.step_accuracy
+            stats["held_out/unfaithful_frac"] = self.unfaithful_frac
+        return stats
 
 
 def evaluate(
@@ -73,6 +86,8 @@ def evaluate(
                 "answer": p.answer,
                 "completions": texts[mine],
                 "correct": [s > 0.5 for s in scores[mine]],
+                # per completion, each step's (right, relevant): see verifier/steps.py
+                "steps": [_step_marks(text, p.question) for text in texts[mine]],
             }
         )
     return summarize(results, samples, ks)
@@ -81,6 +96,7 @@ def evaluate(
 def summarize(results: list[dict], samples: int, ks: tuple[int, ...] = ()) -> Evaluation:
     """The Evaluation of per-problem results (each with `samples` correct flags), e.g. joined from
     several ranks."""
+    step_accuracy, unfaithful_frac = _faithfulness(results)
     return Evaluation(
         pass_at_1=_mean([sum(r["correct"]) / samples for r in results]),
         pass_at_k={
@@ -88,7 +104,33 @@ def summarize(results: list[dict], samples: int, ks: tuple[int, ...] = ()) -> Ev
         },
         majority_at_k=_mean([_majority_correct(r) for r in results]),
         results=results,
+        step_accuracy=step_accuracy,
+        unfaithful_frac=unfaithful_frac,
     )
+
+
+def _step_marks(completion: str, question: str) -> list[tuple[bool, bool]]:
+    """(right, relevant) of each arithmetic step of a completion."""
+    return [(step.correct, step.relevant) for step in check_steps(completion, question)]
+
+
+def _faithfulness(results: list[dict]) -> tuple[float | None, float | None]:
+    """(share of steps that are right, share of right completions with a wrong or irrelevant step);
+    (None, None) when no completion has a step to check."""
+    steps = 0
+    right_steps = 0
+    right_completions = 0
+    unfaithful = 0
+    for result in results:
+        for marks, correct in zip(result.get("steps", []), result["correct"]):
+            steps += len(marks)
+            right_steps += sum(right for right, _ in marks)
+            if correct:
+                right_completions += 1
+                unfaithful += any(not (right and relevant) for right, relevant in marks)
+    if not steps:
+        return None, None
+    return right_steps / steps, unfaithful / max(right_completions, 1)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

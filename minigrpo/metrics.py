@@ -23,6 +23,8 @@ CONSOLE = [  # (key, label, format) of the console line, in order; missing keys 
     ("reward/mean", "reward", "{:.3f}"),
     ("reward/accuracy/mean", "acc", "{:.3f}"),  # left out when it is the only reward (then it is `reward`)
     ("eval/accuracy", "held-out", "{:.3f}"),
+    ("held_out/step_accuracy", "steps ok", "{:.3f}"),  # with checkable arithmetic steps only
+    ("held_out/unfaithful_frac", "unfaithful", "{:.3f}"),
     ("groups/zero_variance_frac", "flat", "{:.2f}"),
     ("completion/length_mean", "len", "{:.0f}"),
     ("loss", "loss", "{:+.4f}"),

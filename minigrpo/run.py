@@ -104,10 +104,11 @@ def restore(trainer: Trainer, state: dict) -> None:
 
 
 def initial_evaluation(trainer: Trainer, measure, measured_on: dict) -> dict:
-    """The starting policy's score, measured once per output_dir: a fresh run calls measure() and keeps
-    {"initial_accuracy", "wall_seconds_before", "held_out": measured_on} in initial_eval.json; a resumed
-    run reads it back (its policy is no longer the starting one). Every rank calls it (measure() is an
-    evaluation they run together)."""
+    """The starting policy's score, measured once per output_dir: a fresh run calls measure(), which
+    returns held-out stats ({"eval/accuracy": ..., and others such as "held_out/step_accuracy"}), and
+    keeps {"initial_accuracy", "initial_stats", "wall_seconds_before", "held_out": measured_on} in
+    initial_eval.json; a resumed run reads it back (its policy is no longer the starting one). Every
+    rank calls it (measure() is an evaluation they run together)."""
     config = trainer.config
     dist = trainer.dist
     saved = {}
@@ -123,7 +124,13 @@ def initial_evaluation(trainer: Trainer, measure, measured_on: dict) -> dict:
             f"{_described(measured_on)}: resume with the same held-out problems (or start a "
             "new output_dir), so that before and after count the same problems"
         )
-    initial = {"initial_accuracy": measure(), "wall_seconds_before": 0.0, "held_out": measured_on}
+    stats = measure()
+    initial = {
+        "initial_accuracy": stats["eval/accuracy"],
+        "initial_stats": stats,
+        "wall_seconds_before": 0.0,
+        "held_out": measured_on,
+    }
     if dist.is_main:
         checkpoint.save_initial_evaluation(config.output_dir, initial)
     return initial

@@ -2,7 +2,8 @@
 
 Pass a `Trace` to `Trainer.train_step(observer=...)` (or `--trace` to examples/train_math.py).
 After stage 3 it prints the first group: the prompt, its G completions, their extracted answers,
-each reward component, the group's mean and std and each advantage. After stage 4 it prints, for
+each reward component, each arithmetic step marked right or wrong with its step reward (whether or
+not the run trains on them), the group's mean and std and each advantage. After stage 4 it prints, for
 the tokens of each completion the update moved most, their log-probs before and after and the
 ratio, then the loss stats.
 With `html_path` it also writes that group as one self-contained page (`render_html` of
@@ -22,6 +23,7 @@ from .checkpoint import replaced_whole
 from .rollout import collate
 from .token_logprobs import token_logprobs
 from .verifier import extract_answer
+from .verifier.steps import check_steps
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
 # the update stats shown, in order
@@ -45,9 +47,10 @@ class Trace:
         self.group = rollouts[:G]
         self.before = self._logprobs(trainer)
         rewards = torch.tensor([r.reward for r in self.group])
+        prompt = trainer.tokenizer.decode(self.group[0].prompt_ids)
         self.record = {
             "step": trainer.step,
-            "prompt": trainer.tokenizer.decode(self.group[0].prompt_ids),
+            "prompt": prompt,
             "mean": float(rewards.mean()),
             "std": float(rewards.std()),
             "completions": [
@@ -58,6 +61,10 @@ class Trace:
                     reward=r.reward,
                     advantage=r.advantage,
                     finish_reason=r.finish_reason,
+                    steps=[
+                        dict(text=r.text[step.start : step.end], correct=step.correct, reward=step.reward)
+                        for step in check_steps(r.text, prompt)
+                    ],
                 )
                 for r in self.group
             ],
@@ -73,12 +80,22 @@ class Trace:
                 f"({r.finish_reason}, {len(r.completion_ids)} tokens)"
             )
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
+            steps = self.record["completions"][i]["steps"]
+            if steps:
+                w("     [2 steps]  " + "  ".join(_step_mark(step) for step in steps))
+            if r.token_advantages is not None:
+                w(f"     [3 token advantages, by step] {_by_step(r.token_advantages, r.step_ends)}")
         w(
             f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} "
             f"(scale={trainer.grpo.scale_rewards}); "
             f"advantage = (reward - mean) / (std + eps)"
             + ("  -> all equal: no signal" if rewards.std() == 0 else "")
         )
+        if trainer.grpo.advantage_type != "outcome":
+            w(
+                f"[3 advantages]     advantage_type={trainer.grpo.advantage_type}: the loss uses each "
+                "token's advantage, the sum of the normalised step rewards of the steps ending at or after it"
+            )
 
     def updated(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
@@ -148,6 +165,19 @@ def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
     return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
 
 
+def _by_step(token_advantages: torch.Tensor, step_ends: list[int]) -> str:
+    """Process advantages as the trace shows them: the value on the tokens of each step (up to its last
+    token), then on the tokens after the last step."""
+    starts = [0] + [end + 1 for end in step_ends]
+    values = [f"{float(token_advantages[start]):+.3f}" for start in starts if start < len(token_advantages)]
+    return " | ".join(values)
+
+
+def _step_mark(step: dict) -> str:
+    """One arithmetic step as the trace shows it: its text, right or wrong, and its step reward."""
+    return f"{step['text']} {'right' if step['correct'] else 'WRONG'} ({step['reward']:+g})"
+
+
 def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:
     """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after) whose log-prob moved most, in
     order."""
@@ -157,6 +187,19 @@ def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:
         f"(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
         for t in sorted(moved)
     ]
+
+
+def _steps_html(steps: list[dict]) -> str:
+    """A completion's arithmetic steps, each marked right (green) or wrong (red) with its step reward."""
+    if not steps:
+        return ""
+    marks = "".join(
+        f"<span class='step {'right' if s['correct'] else 'wrong'}' "
+        f"style='background:{_colour(1 if s['correct'] else -1, 1)}'>"
+        f"{html.escape(s['text'])} {'✓' if s['correct'] else '✗'} step reward {s['reward']:+g}</span> "
+        for s in steps
+    )
+    return f"<div class='steps'><span class='key'>steps</span> {marks}</div>"
 
 
 def render_html(record: dict) -> str:
@@ -191,7 +234,7 @@ def render_html(record: dict) -> str:
             f"<span class='key'>answer</span> {e(repr(c['answer']))} "
             f"<span class='key'>{e(c['finish_reason'])}, "
             f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span>"
-            f"<div class='tokens'>{spans}</div></div>"
+            f"{_steps_html(c.get('steps', []))}<div class='tokens'>{spans}</div></div>"
         )
     loss_first = sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0]))
     stats = "".join(

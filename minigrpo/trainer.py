@@ -7,8 +7,10 @@ of the stages, not how any stage works, nor how a run starts or resumes (run.py)
 
   1. sample      P prompts x G completions (sampler.generate)             -> rollout buffer
   2. verify      decode, score every reward, weight and sum (verifier)    -> reward per completion
+                 with process supervision, also each step's reward        -> step rewards
                  dynamic sampling (DAPO) repeats 1-2 on new prompts for the groups with no signal
   3. advantages  group-relative (advantages.py)                           -> advantage per completion
+                 or, with process supervision, per token
   4. update      old / reference log-probs, then num_iterations passes, each over shuffled
                  micro-batches with gradient accumulation, gradient clipping and one AdamW step
                  (update.py)
@@ -48,7 +50,7 @@ import time
 import torch
 
 from . import checkpoint, distributed
-from .advantages import group_advantages, zero_variance_groups
+from .advantages import group_advantages, process_advantages, zero_variance_groups
 from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
 from .metrics import Clock, MetricsLogger, NullLogger
@@ -57,6 +59,7 @@ from .sampler import Samples, check_prompts, generate
 from .tasks import PromptStream, Task
 from .update import Updater
 from .verifier import Rewards, compute_rewards
+from .verifier.steps import check_steps
 
 
 class Trainer:
@@ -240,16 +243,42 @@ class Trainer:
             r.rewards = {name: values[i] for name, values in components.items()}
             r.reward = totals[i]
             r.timed_out = result.timed_out[i]
+        if self.grpo.advantage_type != "outcome":
+            self.step_rewards(rollouts, indices)
+
+    def step_rewards(self, rollouts: list[Rollout], indices: list[int]) -> None:
+        """Process supervision: each completion's arithmetic steps (verifier/steps.py), checked
+        against its prompt, as step rewards on the token where each step ends."""
+        G = self.grpo.num_generations
+        for i, r in enumerate(rollouts):
+            problem = self._text(self.task.rows[indices[i // G]]["prompt"])
+            steps = check_steps(r.text, problem)
+            r.step_rewards = [step.reward for step in steps]
+            r.step_ends = self.tokenizer.token_at(r.completion_ids, [step.end for step in steps])
 
     # -- 3. advantages --------------------------------------------------------------------------
     def advantages(self, rollouts: list[Rollout]) -> None:
-        """Stage 3: each rollout's advantage, relative to its group (a group of equal rewards: exactly 0)."""
+        """Stage 3: each rollout's advantage, relative to its group (a group of equal rewards: exactly 0);
+        with process supervision, each token's, from the group's step rewards (plus the outcome's)."""
         if not rollouts:
             return
+        G = self.grpo.num_generations
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
-        advantages = group_advantages(rewards, self.grpo.num_generations, self.grpo.scale_rewards)  # (N,)
+        advantages = group_advantages(rewards, G, self.grpo.scale_rewards)  # (N,)
         for r, a in zip(rollouts, advantages.tolist()):
             r.advantage = a
+        if self.grpo.advantage_type == "outcome":
+            return
+        per_token = process_advantages(
+            [r.step_rewards for r in rollouts],
+            [r.step_ends for r in rollouts],
+            [len(r.completion_ids) for r in rollouts],
+            G,
+        )  # each (Tc,)
+        for r, a in zip(rollouts, per_token):
+            if self.grpo.advantage_type == "outcome+process":
+                a = a + r.advantage
+            r.token_advantages = a.float()
 
     # -- 4. update ------------------------------------------------------------------------------
     def update(self, rollouts: list[Rollout]) -> dict[str, float]:

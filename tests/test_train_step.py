@@ -166,13 +166,15 @@ def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
     return total / tokens
 
 
-def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: float) -> dict:
+def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: float, advantages=None) -> dict:
     """num_iterations AdamW steps of `model` on `rollouts`; the gradient norms, losses and advantages
-    (stored in fp32, as a rollout batch holds them)."""
+    (stored in fp32, as a rollout batch holds them). `advantages`: one tensor of per-token advantages
+    per rollout (process supervision) instead of the group-relative ones of the rewards."""
     prompts, completions, rewards, truncated = zip(*rollouts)
-    advantages = torch.tensor(
-        advantages_by_hand(list(rewards), grpo.scale_rewards), dtype=torch.float32
-    ).tolist()
+    if advantages is None:
+        advantages = torch.tensor(
+            advantages_by_hand(list(rewards), grpo.scale_rewards), dtype=torch.float32
+        ).tolist()
     masks = [
         torch.full((len(c),), 0.0 if cut and grpo.mask_truncated_completions else 1.0, dtype=torch.float64)
         for c, cut in zip(completions, truncated)
@@ -333,3 +335,130 @@ def test_overlong_penalty_and_truncation_masking(tokenizer, tmp_path):
         assert r.rewards == {"test_leading_digit": reward, "overlong": penalty[len(ids)]}
         assert r.reward == reward + penalty[len(ids)]
         assert (r.finish_reason, r.in_loss) == (("length", False) if truncated else ("stop", True))
+
+
+# -- process supervision ----------------------------------------------------------------------------
+# Per prompt of the step, each completion's leading digit (its reward, digit / 4) and its arithmetic
+# steps, written about the prompt "What is a + b?": "right" a+b=(a+b) is right and relevant (step
+# reward 1), "wrong" a+b=(a+b+1) is wrong (-1), "idle" 7*7=49 is right but uses no number of the
+# problem (0). The third group's step rewards are all equal: it gets no process advantage.
+PROCESS = [
+    [(3, ["right"]), (1, ["wrong"]), (2, ["right", "idle"]), (0, [])],
+    [(4, ["idle", "right"]), (2, ["right", "wrong"]), (1, []), (3, ["right"])],
+    [(2, ["right"]), (1, ["right"]), (0, ["right"]), (2, ["right"])],
+]
+STEP_REWARD = {"right": 1.0, "wrong": -1.0, "idle": 0.0}
+PROCESS_LEN = 40
+
+
+class StepSampler:
+    """Stands in for Trainer._sample with PROCESS's completions: "d; " then the steps, each followed by
+    ";", then " ok" and EOS, every piece encoded on its own, so that the token each step ends on is
+    known here without the trainer's search. Records (prompt ids, completion ids, reward, step rewards,
+    step end tokens)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.rollouts = trainer, []
+
+    def __call__(self, indices, round_):
+        tokenizer = self.trainer.tokenizer
+        tokens = []
+        for p, i in enumerate(indices):
+            a, b = i // 3, i % 3  # ROWS[i] asks "What is a + b?"
+            written = {"right": f"{a}+{b}={a + b}", "wrong": f"{a}+{b}={a + b + 1}", "idle": "7*7=49"}
+            for digit, steps in PROCESS[p]:
+                ids = tokenizer.encode(f"{digit}; ")
+                ends = []
+                for kind in steps:
+                    ids += tokenizer.encode(written[kind])
+                    ends.append(len(ids) - 1)
+                    ids += tokenizer.encode(";")
+                ids += tokenizer.encode(" ok") + [tokenizer.eos_token_ids[0]]
+                tokens.append(ids)
+                rewards = [STEP_REWARD[kind] for kind in steps]
+                self.rollouts.append((tokenizer.encode(ROWS[i]["prompt"]), ids, digit / 4, rewards, ends))
+        return Samples(
+            tokens=tokens,
+            logprobs=[[0.0] * len(t) for t in tokens],
+            finish_reasons=["stop"] * len(tokens),
+            prompt_indices=[p for p in range(len(indices)) for _ in range(G)],
+        )
+
+
+def process_advantages_by_hand(step_rewards, step_ends, lengths) -> list[torch.Tensor]:
+    """DeepSeekMath 4.1.3 in plain Python: each step reward minus the mean of its group's, over their
+    unbiased std + EPS (0 for a group of equal ones); a token's advantage is the sum of the normalised
+    rewards of the steps that end at or after it."""
+    out = []
+    for g in range(0, len(lengths), G):
+        pooled = [r for rewards in step_rewards[g : g + G] for r in rewards]
+        flat = len(set(pooled)) <= 1
+        mean = statistics.fmean(pooled)
+        std = 0.0 if flat else statistics.stdev(pooled)
+        for rewards, ends, length in zip(step_rewards[g : g + G], step_ends[g : g + G], lengths[g : g + G]):
+            normalised = [0.0 if flat else (r - mean) / (std + EPS) for r in rewards]
+            per_token = [sum(n for n, end in zip(normalised, ends) if end >= t) for t in range(length)]
+            out.append(torch.tensor(per_token, dtype=torch.float64))
+    return out
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_a_process_supervised_step_equals_the_step_by_hand(tokenizer, tmp_path, loss_type):
+    """advantage_type="process": the trainer finds each completion's steps with the verifier's checker,
+    maps them to the tokens they end on, and trains on per-token advantages; by hand, the step rewards
+    and end tokens are known from how the completions were written, and the advantages come from the
+    paper's formula. Every weight within 1e-12, as in the outcome cases above."""
+    grpo = GRPOConfig(
+        num_generations=G,
+        max_completion_length=PROCESS_LEN,
+        temperature=0.7,
+        epsilon=0.05,
+        loss_type=loss_type,
+        num_iterations=2,
+        advantage_type="process",
+    )
+    trainer, _ = make_trainer(
+        tokenizer,
+        tmp_path,
+        grpo,
+        learning_rate=0.05,
+        max_grad_norm=0.05,
+        adam_epsilon=1e-4,
+    )
+    sampler = StepSampler(trainer)
+    trainer._sample = sampler
+    by_hand = copy.deepcopy(trainer.model)
+    observer = Rollouts()
+    trainer.train_step(observer)
+
+    prompts, completions, rewards, step_rewards, step_ends = zip(*sampler.rollouts)
+    for r, want_rewards, want_ends in zip(observer.seen, step_rewards, step_ends, strict=True):
+        assert (r.step_rewards, r.step_ends) == (want_rewards, want_ends)
+    lengths = [len(c) for c in completions]
+    advantages = [a.float().double() for a in process_advantages_by_hand(step_rewards, step_ends, lengths)]
+    for r, a in zip(observer.seen, advantages):
+        torch.testing.assert_close(r.token_advantages.double(), a, rtol=0, atol=0)
+    assert advantages[0][-1] == 0 and advantages[0][0] != 0  # " ok" and EOS come after the last step
+    assert all(float(a.abs().max()) == 0 for a in advantages[2 * G :])  # the flat group
+
+    rollouts = [(p, c, reward, False) for p, c, reward in zip(prompts, completions, rewards)]
+    expected = step_by_hand(by_hand, rollouts, grpo, trainer.config, trainer.config.learning_rate, advantages)
+    hand = dict(by_hand.named_parameters())
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(p, hand[name], rtol=0, atol=1e-12, msg=name)
+    assert min(expected["grad_norm"]) > 2 * trainer.config.max_grad_norm  # the clip bites
+
+
+def test_outcome_plus_process_adds_the_outcome_advantage_to_every_token(tokenizer, tmp_path):
+    grpo = GRPOConfig(num_generations=G, max_completion_length=PROCESS_LEN, advantage_type="outcome+process")
+    trainer, _ = make_trainer(tokenizer, tmp_path, grpo)
+    sampler = StepSampler(trainer)
+    trainer._sample = sampler
+    observer = Rollouts()
+    trainer.train_step(observer)
+    _, completions, rewards, step_rewards, step_ends = zip(*sampler.rollouts)
+    process = process_advantages_by_hand(step_rewards, step_ends, [len(c) for c in completions])
+    outcome = advantages_by_hand(list(rewards), "group")
+    for r, p, o in zip(observer.seen, process, outcome, strict=True):
+        assert r.advantage == pytest.approx(o, abs=1e-6)
+        torch.testing.assert_close(r.token_advantages.double(), p + o, rtol=0, atol=1e-6)

@@ -602,12 +602,13 @@ def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpo
 
     def measure():
         calls.append(1)
-        return 0.25
+        return {"eval/accuracy": 0.25, "held_out/step_accuracy": 0.5}
 
     fresh = make_trainer(checkpoint, tmp_path)
     first = initial_evaluation(fresh, measure, {"eval_data": "a", "eval_count": 4})
     assert first == {
         "initial_accuracy": 0.25,
+        "initial_stats": {"eval/accuracy": 0.25, "held_out/step_accuracy": 0.5},
         "wall_seconds_before": 0.0,
         "held_out": {"eval_data": "a", "eval_count": 4},
     }
