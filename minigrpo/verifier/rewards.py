@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .bounded import math_rewards
 from .code import code_rewards
+from .constraints import json_rewards, length_rewards, sql_rewards
 from .countdown import countdown_reward
 from .format import FormatConfig, format_reward
 
@@ -61,11 +62,51 @@ def _countdown(completions: list[str], numbers: list[list[int]], answer: list[st
     return [countdown_reward(c, n, int(a)) for c, n, a in zip(completions, numbers, answer)]
 
 
+@register_reward("json")
+def _json(completions: list[str], schema=None, **_) -> list[float]:
+    """1.0 where the completion's JSON parses and fits the `schema` (a column, one per row, or an option)."""
+    return json_rewards(completions, schema)
+
+
+@register_reward("length")
+def _length(
+    completions: list[str],
+    unit: str = "words",
+    min: float | None = None,
+    max: float | None = None,
+    soft: float | None = None,
+    min_length: list | None = None,
+    max_length: list | None = None,
+    completion_tokens: list | None = None,
+    **_,
+) -> list[float]:
+    """1.0 for a length in `unit` within [min, max] (or the row's min_length / max_length columns), falling
+    linearly to 0.0 at `soft` units outside."""
+    return length_rewards(
+        completions,
+        unit,
+        min,
+        max,
+        soft,
+        min_length=min_length,
+        max_length=max_length,
+        completion_tokens=completion_tokens,
+    )
+
+
+@register_reward("sql")
+def _sql(
+    completions: list[str], database: list[str], gold_sql: list[str], database_dir: str = ".", **_
+) -> list[float]:
+    """1.0 where the completion's query returns the rows of `gold_sql` on the row's SQLite `database`."""
+    return sql_rewards(completions, database, gold_sql, database_dir)
+
+
 @dataclass
 class RewardSpec:
     """One reward a task uses."""
 
-    name: str  # a key of REWARD_FUNCTIONS: "accuracy", "format", "code" or one you registered
+    name: str  # a key of REWARD_FUNCTIONS: "accuracy", "format", "code", "json", ... or one you registered
     weight: float = 1.0  # its factor in the total reward
     options: dict = field(default_factory=dict)  # extra keyword arguments for the function
 
