@@ -27,6 +27,7 @@ class Rollout:
     timed_out: bool = False  # a reward failed closed at the verifier's time limit (reward/timeout_frac)
     step_rewards: list[float] = field(default_factory=list)  # process supervision: each step's reward
     step_ends: list[int] = field(default_factory=list)  # the index of each step's last completion token
+    step_continuations: int = 0  # Monte-Carlo step values: continuations sampled for its steps (cost)
     advantage: float = 0.0  # group-relative, from the total
     token_advantages: torch.Tensor | None = None  # (Tc,) per token (process advantages); None: `advantage`
     in_loss: bool = True  # False for a truncated completion when those are masked

@@ -61,10 +61,7 @@ class Trace:
                     reward=r.reward,
                     advantage=r.advantage,
                     finish_reason=r.finish_reason,
-                    steps=[
-                        dict(text=r.text[step.start : step.end], correct=step.correct, reward=step.reward)
-                        for step in check_steps(r.text, prompt)
-                    ],
+                    steps=_steps(r, prompt),
                 )
                 for r in self.group
             ],
@@ -165,6 +162,17 @@ def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
     return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
 
 
+def _steps(r, prompt: str) -> list[dict]:
+    """A completion's arithmetic steps, right or wrong, each with the step reward the run trains on
+    (the checker's, or a Monte-Carlo value) where it has them, else the checker's."""
+    steps = check_steps(r.text, prompt)
+    trained = r.step_rewards if len(r.step_rewards) == len(steps) else [step.reward for step in steps]
+    return [
+        dict(text=r.text[step.start : step.end], correct=step.correct, reward=reward)
+        for step, reward in zip(steps, trained)
+    ]
+
+
 def _by_step(token_advantages: torch.Tensor, step_ends: list[int]) -> str:
     """Process advantages as the trace shows them: the value on the tokens of each step (up to its last
     token), then on the tokens after the last step."""
@@ -175,7 +183,7 @@ def _by_step(token_advantages: torch.Tensor, step_ends: list[int]) -> str:
 
 def _step_mark(step: dict) -> str:
     """One arithmetic step as the trace shows it: its text, right or wrong, and its step reward."""
-    return f"{step['text']} {'right' if step['correct'] else 'WRONG'} ({step['reward']:+g})"
+    return f"{step['text']} {'right' if step['correct'] else 'WRONG'} ({step['reward']:+.3g})"
 
 
 def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+from dataclasses import replace
 
 import torch
 
@@ -56,10 +57,10 @@ from .evaluate import Evaluation, evaluate, summarize
 from .metrics import Clock, MetricsLogger, NullLogger
 from .rollout import Rollout, completion_stats
 from .sampler import Samples, check_prompts, generate
+from .step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_stats
 from .tasks import PromptStream, Task
 from .update import Updater
 from .verifier import Rewards, compute_rewards
-from .verifier.steps import check_steps
 
 
 class Trainer:
@@ -244,17 +245,30 @@ class Trainer:
             r.reward = totals[i]
             r.timed_out = result.timed_out[i]
         if self.grpo.advantage_type != "outcome":
-            self.step_rewards(rollouts, indices)
+            self.step_rewards(rollouts, indices, columns)
 
-    def step_rewards(self, rollouts: list[Rollout], indices: list[int]) -> None:
-        """Process supervision: each completion's arithmetic steps (verifier/steps.py), checked
-        against its prompt, as step rewards on the token where each step ends."""
+    def step_rewards(self, rollouts: list[Rollout], indices: list[int], columns: dict[str, list]) -> None:
+        """Process supervision (step_rewards.py): each completion's arithmetic steps, checked against
+        its prompt, as step rewards on the token where each step ends; or, with process_rewards
+        "monte_carlo", their Math-Shepherd values."""
         G = self.grpo.num_generations
-        for i, r in enumerate(rollouts):
-            problem = self._text(self.task.rows[indices[i // G]]["prompt"])
-            steps = check_steps(r.text, problem)
-            r.step_rewards = [step.reward for step in steps]
-            r.step_ends = self.tokenizer.token_at(r.completion_ids, [step.end for step in steps])
+        problems = [self._text(self.task.rows[indices[i // G]]["prompt"]) for i in range(len(rollouts))]
+        checked_step_rewards(rollouts, problems, self.tokenizer)
+        if self.grpo.process_rewards != "monte_carlo":
+            return
+        rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
+        self.model.eval()
+        with self.policy.gathered():
+            monte_carlo_step_rewards(
+                self.model,
+                self.tokenizer,
+                rollouts,
+                columns,
+                self.task.rewards,
+                replace(self.grpo.sampling_config(), eos_token_ids=self.eos_ids),
+                self.grpo.process_samples,
+                seed=f"{self.config.seed}-{self.step}-{indices[0]}{rank}",
+            )
 
     # -- 3. advantages --------------------------------------------------------------------------
     def advantages(self, rollouts: list[Rollout]) -> None:
@@ -305,6 +319,8 @@ class Trainer:
         # the step waits for the slowest rank's sampling
         clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]
         stats = reward_stats(batch.sampled)
+        if self.grpo.advantage_type != "outcome":
+            stats.update(step_stats(batch.sampled))
         stats.update(self._sampling_stats(batch, clock))
         stats.update(update)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]

@@ -1,0 +1,96 @@
+"""Stage 2 of the loop, process supervision: a reward for every step of a completion, on the token
+where the step ends.
+
+In: scored rollouts (stage 2 has decoded them and summed their outcome rewards), the text of each
+one's problem, and for Monte-Carlo values the policy, the sampler's settings and the task's rewards.
+Out: each rollout's `step_rewards` and `step_ends`, which stage 3 turns into per-token advantages
+(advantages.process_advantages). Steps are the `expression = number` steps the verifier's checker
+finds (verifier/steps.py); a completion without one has no step reward.
+
+Two sources of a step's reward:
+
+    steps         the checker's verdict: +1 right and relevant, 0 right but using no number of the
+                  problem or of an earlier step, -1 wrong (verifier/steps.py, STEP_REWARDS)
+    monte_carlo   Math-Shepherd (Wang et al., 2024): from the prompt and the completion up to the
+                  step's last token, the sampler draws N continuations; the step's value is their
+                  mean outcome reward (for a 0/1 reward, the share that reach a right answer: the
+                  paper's soft estimate). It needs no checker verdict, only the steps' ends, and
+                  costs N continuations per step (process/continuations, per step of training).
+
+Departure from Math-Shepherd: its values label data for training a reward model; here they are the
+step rewards of the GRPO step itself, as DeepSeekMath's process supervision uses a reward model's.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from .rollout import Rollout
+from .sampler import SamplingConfig, generate
+from .verifier import compute_rewards
+from .verifier.steps import check_steps
+
+
+def checked_step_rewards(rollouts: list[Rollout], problems: list[str], tokenizer) -> None:
+    """Each rollout's steps, checked against its problem's text: the checker's step rewards, on the
+    token where each step ends."""
+    for r, problem in zip(rollouts, problems, strict=True):
+        steps = check_steps(r.text, problem)
+        r.step_rewards = [step.reward for step in steps]
+        r.step_ends = tokenizer.token_at(r.completion_ids, [step.end for step in steps])
+
+
+def monte_carlo_step_rewards(
+    model,
+    tokenizer,
+    rollouts: list[Rollout],
+    columns: dict[str, list],
+    rewards: list,
+    sampling: SamplingConfig,
+    samples: int,
+    seed: str,
+) -> int:
+    """Replace each rollout's step rewards (its steps found by `checked_step_rewards`) with the mean
+    outcome reward of `samples` continuations from the end of each step. `columns` hold each rollout's
+    row (as compute_rewards reads them), `rewards` the task's RewardSpecs. Each rollout counts the
+    continuations its steps cost."""
+    prefixes = []  # (rollout index, step index, completion tokens up to the step's end)
+    for i, r in enumerate(rollouts):
+        r.step_rewards = list(r.step_rewards)
+        for j, end in enumerate(r.step_ends):
+            if end + 1 < len(r.completion_ids):
+                prefixes.append((i, j, r.completion_ids[: end + 1]))
+            else:  # the step ends the completion: its one continuation is the completion itself
+                r.step_rewards[j] = r.reward
+    by_budget = {}  # new tokens each continuation may still write -> its prefixes
+    for prefix in prefixes:
+        budget = sampling.max_new_tokens - len(prefix[2])
+        by_budget.setdefault(budget, []).append(prefix)
+    for budget, group in sorted(by_budget.items()):
+        prompts = [rollouts[i].prompt_ids + list(tokens) for i, _, tokens in group]
+        config = replace(sampling, max_new_tokens=budget, num_samples=samples)
+        drawn = generate(model, prompts, config, seed=random.Random(f"{seed}-{budget}").getrandbits(62))
+        texts = [
+            tokenizer.decode_completion(list(group[p][2]) + list(tokens))
+            for tokens, p in zip(drawn.tokens, drawn.prompt_indices)
+        ]
+        rows = [group[p][0] for p in drawn.prompt_indices]  # the rollout each continuation extends
+        scored = compute_rewards(texts, {k: [v[i] for i in rows] for k, v in columns.items()}, rewards)
+        totals = [0.0] * len(group)  # each prefix's summed continuation rewards
+        for p, reward in zip(drawn.prompt_indices, scored.total):
+            totals[p] += reward
+        for (i, j, _), total in zip(group, totals):
+            rollouts[i].step_rewards[j] = total / samples
+            rollouts[i].step_continuations += samples
+
+
+def step_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    """The logger's process-supervision stats over a step's rollouts: steps per completion, their mean
+    reward, and the continuations Monte-Carlo values sampled."""
+    steps = sum(len(r.step_rewards) for r in rollouts)
+    return {
+        "process/steps_per_completion": steps / max(len(rollouts), 1),
+        "process/step_reward_mean": sum(sum(r.step_rewards) for r in rollouts) / max(steps, 1),
+        "process/continuations": float(sum(r.step_continuations for r in rollouts)),
+    }
