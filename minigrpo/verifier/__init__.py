@@ -13,16 +13,18 @@
 The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
 for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
 wrapped by bounded (worker processes running worker.py); format, code (sandbox, confine, cleanup), countdown,
-constraints and rewards beside them.
+the constraints json_schema, length and sql (constraint_inputs: what they read alike) and rewards beside them.
 """
 
 from .bounded import TIME_LIMIT, VerifierError, is_equivalent, math_reward, math_rewards
 from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_tests
-from .constraints import json_reward, length_reward, sql_reward, sql_rewards
 from .countdown import countdown_reward
 from .extract import extract_answer
 from .format import FormatConfig, format_reward
+from .json_schema import json_reward
+from .length import length_reward
 from .rewards import REWARD_FUNCTIONS, Rewards, RewardSpec, compute_rewards, register_reward
+from .sql import sql_reward, sql_rewards
 
 __all__ = [
     "REWARD_FUNCTIONS",

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 from .bounded import math_rewards
 from .code import code_rewards
-from .constraints import json_rewards, length_rewards, sql_rewards
 from .countdown import countdown_reward
 from .format import FormatConfig, format_reward
+from .json_schema import json_rewards
+from .length import length_rewards
+from .sql import sql_rewards
 
 RewardFunction = Callable[..., list]
 
