@@ -76,7 +76,9 @@ def evaluate(
         max_batch_rows=max_batch_rows,
     )
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
-    scores = compute_rewards(texts, task.columns(task.rows, samples), task.rewards).total
+    columns = task.columns(task.rows, samples)  # each row's values, once per completion
+    columns["completion_tokens"] = [len(ids) for ids in out.tokens]  # for a length reward in tokens
+    scores = compute_rewards(texts, columns, task.rewards).total
     results = []
     for i, p in enumerate(problems):
         mine = slice(i * samples, (i + 1) * samples)

@@ -164,13 +164,17 @@ def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
 
 def _steps(r, prompt: str) -> list[dict]:
     """A completion's arithmetic steps, right or wrong, each with the step reward the run trains on
-    (the checker's, or a Monte-Carlo value) where it has them, else the checker's."""
+    (the checker's, or a Monte-Carlo value) where it has them, else the checker's; then, in a process-
+    supervised run, the answer step (step_rewards.py) with its reward."""
     steps = check_steps(r.text, prompt)
-    trained = r.step_rewards if len(r.step_rewards) == len(steps) else [step.reward for step in steps]
-    return [
+    trained = r.step_rewards if len(r.step_rewards) == len(steps) + 1 else [step.reward for step in steps]
+    shown = [
         dict(text=r.text[step.start : step.end], correct=step.correct, reward=reward)
         for step, reward in zip(steps, trained)
     ]
+    if len(trained) > len(steps):
+        shown.append(dict(text="answer", correct=r.reward > 0, reward=trained[-1]))
+    return shown
 
 
 def _by_step(token_advantages: torch.Tensor, step_ends: list[int]) -> str:

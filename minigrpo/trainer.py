@@ -234,6 +234,9 @@ class Trainer:
             return
         rows = [self.task.rows[i] for i in indices]
         columns = self.task.columns(rows, self.grpo.num_generations)  # each row's values, once per completion
+        columns["completion_tokens"] = [
+            len(r.completion_ids) for r in rollouts
+        ]  # for a length reward in tokens
         result = compute_rewards([r.text for r in rollouts], columns, self.task.rewards)
         components = dict(result.components)
         totals = list(result.total)

@@ -42,9 +42,17 @@ def rollout(tokenizer, prompt: str, completion: str, reward: float = 0.0) -> Rol
 def test_checked_step_rewards_sit_on_the_last_token_of_each_step(tokenizer):
     r = rollout(tokenizer, "What is 12+30*2?", "30*2=60;12+60=73;####73")
     checked_step_rewards([r], ["What is 12+30*2?"], tokenizer)
-    assert r.step_rewards == [1.0, -1.0]  # 30*2=60 right and relevant; 12+60=73 wrong
+    # 30*2=60 right and relevant; 12+60=73 wrong; then the answer step, worth the outcome reward (0)
+    assert r.step_rewards == [1.0, -1.0, 0.0]
     for end, step in zip(r.step_ends, ["30*2=60", "30*2=60;12+60=73"]):
         assert tokenizer.decode(r.completion_ids[: end + 1]) == step  # up to the step's last character
+    assert r.step_ends[-1] == len(r.completion_ids) - 1  # the answer step ends on the last token (EOS)
+
+
+def test_a_completion_without_arithmetic_has_the_answer_step_alone(tokenizer):
+    r = rollout(tokenizer, "What is 12+30?", "####42", reward=1.0)
+    checked_step_rewards([r], ["What is 12+30?"], tokenizer)
+    assert (r.step_rewards, r.step_ends) == ([1.0], [len(r.completion_ids) - 1])
 
 
 def test_monte_carlo_values_are_the_mean_outcome_of_continuations_from_each_step(tokenizer, monkeypatch):
@@ -74,19 +82,20 @@ def test_monte_carlo_values_are_the_mean_outcome_of_continuations_from_each_step
 
     ends = first.step_ends + second.step_ends
     prompts_seen = [p for prompts, _, _ in calls for p in prompts]
-    expected_prompts = [first.prompt_ids + first.completion_ids[: e + 1] for e in first.step_ends]
+    expected_prompts = [first.prompt_ids + first.completion_ids[: e + 1] for e in first.step_ends[:-1]]
     expected_prompts.append(second.prompt_ids + second.completion_ids[: second.step_ends[0] + 1])
     assert sorted(prompts_seen) == sorted(expected_prompts)
     for prompts, budget, samples in calls:  # each prefix keeps the completion's budget of 40 tokens
         assert samples == 4
         assert all(budget == 40 - (len(p) - len(first.prompt_ids)) for p in prompts)
-    for r, start in ((first, 0), (second, len(first.step_ends))):
-        for j, end in enumerate(r.step_ends):
+    for r in rollouts:
+        for j, end in enumerate(r.step_ends[:-1]):
             length = len(r.prompt_ids) + end + 1
-            assert r.step_rewards[j] == ((length % 2) + 3) / 4, (start, j)
+            assert r.step_rewards[j] == ((length % 2) + 3) / 4, j
+        assert r.step_rewards[-1] == r.reward  # the answer step: the completion is its own continuation
     assert [r.step_continuations for r in rollouts] == [8, 4]
     assert step_stats(rollouts)["process/continuations"] == 12
-    assert len(ends) == 3
+    assert len(ends) == 5  # two arithmetic steps and an answer, one arithmetic step and an answer
 
 
 def test_a_step_that_ends_the_completion_is_worth_the_completions_own_reward(tokenizer, monkeypatch):
@@ -98,7 +107,7 @@ def test_a_step_that_ends_the_completion_is_worth_the_completions_own_reward(tok
     monte_carlo_step_rewards(
         None, tokenizer, [r], {"answer": ["5"]}, [RewardSpec("accuracy")], sampling, 4, "s"
     )
-    assert r.step_rewards == [1.0] and r.step_continuations == 0
+    assert r.step_rewards == [1.0, 1.0] and r.step_continuations == 0  # the step, then the answer
 
 
 def test_monte_carlo_values_on_a_real_model_are_shares_and_repeat_with_the_seed(tokenizer):

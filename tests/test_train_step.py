@@ -341,11 +341,12 @@ def test_overlong_penalty_and_truncation_masking(tokenizer, tmp_path):
 # Per prompt of the step, each completion's leading digit (its reward, digit / 4) and its arithmetic
 # steps, written about the prompt "What is a + b?": "right" a+b=(a+b) is right and relevant (step
 # reward 1), "wrong" a+b=(a+b+1) is wrong (-1), "idle" 7*7=49 is right but uses no number of the
-# problem (0). The third group's step rewards are all equal: it gets no process advantage.
+# problem (0); then the answer step, worth the outcome reward (step_rewards.py). The third group's
+# step rewards are all equal (every step right, every answer worth 1): it gets no process advantage.
 PROCESS = [
     [(3, ["right"]), (1, ["wrong"]), (2, ["right", "idle"]), (0, [])],
     [(4, ["idle", "right"]), (2, ["right", "wrong"]), (1, []), (3, ["right"])],
-    [(2, ["right"]), (1, ["right"]), (0, ["right"]), (2, ["right"])],
+    [(4, ["right"]), (4, ["right"]), (4, ["right"]), (4, ["right"])],
 ]
 STEP_REWARD = {"right": 1.0, "wrong": -1.0, "idle": 0.0}
 PROCESS_LEN = 40
@@ -375,7 +376,9 @@ class StepSampler:
                     ids += tokenizer.encode(";")
                 ids += tokenizer.encode(" ok") + [tokenizer.eos_token_ids[0]]
                 tokens.append(ids)
-                rewards = [STEP_REWARD[kind] for kind in steps]
+                # then the answer step: the outcome reward, on the last token
+                rewards = [STEP_REWARD[kind] for kind in steps] + [digit / 4]
+                ends.append(len(ids) - 1)
                 self.rollouts.append((tokenizer.encode(ROWS[i]["prompt"]), ids, digit / 4, rewards, ends))
         return Samples(
             tokens=tokens,
@@ -438,7 +441,8 @@ def test_a_process_supervised_step_equals_the_step_by_hand(tokenizer, tmp_path, 
     advantages = [a.float().double() for a in process_advantages_by_hand(step_rewards, step_ends, lengths)]
     for r, a in zip(observer.seen, advantages):
         torch.testing.assert_close(r.token_advantages.double(), a, rtol=0, atol=0)
-    assert advantages[0][-1] == 0 and advantages[0][0] != 0  # " ok" and EOS come after the last step
+    # the first step's tokens carry its reward and the answer's; " ok" and EOS the answer's alone
+    assert advantages[0][0] != advantages[0][-1] != 0
     assert all(float(a.abs().max()) == 0 for a in advantages[2 * G :])  # the flat group
 
     rollouts = [(p, c, reward, False) for p, c, reward in zip(prompts, completions, rewards)]
@@ -462,3 +466,16 @@ def test_outcome_plus_process_adds_the_outcome_advantage_to_every_token(tokenize
     for r, p, o in zip(observer.seen, process, outcome, strict=True):
         assert r.advantage == pytest.approx(o, abs=1e-6)
         torch.testing.assert_close(r.token_advantages.double(), p + o, rtol=0, atol=1e-6)
+
+
+def test_a_length_reward_in_tokens_reads_each_completions_token_count(tokenizer, tmp_path):
+    """Stage 2 hands every reward a completion_tokens column: here the length reward's band of 2-5
+    tokens with a ramp of 2 scores each of LENGTHS (EOS counted) by hand."""
+    grpo = GRPOConfig(num_generations=G, max_completion_length=MAX_LEN)
+    trainer, sampler = make_trainer(tokenizer, tmp_path, grpo)
+    trainer.task = Task(ROWS, [RewardSpec("length", options=dict(unit="tokens", min=2, max=5, soft=2))])
+    observer = Rollouts()
+    trainer.train_step(observer)
+    by_length = {1: 0.5, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 0.5, 7: 0.0, 8: 0.0}
+    for (_, ids, _, _), r in zip(sampler.rollouts, observer.seen, strict=True):
+        assert r.rewards == {"length": by_length[len(ids)]}
