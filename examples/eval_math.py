@@ -164,6 +164,8 @@ else:
         + [f"pass@{k} {result.pass_at_k[k]:.3f}" for k in ks if k != 1]
         + [f"maj@{samples} {result.majority_at_k:.3f}"]
     )
+if result.step_accuracy is not None:  # completions with arithmetic steps: how faithful they are
+    scores += f"  steps right {result.step_accuracy:.3f}  unfaithful {result.unfaithful_frac:.3f}"
 print(
     f"{args.data} ({len(problems)} problems, {samples} sample{'s' * (samples > 1)} each, "
     f"temperature {temperature}): "

@@ -1,9 +1,9 @@
 """Run by test_distributed.py under torchrun: GRPO runs of a tiny policy, one per entry of the JSON
 job in argv[1], each into its own output_dir. For a run with "fixed": true the sampler is replaced
 by completions that depend only on (prompt, sample, step), never on how prompts are cut across
-ranks, so one process and several must train to the same weights. Every rank prints where it
-imported minigrpo from, and keeps each AdamW step's gradients in output_dir/gradients.pt (rank 0
-writes them)."""
+ranks, so one process and several must train to the same weights. Every process records where it
+imported minigrpo from (in the job's imports_dir), and keeps each AdamW step's gradients in
+output_dir/gradients.pt (rank 0 writes them)."""
 
 import json
 import os

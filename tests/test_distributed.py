@@ -1,7 +1,8 @@
 """Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
 process and two take the same gradients and train to the same weights (DDP and FSDP2; grpo, dapo
-with global statistics, dynamic sampling with uneven ranks), resume under two ranks is exact,
-examples/train_math.py runs unchanged with --fsdp, and wrong set-ups fail with one clear line.
+with global statistics, outcome+process advantages, dynamic sampling with uneven ranks), resume
+under two ranks is exact, examples/train_math.py runs unchanged with --fsdp, and wrong set-ups fail
+with one clear line.
 Every job imports minigrpo from this checkout, whatever else is installed."""
 
 import json
@@ -39,6 +40,12 @@ OBJECTIVES = {
             num_iterations=2,
         ),
         dict(batch_size=16, micro_batch_size=4),
+    ),
+    # Per-token advantages: each completion's step rewards (at least its answer step) travel on its
+    # rollout from the rank that scored it; every rank then computes the advantages of the whole batch.
+    "process": (
+        dict(num_generations=4, max_completion_length=10, loss_type="dapo", advantage_type="outcome+process"),
+        dict(batch_size=16, micro_batch_size=3),
     ),
     # Every third prompt's group is flat (distributed_job.py): over 3 steps, a step trains 5 groups
     # (2 on one rank, 3 on the other) and a step's second round samples 1 prompt (none on one rank).
@@ -149,7 +156,7 @@ def test_every_job_imports_minigrpo_from_this_checkout(layouts):
 
 
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
-@pytest.mark.parametrize("objective", ["grpo", "dapo", "dynamic"])
+@pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_two_ranks_train_to_the_weights_of_one_process(layouts, checkpoint, layout, objective):
     one, two = final_weights(layouts / f"one-{objective}"), final_weights(layouts / f"{layout}-{objective}")
     start = minigrpo.load_pretrained(checkpoint)[0].state_dict()
@@ -180,7 +187,7 @@ def test_two_ranks_train_to_the_weights_of_one_process(layouts, checkpoint, layo
 
 
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
-@pytest.mark.parametrize("objective", ["grpo", "dapo", "dynamic"])
+@pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective):
     """Every AdamW step's gradients before the clip, whole: AdamW's update hardly depends on the
     gradient's scale, so a loss off by a factor (not scaled by the world size, say) shows here and

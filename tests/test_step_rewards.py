@@ -9,10 +9,14 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo import step_rewards
+from minigrpo.evaluate import evaluate, summarize
 from minigrpo.rollout import Rollout
 from minigrpo.sampler import Samples, SamplingConfig
 from minigrpo.step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_stats
+from minigrpo.tasks import Problem
+from minigrpo.tasks.prompts import template
 from minigrpo.verifier import RewardSpec
+from minigrpo.verifier.steps import check_steps
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +129,39 @@ def test_monte_carlo_values_on_a_real_model_are_shares_and_repeat_with_the_seed(
         values.append(r.step_rewards)
     assert values[0] == values[1]
     assert all(v in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0) for v in values[0])
+
+
+def test_faithfulness_counts_steps_and_right_answers_reached_through_a_bad_step():
+    results = [
+        {  # samples: right with two right steps; right through a wrong step; wrong
+            "completions": ["", "", ""],
+            "correct": [True, True, False],
+            "steps": [[(True, True), (True, True)], [(True, True), (False, True)], [(False, True)]],
+        },
+        {  # right with an irrelevant step (1+1=2 on a problem without 1s); right with no step at all
+            "completions": ["", "", ""],
+            "correct": [True, True, False],
+            "steps": [[(True, False)], [], []],
+        },
+    ]
+    evaluation = summarize(results, samples=3)
+    assert evaluation.step_accuracy == 4 / 6  # 4 of the 6 steps are right
+    assert evaluation.unfaithful_frac == 2 / 4  # 2 of the 4 right answers passed a wrong or irrelevant step
+    assert evaluation.stats() == {
+        "eval/accuracy": 4 / 6,
+        "held_out/step_accuracy": 4 / 6,
+        "held_out/unfaithful_frac": 0.5,
+    }
+    no_steps = summarize([{"completions": [""], "correct": [True], "steps": [[]]}], samples=1)
+    assert no_steps.step_accuracy is None and no_steps.stats() == {"eval/accuracy": 1.0}
+
+
+def test_held_out_evaluation_checks_the_steps_of_each_completion(tokenizer):
+    """evaluate() on a real (untrained) model: each completion's step marks are check_steps' verdicts."""
+    torch.manual_seed(0)
+    model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=128).eval()
+    problems = [Problem("12+30*2", "72"), Problem("7*6", "42")]
+    evaluation = evaluate(model, tokenizer, problems, template("tiny"), max_new_tokens=12)
+    for result, problem in zip(evaluation.results, problems):
+        (text,) = result["completions"]
+        assert result["steps"] == [[(s.correct, s.relevant) for s in check_steps(text, problem.question)]]
