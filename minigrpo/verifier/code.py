@@ -28,7 +28,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass
 
 from . import sandbox
 from .cleanup import remove_tree
+from .extract import fenced_block
 from .sandbox import CLEANUP_SECONDS
 
 STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long to start, on top of the tests
@@ -130,24 +130,13 @@ class CaseResult:
 
 # ---------------------------------------------------------------- completions and test specs
 
-FENCE = re.compile(r"^[ \t]*```(.*)$", re.MULTILINE)  # only fence lines are visited: linear in the text
-
 
 def extract_code(completion: str) -> str | None:
     """The body of the last fenced ```python / ```py / bare ``` block; None if there is none.
 
     A completion that ends inside an open fence was cut off: its final answer is missing, so None."""
-    body_start, language, last = None, "", None
-    for fence in FENCE.finditer(completion):
-        info = fence.group(1).lstrip("`").strip()  # "````python" opens a fence too
-        if body_start is None:
-            if "`" not in info:  # "```x = 1```" on one line is inline code, not a fence
-                body_start, language = fence.end() + 1, (info.split() or [""])[0].lower()
-        elif not info:  # a closing fence has no info string
-            if language in PYTHON_FENCES:
-                last = completion[body_start : fence.start()]
-            body_start = None
-    return None if body_start is not None else last
+    block, cut_off = fenced_block(completion, PYTHON_FENCES)
+    return None if cut_off else block
 
 
 def check_tests(tests, config: SandboxConfig | None = None) -> list[dict]:

@@ -7,31 +7,14 @@ error message shows it. It knows strings, not which reward asks, nor tensors.
 
 from __future__ import annotations
 
-import re
-
-FENCE = re.compile(r"^[ \t]*```(.*)$", re.MULTILINE)  # only fence lines are visited: linear in the text
-
-
-def last_fenced_block(text: str, languages: tuple[str, ...]) -> str | None:
-    """The body of the last closed ``` block whose language is one of `languages` ("" is a bare fence)."""
-    body_start, language, last = None, "", None
-    for fence in FENCE.finditer(text):
-        info = fence.group(1).lstrip("`").strip()
-        if body_start is None:
-            if "`" not in info:  # "```x```" on one line is inline code, not a fence
-                body_start, language = fence.end() + 1, (info.split() or [""])[0].lower()
-        elif not info:  # a closing fence has no info string
-            if language in languages:
-                last = text[body_start : fence.start()]
-            body_start = None
-    return last
+from .extract import fenced_block
 
 
 def answer_text(completion, languages: tuple[str, ...]) -> str:
     """The last fenced block in one of `languages`, else the whole completion; stripped."""
     if not isinstance(completion, str):
         return ""
-    block = last_fenced_block(completion, languages)
+    block, _ = fenced_block(completion, languages)
     return (completion if block is None else block).strip()
 
 

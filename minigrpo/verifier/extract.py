@@ -18,6 +18,9 @@ the last occurrence counts ("the last final answer counts"):
 If the response has a <think>...</think> block, the text after it is searched; the thinking is
 searched only when nothing but white space follows it (a box while thinking, then "I am not
 sure.", is no answer).
+
+Answers in code (Python, JSON, SQL) come in ``` fences instead: `fenced_block` finds the last closed
+block of a language, and says whether the response ends inside an open one (it was cut off).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import bisect
 import re
 from dataclasses import dataclass
 
+FENCE = re.compile(r"^[ \t]*```(.*)$", re.MULTILINE)  # only fence lines are visited: linear in the text
 BROKEN = object()  # a marker was found but its answer is empty or unterminated: no answer
 BOX_GAP = 60  # boxes at most this many characters apart, in one sentence, form one answer
 
@@ -268,3 +272,19 @@ def _strip_math_delimiters(s: str) -> str:
 def _nonempty(s: str):
     s = s.strip()
     return s if s else BROKEN
+
+
+def fenced_block(text: str, languages: tuple[str, ...]) -> tuple[str | None, bool]:
+    """(the body of the last closed ``` block whose language is one of `languages`, "" for a bare
+    fence, or None; whether the text ends inside an open fence, as a completion cut off does)."""
+    body_start, language, last = None, "", None
+    for fence in FENCE.finditer(text):
+        info = fence.group(1).lstrip("`").strip()  # "````python" opens a fence too
+        if body_start is None:
+            if "`" not in info:  # "```x = 1```" on one line is inline code, not a fence
+                body_start, language = fence.end() + 1, (info.split() or [""])[0].lower()
+        elif not info:  # a closing fence has no info string
+            if language in languages:
+                last = text[body_start : fence.start()]
+            body_start = None
+    return last, body_start is not None
