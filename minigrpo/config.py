@@ -27,6 +27,7 @@ from .metrics import REPORT_TO, check_report_to
 from .sampler import SamplingConfig
 
 SCHEDULES = ("constant", "cosine")
+SAMPLING_DTYPES = ("float32", "bfloat16", "float16")
 PROCESS_REWARDS = ("steps", "monte_carlo")
 # flags' choices
 CHOICES = {
@@ -35,6 +36,7 @@ CHOICES = {
     "scale_rewards": SCALES,
     "advantage_type": ADVANTAGE_TYPES,
     "process_rewards": PROCESS_REWARDS,
+    "sampling_dtype": SAMPLING_DTYPES,
     "sampler_correction": SAMPLER_CORRECTIONS,
     "lr_schedule": SCHEDULES,
     "report_to": REPORT_TO,
@@ -50,6 +52,9 @@ class GRPOConfig:
     temperature: float = 1.0  # sampling temperature, also used in every log-prob pass
     top_p: float = 1.0  # nucleus sampling; 1 keeps every token
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    sampling_dtype: str | None = (
+        None  # sample with a copy of the policy in this dtype; None: the policy's own
+    )
     epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set); GSPO's paper: 3e-4
     epsilon_high: float | None = None  # clip above 1 (DAPO's clip-higher: 0.28, GSPO: 4e-4); None: epsilon
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
@@ -81,6 +86,11 @@ class GRPOConfig:
             f"max_completion_length must be a positive integer, got {self.max_completion_length!r}",
         )
         self.sampling_config()  # temperature, top_p, top_k: checked where the sampler reads them
+        _require(
+            self.sampling_dtype is None or self.sampling_dtype in SAMPLING_DTYPES,
+            f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)} (or None: the policy's own), "
+            f"got {self.sampling_dtype!r}",
+        )
         check_objective(
             self.loss_type,
             self.epsilon,
@@ -195,6 +205,12 @@ class TrainConfig:
             f"{self.batch_size // G} prompts per step, which do not split evenly "
             f"across {world_size} processes; "
             f"use a batch_size that is a multiple of {G * world_size}",
+        )
+
+        _require(
+            not (self.fsdp and grpo.sampling_dtype is not None),
+            "sampling_dtype cannot be combined with fsdp: the sampling copy would hold the whole "
+            "weights on every rank, which is what FSDP2 avoids",
         )
 
     def learning_rate_at(self, step: int) -> float:

@@ -112,6 +112,8 @@ class Trainer:
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        # stage 1's own copy of the policy in another precision (sampling_dtype), as another engine's
+        self.sampling_copy = _sampling_copy(model, grpo.sampling_dtype)
         self.reference = None  # a frozen copy of the starting policy, only when the KL needs one
         if grpo.beta > 0:
             self.reference = _frozen_copy(reference if reference is not None else model)
@@ -221,8 +223,21 @@ class Trainer:
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
             prompts = [self.prompt_ids[i] for i in indices]
             return generate(
-                self.model, prompts, self.grpo.sampling_config(), eos_token_ids=self.eos_ids, seed=seed
+                self._sampling_model(),
+                prompts,
+                self.grpo.sampling_config(),
+                eos_token_ids=self.eos_ids,
+                seed=seed,
             )
+
+    def _sampling_model(self):
+        """The policy, or its sampling_dtype copy with the policy's current weights (cast as copied)."""
+        if self.sampling_copy is None:
+            return self.model
+        with torch.no_grad():
+            for copied, weight in zip(self.sampling_copy.parameters(), self.model.parameters(), strict=True):
+                copied.copy_(weight)
+        return self.sampling_copy
 
     # -- 2. verify ------------------------------------------------------------------------------
     def verify(self, rollouts: list[Rollout], indices: list[int]) -> None:
@@ -461,6 +476,13 @@ def _frozen_copy(model):
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
     return reference
+
+
+def _sampling_copy(model, dtype: str | None):
+    """A frozen copy of the policy in `dtype` for sampling, or None when that is the policy's own dtype."""
+    if dtype is None or getattr(torch, dtype) == model.dtype:
+        return None
+    return _frozen_copy(model).to(getattr(torch, dtype))
 
 
 def _overlong_penalty(length: int, grpo: GRPOConfig) -> float:

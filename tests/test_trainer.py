@@ -629,3 +629,30 @@ def test_the_initial_evaluation_is_measured_once_and_kept_across_resumes(checkpo
     with pytest.raises(ValueError, match="initial_eval.json holds null, not a JSON object"):
         initial_evaluation(resumed, measure, {"eval_data": "a", "eval_count": 4})
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path / "run"))
+
+
+def test_sampling_dtype_samples_with_a_copy_that_follows_the_policy(checkpoint, tmp_path):
+    """sampling_dtype="bfloat16" on an fp32 policy: stage 1 samples with a bf16 copy, refreshed from the
+    policy before each sampling call (a step's update shows in the next step's copy), and the sampler-
+    trainer mismatch now measures the two precisions; in the policy's own dtype it reads ~0."""
+    own = make_trainer(
+        checkpoint, tmp_path / "own", grpo=GRPOConfig(num_generations=4, max_completion_length=12)
+    )
+    assert own.sampling_copy is None and own._sampling_model() is own.model
+    assert own.train_step()[0]["mismatch/logprob_abs_max"] < 1e-5
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, sampling_dtype="bfloat16")
+    trainer = make_trainer(checkpoint, tmp_path / "bf16", grpo=grpo, max_steps=2)
+    stats, _ = trainer.train_step()
+    assert stats["mismatch/logprob_abs_mean"] > 1e-4  # bf16 arithmetic against the fp32 update
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    sampling = trainer._sampling_model()
+    assert sampling is trainer.sampling_copy and not any(p.requires_grad for p in sampling.parameters())
+    for copied, weight in zip(sampling.parameters(), trainer.model.parameters(), strict=True):
+        assert copied.dtype == torch.bfloat16 and torch.equal(copied, weight.to(torch.bfloat16))
+
+
+def test_sampling_dtype_is_checked_and_refused_with_fsdp():
+    with pytest.raises(ValueError, match="sampling_dtype must be one of float32, bfloat16, float16"):
+        GRPOConfig(sampling_dtype="int8")
+    with pytest.raises(ValueError, match="sampling_dtype cannot be combined with fsdp"):
+        TrainConfig(fsdp=True).check_against(GRPOConfig(sampling_dtype="bfloat16"))
