@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -53,11 +54,12 @@ EXPECTED = {
 
 
 SUITE_ONLY = ["bench_sandbox.py"]  # runs only on a directory of cases: its smoke run below writes one
+GPU_ONLY = ["gpu_check.py"]  # measures a GPU; its --dry-run runs every part on CPU at tiny shapes
 
 
 def test_every_benchmark_has_a_smoke_run():
-    scripts = sorted(f for f in os.listdir(BENCHMARKS) if f.startswith("bench_") and f.endswith(".py"))
-    assert scripts == sorted([*SMALLEST, *SUITE_ONLY])
+    scripts = sorted(f for f in os.listdir(BENCHMARKS) if f.endswith(".py") and f != "common.py")
+    assert scripts == sorted([*SMALLEST, *SUITE_ONLY, *GPU_ONLY])
 
 
 def write_peer_cases(peer) -> None:
@@ -129,6 +131,9 @@ def runs(tmp_path_factory):
     commands["peer"] = ("bench_verifier.py", ["--peer", str(tmp / "peer")])
     commands["sandbox"] = ("bench_sandbox.py", ["--suite", str(tmp / "suite")])
     commands["hostile"] = ("bench_verifier.py", ["--hostile-batch", "4"])
+    commands["gpu dry run"] = ("gpu_check.py", ["--dry-run"])
+    if not torch.cuda.is_available():  # asked for the GPU report where there is no GPU
+        commands["gpu refused"] = ("gpu_check.py", [])
     jobs = [
         {"name": name, "script": os.path.join(BENCHMARKS, script), "argv": argv}
         for name, (script, argv) in commands.items()
@@ -170,6 +175,21 @@ def test_benchmark_runs_at_its_smallest_size(runs, script):
     stdout = stdout_of(runs, script)
     for text in EXPECTED[script]:
         assert text in stdout, stdout[-3000:]
+
+
+def test_gpu_check_dry_run_runs_every_part_on_cpu(runs):
+    stdout = stdout_of(runs, "gpu dry run")
+    for part in ("## sampler", "## update", "## grpo", "## nccl"):
+        assert part in stdout, stdout[-3000:]
+    assert "| chunked (token_logprobs) |" in stdout and "| bf16 sampling, fp32 update |" in stdout
+    assert "(gloo)" in stdout and ": equal (within 1% of the update)" in stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here: gpu_check.py would measure it")
+def test_gpu_check_refuses_in_one_line_without_a_gpu(runs):
+    status, stdout, stderr = runs["gpu refused"]
+    assert status != 0 and stdout == ""
+    assert stderr.strip().count("\n") == 0 and "sees no CUDA device here" in stderr
 
 
 def test_bench_verifier_scores_a_directory_of_peer_cases(runs):
