@@ -14,7 +14,9 @@ over the slots written so far; each row's next token is drawn by next_token.py.
 Compiled decode (`compile=True`; eager by default): one graph per (batch rows, span),
 spans from length buckets of 64, 128, 256, ... slots and batch rows from the call's first batch
 size and the powers of two below it (compaction pads with finished rows, masked); graphs live for
-the process. The slow reference, the whole sequence recomputed per token, lives in the tests.
+the process. On a GPU each compiled step is also captured as a CUDA graph (`GraphedSteps`) and
+replayed, so that a step of 28 layers is one launch instead of hundreds. The slow reference, the
+whole sequence recomputed per token, lives in the tests.
 
 Departure from the usual recipe (transformers, vLLM): no torch.Generator. A counter-based hash of
 (row seed, step) makes a row's random numbers independent of the batch row it decodes in and of
@@ -178,6 +180,8 @@ class Engine:
         rows = min(self.requests, self.config.max_batch_rows or self.requests)
         self.compiled = self.config.compile
         self.step_fn = compiled_decode_step() if self.compiled else decode_step
+        if self.compiled and self.device.type == "cuda":
+            self.step_fn = GraphedSteps(self.step_fn)
         self.allocate(rows)
         packing = contextlib.nullcontext() if self.compiled else self.model.packed_for_decoding(rows)
         start = time.perf_counter()
@@ -323,6 +327,42 @@ def compiled_decode_step():
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _compiled_step = torch.compile(decode_step, dynamic=False)
     return _compiled_step
+
+
+class GraphedSteps:
+    """A decode step function whose calls on one cache are CUDA graphs, captured once per span and then
+    replayed (gpt-fast's recipe, by hand): the tokens are copied into the graph's own input, and the
+    logits come back in its own output, overwritten by the next replay. The cache is the graphs' static
+    memory: every write into it (the step's keys, values and lengths; refills; the loop's length fix)
+    stays in place, so a replay reads what eager would. A new cache (compaction makes one, smaller)
+    starts new graphs. The first call of a span runs for real, which also compiles and warms it up;
+    the capture after it only records, running nothing."""
+
+    def __init__(self, step):
+        self.step = step
+        self.cache = None  # the cache the graphs below write into
+        self.graphs = {}  # span -> (graph, tokens (B,), logits (B, V))
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for the graphs of a call
+
+    def __call__(self, model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
+        if cache is not self.cache:
+            self.cache, self.graphs = cache, {}
+        if span not in self.graphs:
+            logits = self.step(model, tokens, cache, span)
+            self.graphs[span] = self.capture(model, tokens, cache, span)
+            return logits
+        graph, static_tokens, static_logits = self.graphs[span]
+        static_tokens.copy_(tokens)
+        graph.replay()
+        return static_logits
+
+    def capture(self, model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int):
+        static_tokens = tokens.clone()  # (B,)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(tokens.device)
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_logits = self.step(model, static_tokens, cache, span)  # (B, V)
+        return graph, static_tokens, static_logits
 
 
 def span_bucket(span: int, max_len: int) -> int:

@@ -387,3 +387,20 @@ def test_compiled_decode_crosses_span_buckets_and_compacts_like_eager(monkeypatc
     assert compiled.tokens == eager.tokens and compiled.finish_reasons == eager.finish_reasons
     for a, b in zip(compiled.logprobs, eager.logprobs):
         assert (torch.tensor(a) - torch.tensor(b)).abs().max() <= 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU; this machine has none")
+def test_cuda_graph_decode_gives_eager_tokens_and_logprobs():
+    """compile=True on CUDA replays each (cache, span) step as a CUDA graph (sampler.GraphedSteps): with
+    sampled tokens, refills under a row budget, rows finishing early (compaction: a new cache and new
+    graphs) and spans crossing 64 and 128 slots, tokens and log-probs are eager's, as on CPU."""
+    model = tiny_model(seed=3, num_hidden_layers=2).cuda()
+    prompts = [list(range(1, 61)), [13, 4, 9], [7, 7, 2, 30]]
+    settings = dict(max_new_tokens=76, temperature=0.9, num_samples=3, seed=11, max_batch_rows=5)
+    eager = minigrpo.generate(model, prompts, eos_token_ids=[5], **settings)
+    graphed = minigrpo.generate(model, prompts, eos_token_ids=[5], compile=True, **settings)
+    assert graphed.compiled and graphed.tokens == eager.tokens
+    assert graphed.finish_reasons == eager.finish_reasons
+    assert max(map(len, eager.tokens)) + len(prompts[0]) > 128 and min(map(len, eager.tokens)) < 76
+    for a, b in zip(graphed.logprobs, eager.logprobs):
+        assert (torch.tensor(a) - torch.tensor(b)).abs().max() <= 1e-5
