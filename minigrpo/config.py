@@ -52,9 +52,7 @@ class GRPOConfig:
     temperature: float = 1.0  # sampling temperature, also used in every log-prob pass
     top_p: float = 1.0  # nucleus sampling; 1 keeps every token
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
-    sampling_dtype: str | None = (
-        None  # sample with a copy of the policy in this dtype; None: the policy's own
-    )
+    sampling_dtype: str | None = None  # sample with a copy of the policy in this dtype; None: its own
     epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set); GSPO's paper: 3e-4
     epsilon_high: float | None = None  # clip above 1 (DAPO's clip-higher: 0.28, GSPO: 4e-4); None: epsilon
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
