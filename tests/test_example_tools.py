@@ -82,7 +82,7 @@ def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp)
     assert "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary
     rows = read_jsonl(tmp / "results.jsonl")
     assert [row["answer"] for row in rows] == ["1", "2", "3", "4"]  # the first 4 of the file's 6 rows
-    assert all(set(row) == {"question", "answer", "completions", "correct"} for row in rows)
+    assert all(set(row) == {"question", "answer", "completions", "correct", "steps"} for row in rows)
     assert all(len(row["completions"]) == 2 and len(row["correct"]) == 2 for row in rows)
 
 
