@@ -12,7 +12,7 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
-from minigrpo.trace import Trace
+from minigrpo.trace import Trace, render_html
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
@@ -179,3 +179,38 @@ def test_the_console_shows_the_tokens_the_update_moved_most_in_their_order():
         "1",
         "2",
     ]
+
+
+def test_the_page_marks_each_step_right_or_wrong_with_its_step_reward():
+    """A record as a process-supervised step leaves it: each completion's arithmetic steps, then its
+    answer step, each a span marked right (green) or wrong (red) with the step reward trained on."""
+    steps = [
+        {"text": "65*7=455", "correct": True, "reward": 1.0},
+        {"text": "70+455=515", "correct": False, "reward": -1.0},
+        {"text": "answer", "correct": False, "reward": 0.0},
+    ]
+    completion = dict(
+        text="65*7=455;70+455=515;####515",
+        answer="515",
+        rewards={"accuracy": 0.0},
+        reward=0.0,
+        advantage=-0.5,
+        finish_reason="stop",
+        steps=steps,
+        tokens=[("6", -1.0, -1.1)],
+    )
+    record = {
+        "step": 1,
+        "prompt": "70+65*7\n",
+        "mean": 0.5,
+        "std": 0.5,
+        "completions": [completion],
+        "stats": {},
+    }
+    page = Page(render_html(record))
+    right, wrong = page.having("step right"), page.having("step wrong")
+    assert [e["text"] for e in right] == ["65*7=455 ✓ step reward +1"]
+    assert [e["text"] for e in wrong] == ["70+455=515 ✗ step reward -1", "answer ✗ step reward +0"]
+    assert right[0]["style"].startswith("background:" + GREEN) and wrong[0]["style"].startswith(
+        "background:" + RED
+    )
