@@ -17,9 +17,10 @@ of the stages, not how any stage works, nor how a run starts or resumes (run.py)
   5. metrics     the step's stats for the logger; `Trainer.train` logs them and saves checkpoints
 
 Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
-short, up to max_sampling_rounds. An observer (trace.py) sees the rollouts after stage 3 and the
-update's stats after stage 4; `train_step` returns the stats with the first completion of a few
-groups and their rewards.
+short, up to max_sampling_rounds. A group has no signal when its outcome rewards are all equal,
+also under process supervision, whose step rewards might still differ. An observer (trace.py) sees
+the rollouts after stage 3 and the update's stats after stage 4; `train_step` returns the stats with
+the first completion of a few groups and their rewards.
 
 With num_iterations = 1 the old log-probs are the current ones detached: the ratio is exactly 1,
 the clipped surrogate reduces to the advantage, and since advantages are centred within each
@@ -249,9 +250,8 @@ class Trainer:
             return
         rows = [self.task.rows[i] for i in indices]
         columns = self.task.columns(rows, self.grpo.num_generations)  # each row's values, once per completion
-        columns["completion_tokens"] = [
-            len(r.completion_ids) for r in rollouts
-        ]  # for a length reward in tokens
+        # for a length reward in tokens
+        columns["completion_tokens"] = [len(r.completion_ids) for r in rollouts]
         result = compute_rewards([r.text for r in rollouts], columns, self.task.rewards)
         components = dict(result.components)
         totals = list(result.total)
