@@ -269,8 +269,8 @@ class Trainer:
         """Process supervision (step_rewards.py): each completion's arithmetic steps, checked against
         its prompt, as step rewards on the token where each step ends; or, with process_rewards
         "monte_carlo", their Math-Shepherd values."""
-        G = self.grpo.num_generations
-        problems = [self._text(self.task.rows[indices[i // G]]["prompt"]) for i in range(len(rollouts))]
+        texts = [self._text(self.task.rows[i]["prompt"]) for i in indices]  # each prompt once
+        problems = [text for text in texts for _ in range(self.grpo.num_generations)]  # one per rollout
         checked_step_rewards(rollouts, problems, self.tokenizer)
         if self.grpo.process_rewards != "monte_carlo":
             return
