@@ -18,6 +18,16 @@ the process. On a GPU each compiled step is also captured as a CUDA graph (`Grap
 replayed, so that a step of 28 layers is one launch instead of hundreds. The slow reference, the
 whole sequence recomputed per token, lives in the tests.
 
+Tool calls (`tools`, a `ToolHook` such as tools.ToolRunner): a row that samples the hook's end
+marker pauses; the hook runs the call while the other rows decode, and the row resumes with the
+response's tokens (the observation) fed in as forced tokens, one per decode step, written to its cache
+slots like sampled ones but never drawn: their log-probs are 0 and `generated` marks them False. They
+count against max_new_tokens. A paused row is held like a finished one (its step's cache write undone)
+and keeps its random stream, so its completion does not depend on when the call returned. With tools
+the host checks every step.
+Departure from the usual engines (verl's, vLLM's): observations are not prefilled as one chunk; feeding
+them through the batched decode steps needs no second attention path, at one step per observation token.
+
 Departure from the usual recipe (transformers, vLLM): no torch.Generator. A counter-based hash of
 (row seed, step) makes a row's random numbers independent of the batch row it decodes in and of
 what runs beside it, so refill and compaction move rows around without changing a single draw.
@@ -29,6 +39,7 @@ import contextlib
 import numbers
 import time
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -36,6 +47,7 @@ from .next_token import draw_counters, row_keys, sample, uniform
 from .qwen3 import KVCache, Qwen3
 
 SPAN_BUCKET = 64  # compiled steps read 64, 128, 256, ... cache slots
+POLL_SECONDS = 0.001  # how often a batch with every row waiting on a tool call looks for answers
 
 
 @dataclass
@@ -87,9 +99,13 @@ class Samples:
     """What one generate() call produced, ordered prompt by prompt (prompt 0's samples first)."""
 
     tokens: list[list[int]]  # completion ids per sample, EOS included when emitted
-    logprobs: list[list[float]]  # per completion token: log softmax(logits / temperature), T = 1 when greedy
-    finish_reasons: list[str]  # "stop" (an EOS id was emitted) or "length" (max_new_tokens reached)
+    logprobs: list[list[float]]  # per completion token: log softmax(logits / temperature), T = 1 when greedy;
+    # 0 for observation tokens, which were not drawn
+    finish_reasons: list[
+        str
+    ]  # "stop" (EOS), "length" (max_new_tokens reached), "tool_limit" (one call too many)
     prompt_indices: list[int]  # the prompt each sample continues
+    generated: list[list[bool]] | None = None  # per completion token: sampled (True) or a tool's observation
     prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
     decode_seconds: float = 0.0  # every decode step, sampling included
     decode_steps: int = 0  # model calls after the first prefill
@@ -111,16 +127,34 @@ class Samples:
         return 1e3 * self.decode_seconds / max(self.decode_steps, 1)
 
 
+class ToolHook(Protocol):
+    """What the engine needs of a tool runner (tools.ToolRunner is one). A request is one completion of
+    the call (prompt r // G's sample r % G); its tokens so far, observations included, are passed in."""
+
+    end_token_id: int  # a sampled token with this id ends a call: its row pauses
+    max_tool_calls: int  # calls per completion; the end marker of one more ends it ("tool_limit")
+
+    def start(self, request: int, completion: list[int]) -> None:
+        """Run the call `completion` ends with, in the background."""
+
+    def poll(self, request: int) -> list[int] | None:
+        """The call's observation token ids once it is answered (or timed out); None while it runs."""
+
+
 def generate(
-    model: Qwen3, prompts: list[list[int]], config: SamplingConfig | None = None, **settings
+    model: Qwen3,
+    prompts: list[list[int]],
+    config: SamplingConfig | None = None,
+    tools: ToolHook | None = None,
+    **settings,
 ) -> Samples:
     """Sample `num_samples` completions for each prompt; settings are SamplingConfig's fields (over
-    `config`'s)."""
+    `config`'s). With `tools`, a completion may call them (see the module docstring)."""
     config = replace(config, **settings) if config is not None else SamplingConfig(**settings)
     check_prompts(prompts, config, model.config.vocab_size, model.config.max_position_embeddings)
     seed = config.seed if config.seed is not None else int(torch.randint(2**62, ()).item())
     with torch.inference_mode():  # no autograd bookkeeping at all: faster eager steps than no_grad
-        return Engine(model, prompts, config, seed).run()
+        return Engine(model, prompts, config, seed, tools).run()
 
 
 def check_prompts(
@@ -163,7 +197,9 @@ class Engine:
     the batch is the <= max_batch_rows of them decoding now, each batch row carrying its request id,
     its token count, whether it is done, its random stream and its next-token logits."""
 
-    def __init__(self, model: Qwen3, prompts, config: SamplingConfig, seed: int):
+    def __init__(
+        self, model: Qwen3, prompts, config: SamplingConfig, seed: int, tools: ToolHook | None = None
+    ):
         self.model, self.prompts, self.config = model, [list(p) for p in prompts], config
         self.G, self.N = config.num_samples, config.max_new_tokens
         self.requests = len(prompts) * self.G
@@ -172,9 +208,16 @@ class Engine:
         self.keys = row_keys(seed, self.requests, self.device)  # (R,): one random stream per request
         self.tokens = torch.zeros(self.requests, self.N + 1, dtype=torch.long, device=self.device)  # (R, N+1)
         # (R, N+1); column N: done rows' scratch
-        self.logprobs = torch.zeros(self.requests, self.N + 1, device=self.device)
+        # fp32, or fp64 for a model in fp64 (a test's exact reference)
+        precision = torch.float64 if model.dtype == torch.float64 else torch.float32
+        self.logprobs = torch.zeros(self.requests, self.N + 1, dtype=precision, device=self.device)
         self.check_every = config.check_every or (1 if self.device.type == "cpu" else 8)
         self.prefill_seconds, self.decode_steps, self.prefill_cache_bytes = 0.0, 0, 0
+        # (R, N+1): False where a token is a tool's observation, not sampled
+        self.generated = torch.ones(self.requests, self.N + 1, dtype=torch.bool, device=self.device)
+        self.tools = ToolTurns(tools, self.requests) if tools is not None else None
+        if self.tools is not None:
+            self.check_every = 1  # the host sees every token: a call may end at any step
 
     def run(self) -> Samples:
         rows = min(self.requests, self.config.max_batch_rows or self.requests)
@@ -208,6 +251,7 @@ class Engine:
         self.rows = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
         self.steps = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its next token's index
         self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
+        self.held = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,): paused on a tool call
         self.token = torch.zeros(rows, dtype=torch.long, device=self.device)  # (b,): its latest token
         self.noise = torch.zeros(rows, self.N + 1, device=self.device)  # (b, N+1): its first draw per step
         # (b,): its request's random key
@@ -215,6 +259,8 @@ class Engine:
         # host: each row's length minus the decode steps run so far; every step adds one to every row,
         # so the longest row then holds decode_steps + max(reach) tokens
         self.reach = [0] * rows
+        if self.tools is not None:
+            self.tools.allocate(rows)
 
     def start_rows(self, slots: list[int], requests: list[int]) -> torch.Tensor:
         """Prefill `requests` into batch rows `slots`, each distinct prompt once and copied to its rows;
@@ -237,6 +283,8 @@ class Engine:
         self.noise[where] = uniform(self.row_keys[where, None], draw_counters(self.N, 0, self.device))
         for slot, p in zip(slots, prompt_of):
             self.reach[slot] = len(self.prompts[p]) - self.decode_steps
+        if self.tools is not None:
+            self.tools.start_rows(slots)
         self.prefill_seconds += time.perf_counter() - t
         return logits
 
@@ -249,18 +297,45 @@ class Engine:
             if self.compiled:
                 span = span_bucket(span, self.cache.max_len)
             self.logits = self.step_fn(self.model, self.token, self.cache, span)  # (b, V)
-            self.cache.lengths -= self.done.long()  # done rows stay where they are
+            self.cache.lengths -= (self.done | self.held).long()  # done and paused rows stay where they are
             self.decode_steps += 1
 
     def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
-        """Sample the next token of the batch rows `which` (all by default) and record it."""
+        """Sample the next token of the batch rows `which` (all by default) and record it. With tools, a
+        row answered by a call takes its observation's next token instead, and a row whose call still
+        runs takes none: it is held, its step and stream untouched."""
         rows, steps = self.rows[which], self.steps[which]
         # token, logprob: (b,) each
         token, logprob = sample(logits, self.config, self.noise[which], steps, self.row_keys[which])
+        if self.tools is None or not isinstance(which, slice):  # refilled rows have no call yet
+            self.record(which, rows, steps, token, logprob)
+            return
+        done = self.done.tolist()
+        requests = self.rows.tolist()
+        # wait for an answer only when no finished row could take a waiting request instead
+        self.tools.collect_answers(requests, done, wait=not (self.waiting and any(done)))
+        observed, forced, held = self.tools.next_observed(done)  # (b,) each, on the host
+        forced, self.held = forced.to(self.device), held.to(self.device)
+        token = torch.where(forced, observed.to(self.device), token)
+        self.record(which, rows, steps, token, logprob.masked_fill(forced, 0.0), forced, self.held)
+        self.tools.after_tokens(self, requests, token.tolist(), forced.tolist())
+
+    def record(self, which, rows, steps, token, logprob, forced=None, held=None) -> None:
+        """Store the rows' tokens at their steps. A row ends at a sampled EOS (an observation's does not
+        end it) or at its last step; a held row writes to the scratch column and stays as it was."""
+        if held is not None:
+            steps = torch.where(held, self.N, steps)
         self.tokens[rows, steps], self.logprobs[rows, steps] = token, logprob
-        done = self.done[which] | torch.isin(token, self.eos) | (steps == self.N - 1)
-        self.done[which], self.token[which] = done, token
-        self.steps[which] = torch.where(done, self.N, steps + 1)  # done rows write to the scratch column
+        ends = torch.isin(token, self.eos)
+        if forced is not None:
+            self.generated[rows, steps] = ~forced
+            ends &= ~(forced | held)
+        done = self.done[which] | ends | (steps == self.N - 1)
+        next_steps = torch.where(done, self.N, steps + 1)  # done rows write to the scratch column
+        if held is not None:
+            token = torch.where(held, self.token[which], token)
+            next_steps = torch.where(held, self.steps[which], next_steps)
+        self.done[which], self.token[which], self.steps[which] = done, token, next_steps
 
     def check(self) -> bool:
         """Refill finished rows with waiting requests, or drop them; False once every request is done."""
@@ -285,23 +360,38 @@ class Engine:
         order = torch.argsort(self.done.to(torch.int8), stable=True)[:size]  # running rows first, in order
         self.cache = self.cache.keep_rows(order, self.span(), fresh=self.compiled)
         self.rows, self.steps, self.done = self.rows[order], self.steps[order], self.done[order]
-        self.token, self.noise = self.token[order], self.noise[order]
+        self.token, self.noise, self.held = self.token[order], self.noise[order], self.held[order]
         self.row_keys, self.reach = self.row_keys[order], [self.reach[i] for i in order.tolist()]
+        if self.tools is not None:
+            self.tools.keep(order.tolist())
 
     def span(self) -> int:
         """Cache slots the next step reads: one more than the longest row will then hold (host-side bound)."""
         return self.decode_steps + max(self.reach) + 1
 
     def to_samples(self, decode_seconds: float) -> Samples:
-        tokens, logprobs = self.tokens[:, : self.N], self.logprobs[:, : self.N]
-        lengths = completion_lengths(tokens, self.eos, self.N).tolist()
-        tokens = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
+        # an observation's EOS (Qwen3's <|im_end|> before a tool response) does not end a completion
+        lengths = completion_lengths(self.tokens[:, : self.N], self.eos, self.N, self.generated[:, : self.N])
+        lengths = lengths.tolist()
+        if self.tools is not None:
+            for request, length in self.tools.over_limit.items():
+                lengths[request] = length
+        tokens = [row[:n] for row, n in zip(self.tokens.tolist(), lengths)]
+        generated = [row[:n] for row, n in zip(self.generated.tolist(), lengths)]
         eos = set(self.config.eos_token_ids)
+        finish_reasons = [
+            "stop" if row and row[-1] in eos and sampled[-1] else "length"
+            for row, sampled in zip(tokens, generated)
+        ]
+        if self.tools is not None:
+            for request in self.tools.over_limit:
+                finish_reasons[request] = "tool_limit"
         return Samples(
             tokens,
-            [row[:n] for row, n in zip(logprobs.tolist(), lengths)],
-            finish_reasons=["stop" if row and row[-1] in eos else "length" for row in tokens],
+            [row[:n] for row, n in zip(self.logprobs.tolist(), lengths)],
+            finish_reasons=finish_reasons,
             prompt_indices=[r // self.G for r in range(self.requests)],
+            generated=generated,
             prefill_seconds=self.prefill_seconds,
             decode_seconds=decode_seconds,
             decode_steps=self.decode_steps,
@@ -309,6 +399,76 @@ class Engine:
             compiled=self.compiled,
             kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
         )
+
+
+class ToolTurns:
+    """The host's side of tool calls during one generate() call: per request, the calls made and where a
+    completion ended over the limit; per batch row, whether its call is still running and the
+    observation tokens it has yet to take."""
+
+    def __init__(self, hook: ToolHook, requests: int):
+        self.hook = hook
+        self.calls = [0] * requests  # calls each request has made
+        self.over_limit = {}  # request -> its length, ended by one call more than max_tool_calls
+        self.running = []  # per batch row: its call has not answered yet
+        self.queued = []  # per batch row: observation tokens still to feed, in order
+
+    def allocate(self, rows: int) -> None:
+        self.running, self.queued = [False] * rows, [[] for _ in range(rows)]
+
+    def start_rows(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.running[slot], self.queued[slot] = False, []
+
+    def keep(self, order: list[int]) -> None:
+        self.running = [self.running[i] for i in order]
+        self.queued = [self.queued[i] for i in order]
+
+    def collect_answers(self, requests: list[int], done: list[bool], wait: bool) -> None:
+        """Queue the observations of the calls that have answered. When every unfinished row is waiting
+        on a call and `wait`, wait here (a decode step would do nothing) until one answers."""
+        while True:
+            for row, request in enumerate(requests):
+                if self.running[row]:
+                    observation = self.hook.poll(request)
+                    if observation is not None:
+                        self.running[row], self.queued[row] = False, list(observation)
+            waiting = [self.running[row] for row in range(len(done)) if not done[row]]
+            if not wait or not waiting or not all(waiting):
+                return
+            time.sleep(POLL_SECONDS)
+
+    def next_observed(self, done: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's next observation token (or 0), whether it takes one, whether it is held; (b,) each."""
+        rows = len(done)
+        tokens = torch.zeros(rows, dtype=torch.long)  # (b,)
+        forced = torch.zeros(rows, dtype=torch.bool)  # (b,)
+        for row in range(rows):
+            if self.queued[row] and not done[row]:
+                tokens[row], forced[row] = self.queued[row].pop(0), True
+        held = torch.tensor([r and not d for r, d in zip(self.running, done)], dtype=torch.bool)  # (b,)
+        return tokens, forced, held
+
+    def after_tokens(
+        self, engine: Engine, requests: list[int], tokens: list[int], forced: list[bool]
+    ) -> None:
+        """Rows that just sampled the end marker: start their call, or end them past the limit. A row that
+        ended (EOS, length) drops what it had still to observe."""
+        done = engine.done.tolist()
+        for row, request in enumerate(requests):
+            if done[row]:
+                self.queued[row] = []
+                continue
+            if tokens[row] != self.hook.end_token_id or forced[row] or self.running[row]:
+                continue
+            length = int(engine.steps[row])  # the marker was the row's token at index length - 1
+            self.calls[request] += 1
+            if self.calls[request] > self.hook.max_tool_calls:
+                self.over_limit[request] = length
+                engine.done[row], engine.steps[row] = True, engine.N
+                continue
+            self.hook.start(request, engine.tokens[request, :length].tolist())
+            self.running[row] = True
 
 
 def decode_step(model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
@@ -386,8 +546,13 @@ def right_pad(prompts, device):
     return ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
 
 
-def completion_lengths(tokens: torch.Tensor, eos: torch.Tensor, limit: int) -> torch.Tensor:
-    """(R,) tokens up to and including each row's first EOS, or `limit` without one."""
+def completion_lengths(
+    tokens: torch.Tensor, eos: torch.Tensor, limit: int, generated: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(R,) tokens up to and including each row's first sampled EOS (of those `generated`, (R, N), when
+    given), or `limit` without one."""
     hits = torch.isin(tokens, eos)  # (R, N)
+    if generated is not None:
+        hits &= generated
     first = hits.to(torch.int8).argmax(-1)  # (R,): first True, or 0 if none
     return torch.where(hits.any(-1), first + 1, limit)

@@ -41,6 +41,26 @@ def tiny_model(seed=0, **overrides) -> minigrpo.Qwen3:
     return model
 
 
+def fixed_logits_model(logits: torch.Tensor, **overrides) -> minigrpo.Qwen3:
+    """A Qwen3 (TINY, with `overrides`) that outputs `logits` (V,) at every position whatever the input."""
+    config = minigrpo.Qwen3Config(
+        **{**TINY, **overrides, "vocab_size": logits.numel(), "tie_word_embeddings": False}
+    )
+    model = minigrpo.Qwen3(config).eval()
+    C = config.hidden_size
+    with torch.no_grad():
+        for block in model.layers:  # blocks add nothing to the residual stream
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+        model.embed_tokens.weight.zero_()
+        model.embed_tokens.weight[:, 0] = (
+            1.0  # every token embeds to e_0; the final norm makes it sqrt(C) e_0
+        )
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, 0] = logits / C**0.5
+    return model
+
+
 def tiny_tokenizer(directory: str) -> minigrpo.Tokenizer:
     """A byte-level BPE trained on a few sentences, with Qwen3's special tokens, saved in `directory`."""
     backend = HFTokenizer(models.BPE())

@@ -57,3 +57,42 @@ def naive_generate(model, prompts, **settings):
                 all_tokens.append(sequence[len(prompt) :])
                 all_logprobs.append(logprobs)
     return all_tokens, all_logprobs
+
+
+def naive_generate_with_tools(model, prompts, hook, **settings):
+    """Greedy completions with tool calls, one row at a time, waiting on each call where it is made: the
+    sampler's tool rules written out plainly. (tokens, generated, finish reasons) per completion."""
+    config = SamplingConfig(**settings)
+    assert config.temperature == 0, "the reference calls tools greedily only"
+    N, G = config.max_new_tokens, config.num_samples
+    all_tokens, all_generated, reasons = [], [], []
+    with torch.no_grad():
+        for p, prompt in enumerate(prompts):
+            for g in range(G):
+                request, completion, generated, calls, reason = p * G + g, [], [], 0, "length"
+                while len(completion) < N:
+                    token = int(model(torch.tensor([prompt + completion]))[0, -1].argmax())
+                    completion.append(token)
+                    generated.append(True)
+                    if token in config.eos_token_ids:
+                        reason = "stop"
+                        break
+                    if (
+                        token != hook.end_token_id or len(completion) == N
+                    ):  # a marker at the last step ends it
+                        continue
+                    calls += 1
+                    if calls > hook.max_tool_calls:
+                        reason = "tool_limit"
+                        break
+                    hook.start(request, list(completion))
+                    observation = hook.poll(request)
+                    while observation is None:
+                        observation = hook.poll(request)
+                    observation = observation[: N - len(completion)]  # it counts against the budget
+                    completion += observation
+                    generated += [False] * len(observation)
+                all_tokens.append(completion)
+                all_generated.append(generated)
+                reasons.append(reason)
+    return all_tokens, all_generated, reasons

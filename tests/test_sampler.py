@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import TINY, tiny_model
+from helpers import TINY, fixed_logits_model, tiny_model
 from reference_sampler import naive_generate, next_token_distribution
 
 import minigrpo
@@ -109,24 +109,6 @@ def test_stops_early_when_every_row_is_done(model):
 
 
 # --- sampling rules on a model whose logits are set by hand ----------------------------------------
-def fixed_logits_model(logits: torch.Tensor) -> minigrpo.Qwen3:
-    """A Qwen3 that outputs `logits` (V,) at every position whatever the input."""
-    config = minigrpo.Qwen3Config(**{**TINY, "vocab_size": logits.numel(), "tie_word_embeddings": False})
-    model = minigrpo.Qwen3(config).eval()
-    C = config.hidden_size
-    with torch.no_grad():
-        for block in model.layers:  # blocks add nothing to the residual stream
-            block.self_attn.o_proj.weight.zero_()
-            block.mlp.down_proj.weight.zero_()
-        model.embed_tokens.weight.zero_()
-        model.embed_tokens.weight[:, 0] = (
-            1.0  # every token embeds to e_0; the final norm makes it sqrt(C) e_0
-        )
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[:, 0] = logits / C**0.5
-    return model
-
-
 LOGITS = torch.log(torch.tensor([0.30, 0.25, 0.15, 0.10, 0.08, 0.05, 0.04, 0.03]))  # probabilities, sorted
 
 

@@ -1,0 +1,153 @@
+"""Tool calls inside the sampler: rows pause on a call's end marker and resume with the observation.
+
+The hooks here work on token ids alone (tools.py turns text into calls; test_tools.py tests it), so each
+rule of the engine is checked against the slow reference in reference_sampler.py.
+"""
+
+import pytest
+import torch
+from helpers import fixed_logits_model, tiny_model
+from reference_sampler import naive_generate_with_tools
+
+import minigrpo
+
+PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
+GREEDY_MARKER = 15  # common in this model's greedy completions
+SAMPLED_MARKER = 76  # drawn a few times at temperature 1 with seed 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=3)
+
+
+class Hook:
+    """Answers a call with one or two tokens computed from the completion so far; request r's answer
+    arrives only after `delay * (r % 3)` polls that say it still runs, so rows resume at varied steps."""
+
+    def __init__(self, marker: int, max_tool_calls: int = 3, delay: int = 0, observation=None):
+        self.end_token_id, self.max_tool_calls, self.delay = marker, max_tool_calls, delay
+        self.observation = observation or (
+            lambda request, completion: [1 + sum(completion) % 40, 2][: 1 + request % 2]
+        )
+        self.pending = {}
+        self.calls = []  # (request, completion length at the call)
+        self.polls = 0
+
+    def start(self, request, completion):
+        assert completion[-1] == self.end_token_id and request not in self.pending
+        self.pending[request] = [self.observation(request, completion), self.delay * (request % 3)]
+        self.calls.append((request, len(completion)))
+
+    def poll(self, request):
+        self.polls += 1
+        observation, wait = self.pending[request]
+        if wait:
+            self.pending[request][1] -= 1
+            return None
+        del self.pending[request]
+        return observation
+
+
+GREEDY = dict(max_new_tokens=30, temperature=0, num_samples=2)
+SAMPLED = dict(max_new_tokens=30, temperature=1.0, num_samples=3, seed=1)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5])
+def test_calls_under_refill_give_the_unbounded_calls_tokens(model, rows):
+    """Budgets 1/3/5 refill and compact around paused rows; answers arriving late change nothing."""
+    for marker, settings in ((GREEDY_MARKER, GREEDY), (SAMPLED_MARKER, SAMPLED)):
+        unbounded_hook = Hook(marker)
+        unbounded = minigrpo.generate(model, PROMPTS, tools=unbounded_hook, **settings)
+        bounded_hook = Hook(marker, delay=2)
+        bounded = minigrpo.generate(model, PROMPTS, tools=bounded_hook, max_batch_rows=rows, **settings)
+        assert len(unbounded_hook.calls) >= 3, "the test needs rows that call"
+        assert sorted(bounded_hook.calls) == sorted(unbounded_hook.calls)
+        assert bounded.tokens == unbounded.tokens and bounded.generated == unbounded.generated
+        assert bounded.finish_reasons == unbounded.finish_reasons
+        for a, b in zip(bounded.logprobs, unbounded.logprobs):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+def test_greedy_calls_equal_the_reference(model):
+    samples = minigrpo.generate(model, PROMPTS, tools=Hook(GREEDY_MARKER, max_tool_calls=2), **GREEDY)
+    tokens, generated, reasons = naive_generate_with_tools(
+        model, PROMPTS, Hook(GREEDY_MARKER, max_tool_calls=2), **GREEDY
+    )
+    assert samples.tokens == tokens and samples.generated == generated
+    assert samples.finish_reasons == reasons
+    assert "tool_limit" in reasons and not all(all(g) for g in generated)
+
+
+def test_an_observation_follows_its_marker_unsampled(model):
+    hook = Hook(SAMPLED_MARKER)
+    samples = minigrpo.generate(model, PROMPTS, tools=hook, **SAMPLED)
+    for request, length in hook.calls:
+        tokens, generated = samples.tokens[request], samples.generated[request]
+        observation = hook.observation(request, tokens[:length])
+        assert tokens[length - 1] == SAMPLED_MARKER and generated[length - 1]
+        end = min(length + len(observation), len(tokens))
+        assert tokens[length:end] == observation[: end - length]
+        assert not any(generated[length:end]) and all(
+            lp == 0.0 for lp in samples.logprobs[request][length:end]
+        )
+        assert end == len(tokens) or generated[end]  # sampling resumes right after
+
+
+def test_logprobs_of_sampled_tokens_equal_a_full_forward_over_the_interleaved_sequence(model):
+    double = tiny_model(seed=3).double()
+    settings = dict(SAMPLED, temperature=0.7)
+    samples = minigrpo.generate(double, PROMPTS, tools=Hook(SAMPLED_MARKER, delay=1), **settings)
+    observed = 0
+    for tokens, logprobs, generated, p in zip(
+        samples.tokens, samples.logprobs, samples.generated, samples.prompt_indices
+    ):
+        with torch.no_grad():
+            logits = double(torch.tensor([PROMPTS[p] + tokens]))[0, len(PROMPTS[p]) - 1 : -1]  # (n, V)
+        expected = (logits / 0.7).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+        mask = torch.tensor(generated)
+        got = torch.tensor(logprobs, dtype=torch.float64)
+        assert (got[mask] - expected[mask]).abs().max() <= 1e-10
+        observed += int((~mask).sum())
+    assert observed > 0
+
+
+def test_the_call_after_the_last_allowed_ends_the_completion(model):
+    hook = Hook(GREEDY_MARKER, max_tool_calls=1)
+    samples = minigrpo.generate(model, PROMPTS, tools=hook, **GREEDY)
+    limited = [r for r, reason in enumerate(samples.finish_reasons) if reason == "tool_limit"]
+    assert limited
+    for r in limited:
+        assert samples.tokens[r][-1] == GREEDY_MARKER and samples.generated[r][-1]
+        assert sum(request == r for request, _ in hook.calls) == 1
+
+
+def test_observations_count_against_the_budget_and_their_eos_ends_nothing(model):
+    eos = 3
+    long = Hook(SAMPLED_MARKER, observation=lambda request, completion: [eos] * 50)
+    samples = minigrpo.generate(model, PROMPTS, tools=long, eos_token_ids=[eos], **SAMPLED)
+    called = {request for request, _ in long.calls}
+    assert called
+    for r in called:
+        assert len(samples.tokens[r]) == SAMPLED["max_new_tokens"] and samples.finish_reasons[r] == "length"
+        assert eos in samples.tokens[r]
+
+
+def test_late_answers_overlap_with_the_other_rows_decoding(model):
+    """While a call runs the other rows decode on: waiting adds far fewer steps than it polls."""
+    prompt_calls = minigrpo.generate(model, PROMPTS, tools=Hook(SAMPLED_MARKER), **SAMPLED)
+    late_hook = Hook(SAMPLED_MARKER, delay=6)
+    late = minigrpo.generate(model, PROMPTS, tools=late_hook, **SAMPLED)
+    assert late.tokens == prompt_calls.tokens
+    waits = sum(6 * (request % 3) for request, _ in late_hook.calls)
+    assert waits > 12 and late.decode_steps - prompt_calls.decode_steps < waits
+
+
+def test_a_thousand_calls_in_one_completion(model):
+    """A model that writes nothing but end markers: 1,000 calls answered, the 1,001st ends it."""
+    marker = 5
+    always = fixed_logits_model(torch.tensor([0.0] * 5 + [9.0, 0.0, 0.0]), max_position_embeddings=2100)
+    hook = Hook(marker, max_tool_calls=1000, observation=lambda request, completion: [])
+    samples = minigrpo.generate(always, [[1]], tools=hook, max_new_tokens=2000, temperature=0)
+    assert len(hook.calls) == 1000 and samples.finish_reasons == ["tool_limit"]
+    assert len(samples.tokens[0]) == 1001 and all(samples.generated[0])
