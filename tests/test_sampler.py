@@ -342,11 +342,12 @@ def test_each_row_keeps_its_seed_whatever_the_row_budget(model):
 
 
 def test_compiled_decode_crosses_span_buckets_and_compacts_like_eager(monkeypatch):
-    """compile=True: completions that cross 64 and 128 cache slots, and rows that finish early (the
-    batch shrinks to a smaller compiled batch size), give eager's tokens and log-probs (one layer:
-    each graph costs seconds of inductor work on these CPUs)."""
+    """compile=True: completions that cross 128 cache slots (from the 128-slot span bucket to the 256 one),
+    and rows that finish early (the batch shrinks to a smaller compiled batch size), give eager's tokens
+    and log-probs. Each graph costs seconds of inductor work on these CPUs: one layer, and three graphs,
+    (2 rows, 128 slots), (1, 128) and (1, 256), as row 0's prompt already fills more than 64 slots."""
     model = tiny_model(seed=3, num_hidden_layers=1)
-    prompts = [list(range(1, 61)), [13, 4, 9]]  # 60 and 3 tokens: row 0 crosses slot 64 early, slot 128 late
+    prompts = [list(range(1, 71)), [13, 4, 9]]  # 70 and 3 tokens: row 0 starts past slot 64, crosses 128 late
     free = minigrpo.generate(model, prompts, max_new_tokens=76, temperature=0)
     late = lambda t: t not in free.tokens[0][:70]  # noqa: E731
     # row 1 ends by step 21, row 0 late or never
@@ -365,7 +366,7 @@ def test_compiled_decode_crosses_span_buckets_and_compacts_like_eager(monkeypatc
     compiled = minigrpo.generate(model, prompts, compile=True, **settings)
     assert shrunk == [(1, True)]  # the batch went from 2 rows to 1 while compiled
     assert len(eager.tokens[1]) <= 21 and len(eager.tokens[0]) > 70
-    assert len(prompts[0]) + len(eager.tokens[0]) > 128
+    assert len(prompts[0]) + len(eager.tokens[1]) < 128 < len(prompts[0]) + len(eager.tokens[0])
     assert compiled.tokens == eager.tokens and compiled.finish_reasons == eager.finish_reasons
     for a, b in zip(compiled.logprobs, eager.logprobs):
         assert (torch.tensor(a) - torch.tensor(b)).abs().max() <= 1e-5
