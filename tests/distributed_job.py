@@ -1,7 +1,8 @@
 """Run by test_distributed.py under torchrun: GRPO runs of a tiny policy, one per entry of the JSON
 job in argv[1], each into its own output_dir. For a run with "fixed": true the sampler is replaced
 by completions that depend only on (prompt, sample, step), never on how prompts are cut across
-ranks, so one process and several must train to the same weights. Every process records where it
+ranks, so one process and several must train to the same weights; with "disagree": true each rank asks
+for another learning rate (the run must stop every rank in one line). Every process records where it
 imported minigrpo from (in the job's imports_dir), and keeps each AdamW step's gradients in
 output_dir/gradients.pt (rank 0 writes them)."""
 
@@ -81,7 +82,7 @@ def main(job: dict) -> None:
     for run in job["runs"]:
         Trainer._sample = fixed_sample if run.get("fixed") else sample
         train = dict(run["train"])
-        if job.get("disagree"):  # each rank asks for another learning rate
+        if run.get("disagree"):  # each rank asks for another learning rate
             train["learning_rate"] *= 1 + int(os.environ.get("RANK", "0"))
         task = Task(ROWS, [RewardSpec("test_length")])
         trainer = build_trainer(job["checkpoint"], task, GRPOConfig(**run["grpo"]), TrainConfig(**train))

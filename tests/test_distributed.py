@@ -91,21 +91,32 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([ROOT
 
 
 def job(processes: int, checkpoint: str, runs: list[dict], **options) -> subprocess.CompletedProcess:
-    """distributed_job.py under torchrun, or as a plain process (no torchrun) for processes=1."""
-    spec = json.dumps({"checkpoint": checkpoint, "runs": runs, **options})
-    if processes == 1:
-        return subprocess.run(
-            [sys.executable, os.path.join(TESTS, "distributed_job.py"), spec],
-            cwd=ROOT,
-            env=ENV,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    """distributed_job.py under torchrun (processes ranks on this node)."""
     return torchrun(
-        processes, os.path.join(TESTS, "distributed_job.py"), spec, check=not options.get("disagree")
+        processes, os.path.join(TESTS, "distributed_job.py"), spec_of(checkpoint, runs, **options)
     )
+
+
+def spec_of(checkpoint: str, runs: list[dict], **options) -> str:
+    return json.dumps({"checkpoint": checkpoint, "runs": runs, **options})
+
+
+def plain_job(checkpoint: str, runs: list[dict], **options) -> subprocess.Popen:
+    """distributed_job.py as one plain process (no torchrun), started: wait for it with finish()."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(TESTS, "distributed_job.py"), spec_of(checkpoint, runs, **options)],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen) -> None:
+    """Wait for a started plain job; it must succeed."""
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stdout[-2000:] + stderr[-4000:]
 
 
 def run(out, objective: str, fixed: bool = False, **train) -> dict:
@@ -130,11 +141,13 @@ def layouts(checkpoint, tmp_path_factory):
     """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2;
     where each process imported minigrpo from is kept in imports/. The two-rank job also runs, with
     sampled completions, the straight and the stopped runs that test_resume_under_two_ranks_is_exact
-    compares (one torchrun start-up less)."""
+    compares (one torchrun start-up less). The plain process runs while torchrun starts its ranks."""
     base = tmp_path_factory.mktemp("layouts")
     imports = {"imports_dir": str(base / "imports")}
     (base / "imports").mkdir()
-    job(1, checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in OBJECTIVES], **imports)
+    one = plain_job(
+        checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in OBJECTIVES], **imports
+    )
     layouts = [run(base / f"ddp-{name}", name, fixed=True) for name in OBJECTIVES]
     layouts += [run(base / f"fsdp-{name}", name, fixed=True, fsdp=True) for name in OBJECTIVES]
     resumed = [run(base / f"straight-{kind}", "dapo", max_steps=3, **options) for kind, options in RESUMED]
@@ -143,6 +156,7 @@ def layouts(checkpoint, tmp_path_factory):
         for kind, options in RESUMED
     ]
     job(2, checkpoint, layouts + resumed, **imports)
+    finish(one)
     return base
 
 
@@ -206,41 +220,69 @@ def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective)
             )
 
 
-def test_two_nodes_train_to_the_weights_of_one_process(layouts, checkpoint, tmp_path):
-    """torchrun --nnodes 2, two agents on this machine with one process each, as on two machines."""
-    spec = json.dumps({"checkpoint": checkpoint, "runs": [run(tmp_path / "run", "grpo", fixed=True)]})
-    port = str(_free_port())
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--node_rank",
-                str(node),
-                "--nproc_per_node",
-                "1",
-                "--master_addr",
-                "127.0.0.1",
-                "--master_port",
-                port,
-                os.path.join(TESTS, "distributed_job.py"),
-                spec,
-            ],
-            cwd=ROOT,
-            env=ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for node in (0, 1)
+@pytest.fixture(scope="module")
+def two_nodes(layouts, checkpoint, tmp_path_factory):
+    """One job under torchrun --nnodes 2, two agents on this machine with one process each, as on two
+    machines (one torchrun start-up for three tests): a grpo run of fixed completions
+    (test_two_nodes_train_to_the_weights_of_one_process), the layouts' stopped runs resumed
+    (test_resume_under_two_ranks_is_exact), and last a run whose ranks disagree on the configuration,
+    which stops the job (test_ranks_that_disagree_on_the_configuration_stop_with_one_line). Each node's
+    (exit status, stdout, stderr); the runs' output_dirs are under "out"."""
+    base = tmp_path_factory.mktemp("two-nodes")
+    runs = [run(base / "grpo", "grpo", fixed=True)]
+    runs += [
+        run(layouts / f"stopped-{kind}", "dapo", max_steps=3, resume=True, **options)
+        for kind, options in RESUMED
     ]
-    for agent in agents:
-        output, _ = agent.communicate(timeout=300)
-        assert agent.returncode == 0, output[-3000:]
-    one, two = final_weights(layouts / "one-grpo"), final_weights(tmp_path / "run")
+    # each rank asks for another learning rate
+    runs.append({**run(base / "disagree", "grpo"), "disagree": True})
+    port = str(_free_port())
+    agents = []
+    for node in (0, 1):
+        # files, not pipes: an agent that filled a pipe nobody reads would stall the other node
+        with open(base / f"node-{node}.out", "w") as out, open(base / f"node-{node}.err", "w") as err:
+            agents.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--nnodes",
+                        "2",
+                        "--node_rank",
+                        str(node),
+                        "--nproc_per_node",
+                        "1",
+                        "--master_addr",
+                        "127.0.0.1",
+                        "--master_port",
+                        port,
+                        os.path.join(TESTS, "distributed_job.py"),
+                        spec_of(checkpoint, runs),
+                    ],
+                    cwd=ROOT,
+                    env=ENV,
+                    stdout=out,
+                    stderr=err,
+                )
+            )
+    nodes = []
+    for node, agent in enumerate(agents):
+        agent.wait(timeout=300)
+        outputs = [(base / f"node-{node}.{kind}").read_text() for kind in ("out", "err")]
+        nodes.append((agent.returncode, *outputs))
+    return {"out": base, "nodes": nodes}
+
+
+def said(two_nodes) -> str:
+    """Both nodes' stderr, to show with a failed assertion."""
+    return "\n".join(err[-3000:] for _, _, err in two_nodes["nodes"])
+
+
+def test_two_nodes_train_to_the_weights_of_one_process(layouts, two_nodes):
+    """torchrun --nnodes 2, two agents on this machine with one process each, as on two machines."""
+    assert latest_checkpoint(str(two_nodes["out"] / "grpo")) is not None, said(two_nodes)
+    one, two = final_weights(layouts / "one-grpo"), final_weights(two_nodes["out"] / "grpo")
     for name, value in one.items():
         # fp32 rounding: the chunked LM head sums its weight gradient chunk by chunk, in an order that
         # depends on which rows a rank holds (largest difference seen 1.1e-5, on the tied embedding)
@@ -253,25 +295,19 @@ def test_dynamic_sampling_left_the_ranks_uneven(layouts):
     assert any(line["groups/sampled"] % 2 for line in lines)  # a round of one prompt: one rank sampled none
 
 
-def test_resume_under_two_ranks_is_exact(layouts, checkpoint):
-    """The stopped runs of the layouts' job (2 of 3 steps, sampled completions) resumed in a new job."""
-    job(
-        2,
-        checkpoint,
-        [
-            run(layouts / f"stopped-{kind}", "dapo", max_steps=3, resume=True, **options)
-            for kind, options in RESUMED
-        ],
-    )
+def test_resume_under_two_ranks_is_exact(layouts, two_nodes):
+    """The stopped runs of the layouts' job (2 of 3 steps, sampled completions) resumed in a new job (the
+    two-node one)."""
     for kind, _ in RESUMED:
+        state = load_state(latest_checkpoint(str(layouts / f"stopped-{kind}")))
+        assert state["step"] == 3, said(two_nodes)
         straight = final_weights(layouts / f"straight-{kind}")
         resumed = final_weights(layouts / f"stopped-{kind}")
         for name, value in straight.items():
             assert torch.equal(value, resumed[name]), (kind, name)
         straight_lines = metrics(layouts / f"straight-{kind}")
         assert straight_lines == _without_times(metrics(layouts / f"stopped-{kind}"), like=straight_lines)
-        state = load_state(latest_checkpoint(str(layouts / f"stopped-{kind}")))
-        assert state["step"] == 3 and len(state["rng"]) == 2  # each rank's own RNG states
+        assert len(state["rng"]) == 2  # each rank's own RNG states
 
 
 def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path):
@@ -321,14 +357,15 @@ def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path
     )
 
 
-def test_ranks_that_disagree_on_the_configuration_stop_with_one_line(checkpoint, tmp_path):
-    result = job(2, checkpoint, [run(tmp_path / "run", "grpo")], disagree=True)
-    assert result.returncode != 0
-    assert (
-        "the ranks disagree on the run's configuration: "
-        "rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001" in result.stderr
-    )
-    assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
+def test_ranks_that_disagree_on_the_configuration_stop_with_one_line(two_nodes):
+    """The last run of the two-node job: rank 0 and rank 1 each stop, and say why in one line."""
+    for code, _, stderr in two_nodes["nodes"]:
+        assert code != 0
+        assert (
+            "the ranks disagree on the run's configuration: "
+            "rank 1 has configs.TrainConfig.learning_rate = 0.002, rank 0 has 0.001" in stderr
+        ), stderr[-3000:]
+        assert "Traceback" not in stderr.split("failed (exitcode")[0]  # before torchrun's own report
 
 
 def test_a_world_size_that_does_not_divide_the_prompts_is_refused(checkpoint, tmp_path):
