@@ -22,6 +22,8 @@ On a machine without CUDA it stops at once with one line, unless --dry-run.
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import random
@@ -329,8 +331,13 @@ def nccl_part(device: torch.device, sizes: dict) -> None:
         checkpoint = os.path.join(scratch, "policy")
         minigrpo.save_pretrained(random_model("default"), numbered_tokenizer(20, scratch), checkpoint)
         spec = {"checkpoint": checkpoint, "device": device.type}
-        one = run_worker(1, {**spec, "output_dir": os.path.join(scratch, "one")})
-        two = run_worker(2, {**spec, "output_dir": os.path.join(scratch, "two")})
+        one_spec = {**spec, "output_dir": os.path.join(scratch, "one")}
+        two_spec = {**spec, "output_dir": os.path.join(scratch, "two")}
+        if device.type == "cuda":
+            one, two = run_worker(1, one_spec), run_worker(2, two_spec)
+        else:  # --dry-run: the one process is this one (an interpreter start-up less), while torchrun starts
+            two = run_worker_beside(2, two_spec, lambda: worker_here(one_spec))
+            one = os.path.join(one_spec["output_dir"], "final")
         start = minigrpo.load_pretrained(checkpoint)[0].state_dict()
         a = minigrpo.load_pretrained(one)[0].state_dict()
         b = minigrpo.load_pretrained(two)[0].state_dict()
@@ -346,16 +353,53 @@ def nccl_part(device: torch.device, sizes: dict) -> None:
 
 def run_worker(processes: int, spec: dict) -> str:
     """This script as the nccl part's worker: one plain process, or `processes` ranks under torchrun."""
+    done = subprocess.run(
+        worker_command(processes, spec), capture_output=True, text=True, env=worker_env(), timeout=600
+    )
+    return worker_result(done.returncode, done.stderr, processes, spec)
+
+
+def run_worker_beside(processes: int, spec: dict, here) -> str:
+    """run_worker, while here() runs in this process."""
+    command = worker_command(processes, spec)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env()
+    ) as run:
+        try:
+            here()
+            _, stderr = run.communicate(timeout=600)
+        finally:
+            run.terminate()  # torchrun ends its ranks; nothing happens once it has exited
+    return worker_result(run.returncode, stderr, processes, spec)
+
+
+def worker_command(processes: int, spec: dict) -> list[str]:
     worker = [os.path.abspath(__file__), "--nccl-worker", json.dumps(spec)]
     if processes == 1:
-        command = [sys.executable, *worker]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *worker]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    if done.returncode:
-        sys.exit(f"gpu_check.py: the {processes}-process nccl job failed:\n{done.stderr[-3000:]}")
+        return [sys.executable, *worker]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *worker]
+
+
+def worker_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def worker_result(returncode: int, stderr: str, processes: int, spec: dict) -> str:
+    """The directory of the weights the worker trained, or the end of this script if it failed."""
+    if returncode:
+        sys.exit(f"gpu_check.py: the {processes}-process nccl job failed:\n{stderr[-3000:]}")
     return os.path.join(spec["output_dir"], "final")
+
+
+def worker_here(spec: dict) -> None:
+    """The one-process run of --dry-run, in this process: nccl_worker with its sampler patch undone after,
+    and its log lines kept out of the report (as a worker process's are)."""
+    sample = Trainer._sample
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nccl_worker(spec)
+    finally:
+        Trainer._sample = sample
 
 
 def fixed_sample(self, indices, round_):
