@@ -19,6 +19,8 @@ _EXPORTS = {
     "SamplingConfig": "sampler",
     "generate": "sampler",
     "Tokenizer": "tokenizer",
+    "ToolRunner": "tools",
+    "register_tool": "tools",
     "group_advantages": "advantages",
     "grpo_loss": "loss",
     "GRPOConfig": "config",

@@ -61,13 +61,16 @@ def fixed_logits_model(logits: torch.Tensor, **overrides) -> minigrpo.Qwen3:
     return model
 
 
-def tiny_tokenizer(directory: str) -> minigrpo.Tokenizer:
-    """A byte-level BPE trained on a few sentences, with Qwen3's special tokens, saved in `directory`."""
+def tiny_tokenizer(directory: str, extra_specials: tuple[str, ...] = ()) -> minigrpo.Tokenizer:
+    """A byte-level BPE trained on a few sentences, with Qwen3's special tokens (and `extra_specials`,
+    such as tool-call markers), saved in `directory`."""
     backend = HFTokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=300,
+        special_tokens=SPECIALS + list(extra_specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     backend.train_from_iterator(
         ["What is 12 + 30? The answer is \\boxed{42}.", "user assistant system think"] * 20, trainer

@@ -1,0 +1,388 @@
+"""Stage 1 of the loop, rollout: the tools a completion may call, and the runner that answers its calls.
+
+In: a completion's token ids up to a call's end marker, handed over by the sampler, which pauses that
+row (sampler.py). Out: the observation's token ids, the tool's response between the format's response
+markers, and a `ToolCall` record per call, which the trainer puts on the Rollout for the metrics and
+the trace. It knows text, the tokenizer and the tools; not the model, tensors or rewards.
+
+Two formats (`FORMATS`):
+  calc   `<calc>347*56</calc>` answered `<out>19432</out>`: compact, for tiny tokenizers; the body is
+         the calculator's expression.
+  qwen3  Qwen3's chat template: the model writes `<tool_call>\\n{"name": ..., "arguments": {...}}\\n
+         </tool_call>`, its assistant turn ends there, and the response comes back in a user turn as
+         `<tool_response>\\n...\\n</tool_response>`, after which a new assistant turn opens.
+The call's end marker must be one token of the tokenizer: the sampler watches for that id.
+
+Two tools are registered (`register_tool` adds yours, as `register_reward` does rewards):
+  calculator  exact arithmetic through the verifier's bounded parser (verifier/parse.py), never eval:
+              an integer or reduced fraction, or 15 significant digits for an irrational value.
+  python      the code in the verifier's sandbox (verifier/code.py, all its guarantees), its stdout
+              (truncated) or its error's last line.
+A bad call (a parse error, an unknown tool, malformed JSON) is answered with "error: ..." as its
+observation, never an exception: the policy learns from its mistakes in context.
+
+Each call runs in a thread of the runner's pool while the other rows decode. Its time limit is
+enforced where the engine polls for it: past the limit the row gets "error: timed out" and goes on.
+A Python function cannot be killed, so a tool that never returns keeps its thread; the python
+tool's process is killed by the sandbox's own timeout, set to the tool's limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import sympy
+
+from .verifier.code import SandboxConfig, run_cases
+from .verifier.parse import parse
+from .verifier.values import Unsupported
+
+MAX_CALL_CHARS = 2_000  # a call's text longer than this is refused unread
+MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
+MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
+MAX_RESPONSE_CHARS = 1_000  # a response is cut here, with TRUNCATED after it
+TRUNCATED = " ...[truncated]"
+_SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3"
+
+
+# --- formats --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a call is written and how its response is put back into the completion."""
+
+    call_start: str  # opens a call
+    call_end: str  # closes it: one token, the id the sampler pauses on
+    response_start: str  # written before the response (the observation starts here)
+    response_end: str  # and after it (the observation ends here)
+    tool: str | None  # the one tool the call's body is the argument of; None: the body is JSON naming it
+
+
+FORMATS = {
+    "calc": ToolFormat("<calc>", "</calc>", "<out>", "</out>", tool="calculator"),
+    # Qwen3's chat template (tokenizer_config.json of Qwen/Qwen3-*): a tool message is rendered as
+    # "<|im_start|>user\n<tool_response>\n" + content + "\n</tool_response><|im_end|>\n", after the
+    # assistant turn that made the call has ended with <|im_end|>.
+    "qwen3": ToolFormat(
+        "<tool_call>",
+        "</tool_call>",
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+        "\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        tool=None,
+    ),
+}
+
+
+# --- tools ----------------------------------------------------------------------------------------
+class ToolError(ValueError):
+    """A call a tool cannot answer; its message becomes the observation "error: <message>"."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function a completion may call."""
+
+    name: str  # what a call names it by
+    run: Callable[[str], str]  # the call's input -> the response text; raises ToolError for a bad call
+    time_limit: float = 5.0  # seconds before the call is answered "error: timed out"
+    argument: str = "input"  # in a JSON call, the argument that holds the input
+
+    def parse(self, arguments) -> str:
+        """The input of a call: the bare body (calc format), or the named argument of a JSON call."""
+        if isinstance(arguments, str):
+            return arguments
+        if not isinstance(arguments, dict) or not isinstance(arguments.get(self.argument), str):
+            raise ToolError(f'{self.name} takes {{"{self.argument}": "..."}} as its arguments')
+        return arguments[self.argument]
+
+
+TOOLS: dict[str, Tool] = {}
+
+
+def register_tool(name: str, time_limit: float = 5.0, argument: str = "input"):
+    """Decorator: make `fn(input: str) -> str` a tool completions may call as `name`."""
+
+    def register(fn: Callable[[str], str]) -> Callable[[str], str]:
+        if name in TOOLS:
+            raise ValueError(f"a tool called {name!r} is already registered")
+        if not 0 < time_limit < 1e6:
+            raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+        TOOLS[name] = Tool(name, fn, time_limit, argument)
+        return fn
+
+    return register
+
+
+@register_tool("calculator", time_limit=2.0, argument="expression")
+def calculator(expression: str) -> str:
+    """The exact value of an arithmetic expression: 19432, 7/2, or 1.41421356237310 for sqrt(2)."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    text = expression.strip().replace("×", "*").replace("÷", "/")
+    if not text:
+        raise ToolError("empty expression")
+    if _SIDE_BY_SIDE.search(text):  # the parser would multiply them: "1 2" is 2, "1..2" is 1/5
+        raise ToolError("two numbers side by side: write an operator between them")
+    try:
+        value = parse(text).value
+    except (Unsupported, RecursionError) as error:
+        raise ToolError(_calculator_error(str(error))) from None
+    if not isinstance(value, sympy.Expr) or not value.is_number or value.has(sympy.zoo, sympy.nan):
+        raise ToolError("not an arithmetic expression")
+    if not value.is_real:
+        raise ToolError("not a real number")
+    exact = str(value) if value.is_Rational else ""  # sympy writes 19432, and a fraction reduced, 7/2
+    if exact and len(exact) <= MAX_RESULT_CHARS:
+        return exact
+    return str(sympy.N(value, 15))  # irrational, or too long to read: 15 significant digits
+
+
+def _calculator_error(reason: str) -> str:
+    """The parser's reason, as a short observation."""
+    if "division by zero" in reason:
+        return "division by zero"
+    if "too large" in reason:
+        return "result too large"
+    return f"not an arithmetic expression ({reason[:60]})"
+
+
+@register_tool("python", time_limit=5.0, argument="code")
+def python(code: str) -> str:
+    """Run `code` in the verifier's sandbox: its stdout, or the last line of its error."""
+    limit = TOOLS["python"].time_limit
+    config = SandboxConfig(timeout=limit, cpu_seconds=max(1, int(limit)), max_output_bytes=64 << 10)
+    (result,) = run_cases(code, [{"input": "", "output": ""}], config)
+    if result.timed_out:
+        raise ToolError(f"timed out after {limit:g} s")
+    if result.exit_code != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        raise ToolError(lines[-1] if lines else f"exited with code {result.exit_code}")
+    return result.stdout
+
+
+# --- the runner -----------------------------------------------------------------------------------
+@dataclass
+class ToolCall:
+    """One call a completion made, as the metrics and the trace see it."""
+
+    tool: str  # the tool's name ("" when the call named none we know)
+    call: str  # the call's text between its markers
+    response: str  # what the tool answered, before the format's markers are put around it
+    error: bool = False  # the response is an error: a bad call, a failed run, a timeout
+    timed_out: bool = False  # no answer within the tool's time limit
+    seconds: float = 0.0  # from the call's start to its answer (or its time limit)
+
+
+@dataclass
+class _Pending:
+    call: ToolCall
+    future: Future | None  # None: answered at once (a call refused before it ran)
+    deadline: float  # time.monotonic() past which it is answered "timed out"
+    started: float = field(default_factory=time.monotonic)
+
+
+class ToolRunner:
+    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread pool,
+    and answers with the observation's token ids. Requests are that call's rows, so make a runner per
+    generate() call; as a context manager it shuts its pool down."""
+
+    def __init__(
+        self, tokenizer, format: str | ToolFormat, tools: list[str], max_tool_calls: int, workers: int = 4
+    ):
+        check_tools(tools, format, max_tool_calls)
+        self.tokenizer = tokenizer
+        self.format = FORMATS[format] if isinstance(format, str) else format
+        self.tools = {name: TOOLS[name] for name in tools}
+        self.max_tool_calls = max_tool_calls
+        self.start_token_id = self._one_token(self.format.call_start)
+        self.end_token_id = self._one_token(self.format.call_end)
+        # what a response may not spell: the markers, and every special token (an EOS would end the row)
+        self.forbidden = sorted(
+            {
+                self.format.call_start,
+                self.format.call_end,
+                *self._response_markers(),
+                *self._special_tokens(),
+            },
+            key=len,
+            reverse=True,
+        )
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minigrpo-tool")
+        self.pending: dict[int, _Pending] = {}
+        self.made: dict[int, list[ToolCall]] = {}
+
+    # the ToolHook interface (sampler.py)
+    def start(self, request: int, completion: list[int]) -> None:
+        """Start the call that `completion` (ending with the end marker) makes."""
+        call = ToolCall(tool="", call="", response="")
+        self.made.setdefault(request, []).append(call)
+        try:
+            tool, argument = self._read_call(completion, call)
+        except ToolError as error:
+            call.response, call.error = f"error: {error}", True
+            self.pending[request] = _Pending(call, None, time.monotonic())
+            return
+        future = self.pool.submit(_answer, tool, argument)
+        self.pending[request] = _Pending(call, future, time.monotonic() + tool.time_limit)
+
+    def poll(self, request: int) -> list[int] | None:
+        """The observation's token ids once the call has answered or run out of time; None until then."""
+        pending = self.pending[request]
+        call = pending.call
+        if pending.future is not None:
+            if pending.future.done():
+                response, call.error = pending.future.result()
+                call.response = _cut(response)
+            elif time.monotonic() >= pending.deadline:
+                pending.future.cancel()  # a call still queued never runs; a running one is abandoned
+                limit = self.tools[call.tool].time_limit
+                call.response, call.error, call.timed_out = f"error: timed out after {limit:g} s", True, True
+            else:
+                return None
+        call.seconds = time.monotonic() - pending.started
+        del self.pending[request]
+        return self._observation(call.response)
+
+    # the trainer's side
+    def calls(self, request: int) -> list[ToolCall]:
+        return list(self.made.get(request, []))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> ToolRunner:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    # reading a call, writing an observation
+    def _read_call(self, completion: list[int], call: ToolCall) -> tuple[Tool, str]:
+        """The tool and the input of the call `completion` ends with; ToolError for a bad call."""
+        start = self._call_start(completion)
+        if start is None:
+            raise ToolError("the call was closed but never opened")
+        body = completion[start + 1 : -1]
+        call.call = self.tokenizer.decode(body)
+        if len(call.call) > MAX_CALL_CHARS:
+            raise ToolError(f"call longer than {MAX_CALL_CHARS} characters")
+        if self.format.tool is not None:
+            name, arguments = self.format.tool, call.call
+        else:
+            name, arguments = _read_json_call(call.call)
+        if name not in self.tools:
+            raise ToolError(f"unknown tool {name!r:.40}; this run has {', '.join(self.tools)}")
+        call.tool = name
+        tool = self.tools[name]
+        return tool, tool.parse(arguments)
+
+    def _call_start(self, completion: list[int]) -> int | None:
+        """The index of the start marker of the call `completion` ends with: the last one since the
+        previous call's end (None if there is none), found reading back from the end, so that a call
+        costs its own length however long the completion has grown. A token spells at least one
+        character, so past MAX_CALL_CHARS tokens back the call is too long, opened or not."""
+        lowest = max(0, len(completion) - 2 - MAX_CALL_CHARS)  # the furthest back a start may be
+        for i in range(len(completion) - 2, lowest - 1, -1):
+            if completion[i] == self.end_token_id:
+                return None  # an earlier call's start belongs to that call
+            if completion[i] == self.start_token_id:
+                return i
+        if lowest > 0:
+            raise ToolError(f"call longer than {MAX_CALL_CHARS} characters")
+        return None
+
+    def _observation(self, response: str) -> list[int]:
+        """The response, cleaned of markers and special tokens, between the response markers."""
+        cleaned = None
+        while cleaned != response:  # removing one can join another from its halves: "</ca</calc>lc>"
+            cleaned = response
+            for text in self.forbidden:
+                response = response.replace(text, "")
+        return self.tokenizer.encode(self.format.response_start + response + self.format.response_end)
+
+    def _one_token(self, marker: str) -> int:
+        ids = self.tokenizer.encode(marker)
+        if len(ids) != 1:
+            raise ValueError(
+                f"the tool-call marker {marker!r} is {len(ids)} tokens of this tokenizer, not one: "
+                "add it to the tokenizer as a token of its own (pretrain_tiny.py's calc markers are)"
+            )
+        return ids[0]
+
+    def _response_markers(self) -> list[str]:
+        """The response markers' special tokens ("<out>", "<tool_response>", "<|im_end|>", ...)."""
+        return [
+            text
+            for text in self._special_tokens() + ["<out>", "</out>", "<tool_response>", "</tool_response>"]
+            if text in self.format.response_start + self.format.response_end
+        ]
+
+    def _special_tokens(self) -> list[str]:
+        added = self.tokenizer.backend.get_added_tokens_decoder().values()
+        return [token.content for token in added if token.content]
+
+
+def _answer(tool: Tool, argument: str) -> tuple[str, bool]:
+    """(response, error) of one run of a tool; anything it raises is an error observation."""
+    try:
+        return str(tool.run(argument)), False
+    except ToolError as error:
+        return f"error: {error}", True
+    except Exception as error:  # a user's tool failing: the completion sees why, the run goes on
+        return f"error: {type(error).__name__}: {error}"[:200], True
+
+
+def _cut(response: str) -> str:
+    """A response of at most MAX_RESPONSE_CHARS characters, marked where it was cut."""
+    return response if len(response) <= MAX_RESPONSE_CHARS else response[:MAX_RESPONSE_CHARS] + TRUNCATED
+
+
+def _read_json_call(text: str) -> tuple[str, object]:
+    """(name, arguments) of a JSON call {"name": ..., "arguments": {...}}."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise ToolError('a call is a JSON object {"name": ..., "arguments": {...}}') from None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ToolError('a call is a JSON object {"name": ..., "arguments": {...}}')
+    return value["name"], value.get("arguments", {})
+
+
+def check_tools(names: list[str], tool_format: str | ToolFormat, max_tool_calls: int) -> None:
+    """Tool settings as GRPOConfig and the examples take them; a ValueError names what is wrong."""
+    unknown = [name for name in names if name not in TOOLS]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered: {', '.join(TOOLS)}")
+    if not isinstance(tool_format, ToolFormat) and tool_format not in FORMATS:
+        raise ValueError(f"tool_format must be one of {', '.join(FORMATS)}, got {tool_format!r}")
+    if not isinstance(max_tool_calls, int) or isinstance(max_tool_calls, bool) or max_tool_calls < 0:
+        raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")
+    single = (tool_format if isinstance(tool_format, ToolFormat) else FORMATS[tool_format]).tool
+    if single is not None and names and names != [single]:
+        shown = tool_format if isinstance(tool_format, str) else tool_format.call_start
+        raise ValueError(f"tool_format {shown} calls the {single} alone; got tools {', '.join(names)}")
+
+
+# --- metrics --------------------------------------------------------------------------------------
+def tool_stats(rollouts, names: list[str]) -> dict[str, float]:
+    """The logger's tool stats over a step's rollouts, overall and per tool: calls per completion, the
+    share of calls answered with an error, the share of completions ended by the call limit, and the
+    seconds the calls took (summed: they overlap with decoding and with each other)."""
+    calls = [call for r in rollouts for call in r.tool_calls]
+    count = max(len(rollouts), 1)
+    stats = {
+        "tools/calls_per_completion": len(calls) / count,
+        "tools/error_frac": sum(c.error for c in calls) / max(len(calls), 1),
+        "tools/limit_frac": sum(r.finish_reason == "tool_limit" for r in rollouts) / count,
+        "tools/seconds": sum(c.seconds for c in calls),
+    }
+    for name in names:
+        mine = [c for c in calls if c.tool == name]
+        stats[f"tools/{name}/calls_per_completion"] = len(mine) / count
+        stats[f"tools/{name}/error_frac"] = sum(c.error for c in mine) / max(len(mine), 1)
+        stats[f"tools/{name}/seconds"] = sum(c.seconds for c in mine)
+    return stats
