@@ -19,8 +19,10 @@ class Rollout:
     """One sampled completion and everything the update needs to know about it."""
 
     prompt_ids: list[int]  # the prompt it continues
-    completion_ids: list[int]  # sampled tokens, EOS included when one was emitted
-    finish_reason: str  # "stop" (EOS) or "length" (cut at max_completion_length)
+    completion_ids: list[int]  # sampled tokens, EOS included when one was emitted, and tools' observations
+    finish_reason: str  # "stop" (EOS), "length" (cut at max_completion_length), "tool_limit"
+    generated: list[bool] | None = None  # per completion token: the policy's (True) or a tool's; None: all
+    tool_calls: list = field(default_factory=list)  # the tools.ToolCall of each call it made, in order
     text: str = ""  # the completion decoded (stage 2): what the rewards read
     rewards: dict[str, float] = field(default_factory=dict)  # each reward component, unweighted
     reward: float = 0.0  # the weighted total
@@ -35,6 +37,13 @@ class Rollout:
     old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it (num_iterations > 1)
     ref_logprobs: torch.Tensor | None = None  # (Tc,) under the reference model (beta > 0)
 
+    @property
+    def loss_tokens(self) -> int:
+        """Tokens the loss sees: the policy's own, none when it is left out; never an observation."""
+        if not self.in_loss:
+            return 0
+        return len(self.completion_ids) if self.generated is None else sum(self.generated)
+
 
 @dataclass
 class Batch:
@@ -43,7 +52,7 @@ class Batch:
     input_ids: torch.Tensor  # (B, Lp + Tc)
     attention_mask: torch.Tensor  # (B, Lp + Tc) 1 for real tokens
     completion_start: int  # Lp: the column of each completion's first token
-    completion_mask: torch.Tensor  # (B, Tc) 1 for tokens that count in the loss: up to and including EOS
+    completion_mask: torch.Tensor  # (B, Tc) 1 for tokens in the loss: the policy's, up to and with EOS
     advantages: torch.Tensor  # (B, Tc) each token's advantage: its rollout's, or its own (process)
     sampler_logprobs: torch.Tensor | None  # (B, Tc) or None
     old_logprobs: torch.Tensor | None  # (B, Tc) or None
@@ -65,6 +74,8 @@ def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
         ids[row, prompt_width:end] = torch.tensor(r.completion_ids, dtype=torch.long)
         attention[row, start:end] = 1
         loss_mask[row, : len(r.completion_ids)] = float(r.in_loss)
+        if r.generated is not None:  # observation tokens are context, not the policy's actions
+            loss_mask[row, : len(r.completion_ids)] *= torch.tensor(r.generated, dtype=torch.float32)
     return Batch(
         input_ids=ids.to(device),
         attention_mask=attention.to(device),

@@ -101,11 +101,10 @@ class Samples:
     tokens: list[list[int]]  # completion ids per sample, EOS included when emitted
     logprobs: list[list[float]]  # per completion token: log softmax(logits / temperature), T = 1 when greedy;
     # 0 for observation tokens, which were not drawn
-    finish_reasons: list[
-        str
-    ]  # "stop" (EOS), "length" (max_new_tokens reached), "tool_limit" (one call too many)
+    finish_reasons: list[str]  # "stop" (EOS), "length" (max_new_tokens reached), "tool_limit"
     prompt_indices: list[int]  # the prompt each sample continues
     generated: list[list[bool]] | None = None  # per completion token: sampled (True) or a tool's observation
+    tool_calls: list[list] | None = None  # per completion, its calls as the caller's tool runner has them
     prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
     decode_seconds: float = 0.0  # every decode step, sampling included
     decode_steps: int = 0  # model calls after the first prefill

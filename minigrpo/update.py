@@ -93,7 +93,7 @@ class Updater:
         if not rollouts:
             return {"skipped": 1.0, "update/no_groups": 1.0}
         # The step's totals, for exact shares of the loss on every rank and in every micro-batch.
-        tokens = sum(len(r.completion_ids) for r in rollouts if r.in_loss)
+        tokens = sum(r.loss_tokens for r in rollouts)
         totals = {"sequences": len(rollouts), "tokens": tokens}
         G = self.grpo.num_generations
         groups = self.dist.block(len(rollouts) // G)

@@ -10,6 +10,9 @@ from helpers import fixed_logits_model, tiny_model
 from reference_sampler import naive_generate_with_tools
 
 import minigrpo
+from minigrpo.loss import grpo_loss
+from minigrpo.rollout import Rollout, collate
+from minigrpo.token_logprobs import token_logprobs
 
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
 GREEDY_MARKER = 15  # common in this model's greedy completions
@@ -151,3 +154,47 @@ def test_a_thousand_calls_in_one_completion(model):
     samples = minigrpo.generate(always, [[1]], tools=hook, max_new_tokens=2000, temperature=0)
     assert len(hook.calls) == 1000 and samples.finish_reasons == ["tool_limit"]
     assert len(samples.tokens[0]) == 1001 and all(samples.generated[0])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "cispo"])
+def test_observation_tokens_get_no_gradient_and_no_share_of_the_loss(loss_type):
+    """Observation tokens are context: the loss's gradient on their log-probs is exactly 0, whatever
+    their advantages, old, reference or sampler log-probs, while every token the policy wrote gets one;
+    the entropy, KL and sampler-mismatch stats average over the policy's tokens only."""
+    model = tiny_model(seed=1).double()
+    generated = [[True, False, False, True, True], [True, True, False, True, False, False, True]]
+    rollouts = [
+        Rollout([5, 9, 2], [11, 12, 13, 14, 15], "stop", generated=generated[0], advantage=1.0),
+        Rollout([7, 3], [21, 22, 23, 24, 25, 26, 27], "stop", generated=generated[1], advantage=-0.5),
+    ]
+    batch = collate(rollouts, 0, "cpu")
+    mine = torch.zeros_like(batch.completion_mask, dtype=torch.bool)  # (B, Tc)
+    for row, flags in enumerate(generated):
+        mine[row, : len(flags)] = torch.tensor(flags)
+    assert torch.equal(batch.completion_mask.bool(), mine)
+    logprobs, entropies = token_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.completion_start, 1.0
+    )
+    logprobs = logprobs.detach().requires_grad_()
+    old = logprobs.detach() - 0.1
+    noise = torch.randn(logprobs.shape, dtype=torch.float64) * (~mine)  # (B, Tc): only on observations
+    losses = []
+    for shift in (0.0, 1.0):  # values on observation tokens must not matter
+        loss, stats = grpo_loss(
+            logprobs,
+            old + shift * noise,
+            batch.advantages + shift * noise,
+            batch.completion_mask,
+            ref_logprobs=old + shift * noise,
+            beta=0.1,
+            loss_type=loss_type,
+            sampler_logprobs=old + shift * noise,
+            sampler_correction="token_truncate",
+            entropies=entropies.detach() + shift * noise,
+        )
+        (gradient,) = torch.autograd.grad(loss, logprobs)
+        assert torch.all(gradient[~mine] == 0) and torch.all(gradient[mine] != 0)
+        losses.append((float(loss.detach()), stats))
+    assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-12)
+    assert losses[0][1] == pytest.approx(losses[1][1], rel=1e-12)
+    assert rollouts[0].loss_tokens == 3 and rollouts[1].loss_tokens == 4

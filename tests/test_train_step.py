@@ -48,8 +48,11 @@ class FixedSampler:
     of their reward, then random tokens, no EOS inside; the same whatever the model. It records what
     it handed out, in order: (prompt ids, completion ids, reward, truncated)."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, observations: bool = False):
         self.trainer, self.rollouts = trainer, []
+        # with observations, tokens 1 and 2 of a completion of 4 tokens or more stand for a tool's
+        # observation (Samples.generated False there): context for the forward pass, not in the loss
+        self.observations, self.generated = observations, []
 
     def __call__(self, indices, round_):
         tokenizer = self.trainer.tokenizer
@@ -69,11 +72,14 @@ class FixedSampler:
                 tokens.append(ids)
                 reasons.append("length" if truncated else "stop")
                 self.rollouts.append((prompt, ids, reward, truncated))
+                observed = {1, 2} if self.observations and length >= 4 else set()
+                self.generated.append([t not in observed for t in range(length)])
         return Samples(
             tokens=tokens,
             logprobs=[[0.0] * len(t) for t in tokens],
             finish_reasons=reasons,
             prompt_indices=[p for p in range(len(indices)) for _ in range(G)],
+            generated=self.generated[-len(tokens) :],
         )
 
 
@@ -92,7 +98,7 @@ def tokenizer(tmp_path_factory):
     return tiny_tokenizer(str(tmp_path_factory.mktemp("tokenizer")))
 
 
-def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, **train):
+def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, observations: bool = False, **train):
     model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64).double()
     settings = dict(
         output_dir=str(tmp_path / "run"),
@@ -109,7 +115,7 @@ def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, **train):
         grpo,
         TrainConfig(**{**settings, **train}),
     )
-    sampler = FixedSampler(trainer)
+    sampler = FixedSampler(trainer, observations)
     trainer._sample = sampler  # the seam: stage 1 only; stages 2-4 run as in training
     return trainer, sampler
 
@@ -166,10 +172,13 @@ def loss_by_hand(logprobs, old, reference, advantages, masks, grpo: GRPOConfig):
     return total / tokens
 
 
-def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: float, advantages=None) -> dict:
+def step_by_hand(
+    model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: float, advantages=None, generated=None
+) -> dict:
     """num_iterations AdamW steps of `model` on `rollouts`; the gradient norms, losses and advantages
     (stored in fp32, as a rollout batch holds them). `advantages`: one tensor of per-token advantages
-    per rollout (process supervision) instead of the group-relative ones of the rewards."""
+    per rollout (process supervision) instead of the group-relative ones of the rewards. `generated`:
+    per rollout, which tokens the policy wrote; the others (a tool's observation) have no loss."""
     prompts, completions, rewards, truncated = zip(*rollouts)
     if advantages is None:
         advantages = torch.tensor(
@@ -179,6 +188,8 @@ def step_by_hand(model, rollouts, grpo: GRPOConfig, config: TrainConfig, lr: flo
         torch.full((len(c),), 0.0 if cut and grpo.mask_truncated_completions else 1.0, dtype=torch.float64)
         for c, cut in zip(completions, truncated)
     ]
+    if generated is not None:
+        masks = [mask * torch.tensor(mine, dtype=torch.float64) for mask, mine in zip(masks, generated)]
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=lr,
@@ -231,7 +242,7 @@ CASES = {  # (the objective, the update's layout)
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [*CASES, "grpo-group-mu1 with tools", "dapo-batch-mu2-masked with tools"])
 def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
     """In fp64, the two ways of computing (chunked LM head, shared prompts or padded rows, micro-
     batches there; one plain forward per rollout here) agree to rounding: every weight within
@@ -240,7 +251,8 @@ def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
     (the clip) and not only on its signs. Tolerance 1e-12: 500x the rounding seen, and far below
     what the bugs this test is for do to the weights (in the first case: no clip 0.036, no weight
     decay 0.006, a flipped advantage 0.09)."""
-    objective, layout = CASES[case]
+    objective, layout = CASES[case.removesuffix(" with tools")]
+    observations = case.endswith("with tools")  # some tokens are a tool's observation: no loss there
     grpo = dataclasses.replace(
         objective, num_generations=G, max_completion_length=MAX_LEN, temperature=0.7, epsilon=0.05
     )
@@ -255,6 +267,7 @@ def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
         weight_decay=0.1,
         adam_betas=(0.8, 0.95),
         adam_epsilon=1e-4,
+        observations=observations,
         **layout,
     )
     trainer.step = 4  # as if resumed after step 4: step 5 is on the cosine, past the warm-up
@@ -262,7 +275,12 @@ def test_a_train_step_equals_the_step_by_hand(tokenizer, tmp_path, case):
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     observer = Rollouts()
     stats, _ = trainer.train_step(observer)
-    expected = step_by_hand(by_hand, sampler.rollouts, grpo, trainer.config, scheduled_lr(trainer.config, 5))
+    generated = sampler.generated if observations else None
+    lr = scheduled_lr(trainer.config, 5)
+    expected = step_by_hand(by_hand, sampler.rollouts, grpo, trainer.config, lr, generated=generated)
+    if observations:
+        assert [r.generated for r in observer.seen] == sampler.generated
+        assert any(not all(mine) for mine in sampler.generated)
 
     assert [r.advantage for r in observer.seen] == expected["advantages"]
     assert stats["lr"] == pytest.approx(scheduled_lr(trainer.config, 5), rel=1e-12)
@@ -358,8 +376,11 @@ class StepSampler:
     known here without the trainer's search. Records (prompt ids, completion ids, reward, step rewards,
     step end tokens)."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, observations: bool = False):
         self.trainer, self.rollouts = trainer, []
+        # with observations, tokens 1 and 2 of a completion of 4 tokens or more stand for a tool's
+        # observation (Samples.generated False there): context for the forward pass, not in the loss
+        self.observations, self.generated = observations, []
 
     def __call__(self, indices, round_):
         tokenizer = self.trainer.tokenizer

@@ -354,9 +354,21 @@ def test_completions_that_exactly_fill_the_context_are_accepted(checkpoint, tmp_
         )
 
 
-def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path):
+@pytest.mark.parametrize("observations", [False, True])
+def test_micro_batches_accumulate_to_the_whole_batch(checkpoint, tmp_path, observations, monkeypatch):
     """The step's gradient, not its weights: Adam's first update is about lr * sign(g), which turns
-    rounding-level gradient differences into lr-sized weight differences."""
+    rounding-level gradient differences into lr-sized weight differences. With observations, tokens 2
+    and 3 of every completion stand for a tool's answer: context for the forward pass, out of the loss
+    and out of dapo's token count."""
+    if observations:
+        sample = Trainer._sample
+
+        def with_observations(self, indices, round_):
+            samples = sample(self, indices, round_)
+            samples.generated = [[k not in (2, 3) for k in range(len(t))] for t in samples.tokens]
+            return samples
+
+        monkeypatch.setattr(Trainer, "_sample", with_observations)
     for loss_type in ("grpo", "dapo", "dr_grpo"):
         grpo = GRPOConfig(num_generations=4, max_completion_length=12, loss_type=loss_type)
         trainers = [make_trainer(checkpoint, tmp_path, grpo=grpo, micro_batch_size=size) for size in (8, 3)]
