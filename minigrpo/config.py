@@ -25,6 +25,7 @@ from .advantages import ADVANTAGE_TYPES, SCALES, check_advantage_type, check_sca
 from .loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS, check_objective
 from .metrics import REPORT_TO, check_report_to
 from .sampler import SamplingConfig
+from .tools import FORMATS, check_tools
 
 SCHEDULES = ("constant", "cosine")
 SAMPLING_DTYPES = ("float32", "bfloat16", "float16")
@@ -36,6 +37,7 @@ CHOICES = {
     "scale_rewards": SCALES,
     "advantage_type": ADVANTAGE_TYPES,
     "process_rewards": PROCESS_REWARDS,
+    "tool_format": tuple(FORMATS),
     "sampling_dtype": SAMPLING_DTYPES,
     "sampler_correction": SAMPLER_CORRECTIONS,
     "lr_schedule": SCHEDULES,
@@ -64,6 +66,9 @@ class GRPOConfig:
     advantage_type: str = "outcome"  # outcome | process | outcome+process (DeepSeekMath 4.1.3, advantages.py)
     process_rewards: str = "steps"  # step rewards: steps (arithmetic checker) | monte_carlo (Math-Shepherd)
     process_samples: int = 4  # monte_carlo: continuations sampled per step prefix (its N)
+    tools: str = "none"  # tools a completion may call, comma-separated: calculator, python, ...; none: none
+    tool_format: str = "calc"  # calc (<calc>2+3</calc> answered <out>5</out>) | qwen3 (<tool_call> JSON)
+    max_tool_calls: int = 4  # calls per completion; one more ends it, finish reason tool_limit
     num_iterations: int = 1  # mu: passes over each batch of rollouts; 1 is on-policy (ratio exactly 1)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length get no loss (DAPO)
     dynamic_sampling: bool = False  # DAPO: sample more until the batch's groups all have reward variance
@@ -108,6 +113,7 @@ class GRPOConfig:
             isinstance(self.process_samples, int) and self.process_samples >= 1,
             f"process_samples must be a positive integer, got {self.process_samples!r}",
         )
+        check_tools(self.tool_names, self.tool_format, self.max_tool_calls)
         _require(
             isinstance(self.num_iterations, int) and self.num_iterations >= 1,
             f"num_iterations must be a positive integer, got {self.num_iterations!r}",
@@ -119,6 +125,12 @@ class GRPOConfig:
             0 <= self.overlong_buffer < self.max_completion_length,
             f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}",
         )
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The tools a completion may call ([] for none)."""
+        names = [name.strip() for name in self.tools.split(",") if name.strip()]
+        return [] if names == ["none"] else names
 
     def sampling_config(self) -> SamplingConfig:
         """The sampler's settings for this run's rollouts (per call, generate adds eos_token_ids and seed)."""

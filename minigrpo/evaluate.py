@@ -5,11 +5,13 @@ In: a model, its tokenizer, problems, a prompt template and the task's rewards. 
 results and pass@1 (greedy or sampled), pass@k (the unbiased estimator of Chen et al. 2021 from
 n samples) and majority-vote@k; for completions with checkable arithmetic steps, how faithful they
 are: the share of steps that are right, and the share of right answers reached through a wrong or
-irrelevant step. It uses the batched sampler and the verifier, and trains nothing.
+irrelevant step; with tools, how many calls a completion makes. It uses the batched sampler (and a
+tools.ToolRunner) and the verifier, and trains nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from .sampler import generate
 from .tasks import Problem, to_task
 from .tasks.prompts import Template
+from .tools import ToolRunner
 from .verifier import RewardSpec, compute_rewards, extract_answer
 from .verifier.normalize import normalize
 from .verifier.steps import check_steps
@@ -30,6 +33,7 @@ class Evaluation:
     results: list[dict]  # per problem: question, answer, completions, correct flags, steps
     step_accuracy: float | None = None  # share of the completions' arithmetic steps that are right
     unfaithful_frac: float | None = None  # share of right completions with a wrong or irrelevant step
+    tool_calls_per_completion: float | None = None  # calls a completion made; None: evaluated without tools
 
     def stats(self) -> dict[str, float]:
         """The logger's held-out stats: eval/accuracy, and the faithfulness of steps where there were any."""
@@ -37,6 +41,8 @@ class Evaluation:
         if self.step_accuracy is not None:
             stats["held_out/step_accuracy"] = self.step_accuracy
             stats["held_out/unfaithful_frac"] = self.unfaithful_frac
+        if self.tool_calls_per_completion is not None:
+            stats["held_out/tool_calls_per_completion"] = self.tool_calls_per_completion
         return stats
 
 
@@ -54,8 +60,12 @@ def evaluate(
     max_batch_rows: int = 256,
     seed: int = 0,
     ks: tuple[int, ...] = (),
+    tools: list[str] = (),
+    tool_format: str = "calc",
+    max_tool_calls: int = 4,
 ) -> Evaluation:
-    """Sample `samples` completions per problem (greedy if temperature is 0) and score them.
+    """Sample `samples` completions per problem (greedy if temperature is 0) and score them; with
+    `tools` (registered names), completions may call them in `tool_format`, up to max_tool_calls each.
 
     One sampler call for every problem: at most `max_batch_rows` rows decode at once (the KV cache
     holds that many), and a finished row is refilled with the next waiting one.
@@ -64,17 +74,21 @@ def evaluate(
         return summarize([], samples, ks)
     task = to_task(problems, template, rewards or [RewardSpec("accuracy")], tokenizer)
     prompts = tokenizer.encode_all([row["prompt"] for row in task.rows], "held-out prompts")
-    out = generate(
-        model,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        num_samples=samples,
-        eos_token_ids=tokenizer.eos_token_ids,
-        seed=seed,
-        max_batch_rows=max_batch_rows,
-    )
+    runner = ToolRunner(tokenizer, tool_format, list(tools), max_tool_calls) if tools else None
+    with runner or contextlib.nullcontext():
+        out = generate(
+            model,
+            prompts,
+            tools=runner,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            num_samples=samples,
+            eos_token_ids=tokenizer.eos_token_ids,
+            seed=seed,
+            max_batch_rows=max_batch_rows,
+        )
+        calls = [len(runner.calls(r)) if runner else None for r in range(len(out.tokens))]
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
     columns = task.columns(task.rows, samples)  # each row's values, once per completion
     columns["completion_tokens"] = [len(ids) for ids in out.tokens]  # for a length reward in tokens
@@ -90,6 +104,7 @@ def evaluate(
                 "correct": [s > 0.5 for s in scores[mine]],
                 # per completion, each step's (right, relevant): see verifier/steps.py
                 "steps": [_step_marks(text, p.question) for text in texts[mine]],
+                "tool_calls": calls[mine],  # per completion; None without tools
             }
         )
     return summarize(results, samples, ks)
@@ -108,7 +123,14 @@ def summarize(results: list[dict], samples: int, ks: tuple[int, ...] = ()) -> Ev
         results=results,
         step_accuracy=step_accuracy,
         unfaithful_frac=unfaithful_frac,
+        tool_calls_per_completion=_calls_per_completion(results),
     )
+
+
+def _calls_per_completion(results: list[dict]) -> float | None:
+    """Mean tool calls per completion; None when evaluated without tools."""
+    counts = [n for r in results for n in r.get("tool_calls", []) if n is not None]
+    return _mean(counts) if counts else None
 
 
 def _step_marks(completion: str, question: str) -> list[tuple[bool, bool]]:

@@ -27,6 +27,7 @@ CONSOLE = [  # (key, label, format) of the console line, in order; missing keys 
     ("held_out/unfaithful_frac", "unfaithful", "{:.3f}"),
     ("groups/zero_variance_frac", "flat", "{:.2f}"),
     ("completion/length_mean", "len", "{:.0f}"),
+    ("tools/calls_per_completion", "calls", "{:.2f}"),  # with tools only
     ("loss", "loss", "{:+.4f}"),
     ("kl", "kl", "{:.4f}"),
     ("entropy", "ent", "{:.2f}"),

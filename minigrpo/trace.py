@@ -3,11 +3,13 @@
 Pass a `Trace` to `Trainer.train_step(observer=...)` (or `--trace` to examples/train_math.py).
 After stage 3 it prints the first group: the prompt, its G completions, their extracted answers,
 each reward component, each arithmetic step marked right or wrong with its step reward (whether or
-not the run trains on them), the group's mean and std and each advantage. After stage 4 it prints, for
+not the run trains on them), each tool call with its response (the observation, not trained), the
+group's mean and std and each advantage. After stage 4 it prints, for
 the tokens of each completion the update moved most, their log-probs before and after and the
 ratio, then the loss stats.
 With `html_path` it also writes that group as one self-contained page (`render_html` of
-`self.record`, plain data): every token coloured by how far the update moved its log-prob.
+`self.record`, plain data): every token coloured by how far the update moved its log-prob, a tool's
+observation tokens greyed and marked "not trained".
 It only reads: the step it watches is the step that would have run anyway. Under torchrun every
 rank computes what it shows (the log-probs need every rank when the policy is sharded), rank 0 prints.
 """
@@ -62,6 +64,7 @@ class Trace:
                     advantage=r.advantage,
                     finish_reason=r.finish_reason,
                     steps=_steps(r, prompt),
+                    calls=[_call(call) for call in r.tool_calls],
                 )
                 for r in self.group
             ],
@@ -77,6 +80,8 @@ class Trace:
                 f"({r.finish_reason}, {len(r.completion_ids)} tokens)"
             )
             w(f"     [2 verify] {rewards_text} -> total {r.reward:g}   [3 advantage] {r.advantage:+.3f}")
+            for call in self.record["completions"][i]["calls"]:
+                w(f"     [1 tool]   {_call_text(call)}")
             steps = self.record["completions"][i]["steps"]
             if steps:
                 w("     [2 steps]  " + "  ".join(_step_mark(step) for step in steps))
@@ -97,10 +102,11 @@ class Trace:
     def updated(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
         for i, (r, shown) in enumerate(zip(self.group, self.record["completions"])):
-            # (text, log p before, log p after)
+            generated = r.generated or [True] * len(r.completion_ids)
+            # (text, log p before, log p after, the policy's own: False for an observation, not trained)
             shown["tokens"] = [
-                (trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]))
-                for t, token in enumerate(r.completion_ids)
+                (trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]), mine)
+                for t, (token, mine) in enumerate(zip(r.completion_ids, generated))
             ]
         self.record["stats"] = dict(stats)
         w = self._writer(trainer)
@@ -150,7 +156,8 @@ pre, .tokens { font: 14px/1.9 ui-monospace, monospace; white-space: pre-wrap; wo
 pre { background: #f4f4f4; padding: 8px 12px; border-radius: 6px }
 .completion { border: 1px solid #ddd; border-radius: 6px; padding: 6px 12px; margin: 8px 0 }
 .tok { border-radius: 3px; outline: 1px solid #0001 } .key { color: #666 } h2 { margin: 20px 0 6px }
-.stats { columns: 3; font: 13px ui-monospace, monospace } .stats div { break-inside: avoid }"""
+.stats { columns: 3; font: 13px ui-monospace, monospace } .stats div { break-inside: avoid }
+.obs { background: #e4e4e4; color: #777 } .call { font: 13px ui-monospace, monospace; margin-left: 12px }"""
 
 
 def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
@@ -177,6 +184,20 @@ def _steps(r, prompt: str) -> list[dict]:
     return shown
 
 
+def _call(call) -> dict:
+    """A tools.ToolCall as plain data."""
+    return dict(
+        tool=call.tool, call=call.call, response=call.response, error=call.error, seconds=call.seconds
+    )
+
+
+def _call_text(call: dict) -> str:
+    """One tool call as the trace prints it."""
+    failed = " (error)" if call["error"] else ""
+    shown = f"{call['tool'] or '(no tool)'}({call['call']!r:.60}) -> {call['response']!r:.60}{failed}"
+    return shown + "  [observation: not trained]"
+
+
 def _by_step(token_advantages: torch.Tensor, step_ends: list[int]) -> str:
     """Process advantages as the trace shows them: the value on the tokens of each step (up to its last
     token), then on the tokens after the last step."""
@@ -190,10 +211,11 @@ def _step_mark(step: dict) -> str:
     return f"{step['text']} {'right' if step['correct'] else 'WRONG'} ({step['reward']:+.3g})"
 
 
-def _most_moved(tokens: list[tuple[str, float, float]]) -> list[str]:
-    """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after) whose log-prob moved most, in
-    order."""
-    moved = sorted(range(len(tokens)), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
+def _most_moved(tokens: list[tuple[str, float, float, bool]]) -> list[str]:
+    """Cells of the MAX_TOKENS_SHOWN tokens (text, log p before, after, trained) whose log-prob moved most,
+    in order; observations are not the policy's, so not among them."""
+    trained = [t for t in range(len(tokens)) if tokens[t][3]]
+    moved = sorted(trained, key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
     return [
         f"{t}:{tokens[t][0]!r} {tokens[t][1]:.2f}->{tokens[t][2]:.2f}"
         f"(x{math.exp(tokens[t][2] - tokens[t][1]):.3f})"
@@ -214,10 +236,33 @@ def _steps_html(steps: list[dict]) -> str:
     return f"<div class='steps'><span class='key'>steps</span> {marks}</div>"
 
 
+def _token_html(text: str, before: float, after: float, mine: bool, scale: float) -> str:
+    """One token: coloured by its change, or greyed when it is a tool's observation (not trained)."""
+    if not mine:
+        return f"<span class='tok obs' title='tool observation: not trained'>{html.escape(text)}</span>"
+    return (
+        f"<span class='tok' style='background:{_colour(after - before, scale)}' "
+        f"title='log p {before:.6f} → {after:.6f} (Δ {after - before:+.3g})'>{html.escape(text)}</span>"
+    )
+
+
+def _calls_html(calls: list[dict]) -> str:
+    """A completion's tool calls, each with its response."""
+    if not calls:
+        return ""
+    rows = "".join(
+        f"<div class='call'>{html.escape(c['tool'])}({html.escape(c['call'])}) → "
+        f"{html.escape(c['response'])}{' <b>error</b>' if c['error'] else ''} "
+        f"<span class='key'>{c['seconds'] * 1e3:.1f} ms, observation not trained</span></div>"
+        for c in calls
+    )
+    return f"<div class='calls'><span class='key'>tool calls</span>{rows}</div>"
+
+
 def render_html(record: dict) -> str:
     """Trace.record as one page: inline CSS, no script, no URL; each token's numbers in its title."""
     e, step, completions = html.escape, record["step"], record["completions"]
-    scale = max((abs(a - b) for c in completions for _, b, a in c["tokens"]), default=0.0)
+    scale = max((abs(a - b) for c in completions for _, b, a, mine in c["tokens"] if mine), default=0.0)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",
         f"<style>{CSS}</style></head><body><h1>Step {step}: one group's journey</h1>",
@@ -229,16 +274,14 @@ def render_html(record: dict) -> str:
         f"<span style='background:{_colour(1, 1)}'>up</span>, "
         f"<span style='background:{_colour(-1, 1)}'>down</span>, "
         f"shaded on a log scale from |Δ| = {scale / 1000:.2g} "
-        f"to {scale:.2g}; hover over a token for its numbers.</p>",
+        f"to {scale:.2g}; hover over a token for its numbers. "
+        "<span class='tok obs'>Grey</span> tokens are a tool's observation: context, not trained.</p>",
     ]
     for i, c in enumerate(completions):
         rewards = ", ".join(f"{k} {v:g}" for k, v in c["rewards"].items())
-        before, after = sum(b for _, b, _ in c["tokens"]), sum(a for _, _, a in c["tokens"])
-        spans = "".join(
-            f"<span class='tok' style='background:{_colour(a - b, scale)}' "
-            f"title='log p {b:.6f} → {a:.6f} (Δ {a - b:+.3g})'>{e(t)}</span>"
-            for t, b, a in c["tokens"]
-        )
+        before = sum(b for _, b, _, mine in c["tokens"] if mine)
+        after = sum(a for _, _, a, mine in c["tokens"] if mine)
+        spans = "".join(_token_html(*token, scale) for token in c["tokens"])
         parts.append(
             f"<div class='completion'><b>#{i}</b> "
             f"<span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> ({e(rewards)}) "
@@ -246,7 +289,8 @@ def render_html(record: dict) -> str:
             f"<span class='key'>answer</span> {e(repr(c['answer']))} "
             f"<span class='key'>{e(c['finish_reason'])}, "
             f"{len(c['tokens'])} tokens, log p {before:.4f} → {after:.4f}</span>"
-            f"{_steps_html(c.get('steps', []))}<div class='tokens'>{spans}</div></div>"
+            f"{_steps_html(c.get('steps', []))}{_calls_html(c.get('calls', []))}"
+            f"<div class='tokens'>{spans}</div></div>"
         )
     loss_first = sorted(record["stats"].items(), key=lambda kv: (kv[0] != "loss", kv[0]))
     stats = "".join(

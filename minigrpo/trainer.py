@@ -44,6 +44,7 @@ the completions differ with the number of ranks, since each rank seeds its own s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
@@ -60,6 +61,7 @@ from .rollout import Rollout, completion_stats
 from .sampler import Samples, check_prompts, generate
 from .step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_stats
 from .tasks import PromptStream, Task
+from .tools import ToolRunner, tool_stats
 from .update import Updater
 from .verifier import Rewards, compute_rewards
 
@@ -194,19 +196,24 @@ class Trainer:
 
     # -- 1. sample ------------------------------------------------------------------------------
     def sample(self, indices: list[int], round_: int) -> list[Rollout]:
-        """Stage 1 on this rank's prompts: G rollouts per prompt, group by group."""
+        """Stage 1 on this rank's prompts: G rollouts per prompt, group by group, each with the tool
+        calls it made."""
         samples = self._sample(indices, round_)
         expected = len(indices) * self.grpo.num_generations
         assert len(samples.tokens) == expected, f"{len(samples.tokens)} completions, {expected} expected"
+        generated = samples.generated or [None] * expected
+        calls = samples.tool_calls or [[] for _ in range(expected)]
         rollouts = []
-        for tokens, logprobs, reason, p in zip(
-            samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices
+        for i, (tokens, logprobs, reason, p) in enumerate(
+            zip(samples.tokens, samples.logprobs, samples.finish_reasons, samples.prompt_indices)
         ):
             rollouts.append(
                 Rollout(
                     prompt_ids=self.prompt_ids[indices[p]],
                     completion_ids=tokens,
                     finish_reason=reason,
+                    generated=generated[i],
+                    tool_calls=calls[i],
                     in_loss=not (self.grpo.mask_truncated_completions and reason == "length"),
                     sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
                 )
@@ -214,8 +221,8 @@ class Trainer:
         return rollouts
 
     def _sample(self, indices: list[int], round_: int) -> Samples:
-        """Stage 1 on this rank's prompts. Its seed depends on the rank: completions depend on how the
-        prompts are cut across ranks (everything after sampling does not)."""
+        """Stage 1 on this rank's prompts, with each completion's tool calls. Its seed depends on the rank:
+        completions depend on how the prompts are cut across ranks (everything after sampling does not)."""
         rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
         seed = random.Random(f"{self.config.seed}-{self.step}-{round_}{rank}").getrandbits(62)
         self.model.eval()
@@ -223,13 +230,27 @@ class Trainer:
             if not indices:  # dynamic sampling may leave a rank nothing to sample this round
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
             prompts = [self.prompt_ids[i] for i in indices]
-            return generate(
-                self._sampling_model(),
-                prompts,
-                self.grpo.sampling_config(),
-                eos_token_ids=self.eos_ids,
-                seed=seed,
-            )
+            with self.tool_runner() as tools:
+                samples = generate(
+                    self._sampling_model(),
+                    prompts,
+                    self.grpo.sampling_config(),
+                    tools=tools,
+                    eos_token_ids=self.eos_ids,
+                    seed=seed,
+                )
+                if tools is not None:
+                    samples.tool_calls = [tools.calls(r) for r in range(len(samples.tokens))]
+            return samples
+
+    def tool_runner(self):
+        """A fresh ToolRunner for one sampling call (its requests are that call's rows), or a context of
+        None when the run calls no tools."""
+        if not self.grpo.tool_names:
+            return contextlib.nullcontext()
+        return ToolRunner(
+            self.tokenizer, self.grpo.tool_format, self.grpo.tool_names, self.grpo.max_tool_calls
+        )
 
     def _sampling_model(self):
         """The policy, or its sampling_dtype copy with the policy's current weights (cast as copied)."""
@@ -339,6 +360,8 @@ class Trainer:
         stats = reward_stats(batch.sampled)
         if self.grpo.advantage_type != "outcome":
             stats.update(step_stats(batch.sampled))
+        if self.grpo.tool_names:
+            stats.update(tool_stats(batch.sampled, self.grpo.tool_names))
         stats.update(self._sampling_stats(batch, clock))
         stats.update(update)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]

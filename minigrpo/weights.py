@@ -243,6 +243,20 @@ def _open_safetensors(path: str):
         ) from None
 
 
+def read_task(directory: str) -> dict:
+    """The task a local checkpoint was made for, {} if it names none: tokenizer_config.json's
+    "minigrpo_task" (option names of the example scripts to their values, e.g. data, template,
+    tools). It travels with the tokenizer's config, so every checkpoint saved from the model keeps it.
+    A Hub id or a directory without the file gives {}; a malformed entry is a CheckpointError."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    task = _read_json(path, "the tokenizer's settings").get("minigrpo_task", {})
+    if not isinstance(task, dict):
+        raise CheckpointError(f"{path}: minigrpo_task must map option names to values, got {task!r:.80}")
+    return task
+
+
 def _read_json(path: str, holding: str) -> dict:
     try:
         return read_json_object(path, holding)

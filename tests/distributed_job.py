@@ -17,6 +17,7 @@ import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
 from minigrpo.run import build_trainer
 from minigrpo.sampler import Samples
+from minigrpo.tools import ToolCall
 from minigrpo.trainer import Trainer
 from minigrpo.verifier import register_reward
 
@@ -31,19 +32,24 @@ def _length(completions, **_):
 
 def fixed_sample(self, indices, round_):
     """G completions per prompt from (prompt, sample, step) alone; every third prompt's G are
-    identical, so its group has no signal (dynamic sampling replaces it)."""
+    identical, so its group has no signal (dynamic sampling replaces it). With tools, a completion of
+    4 tokens or more made one call, answered by its tokens 1 and 2: an observation, not generated."""
     G, tokens = self.grpo.num_generations, []
     for i in indices:
         for j in range(G):
             rng = random.Random(f"{i}-{0 if i % 3 == 0 else j}-{self.step}")
             length = rng.randint(2, self.grpo.max_completion_length)
             tokens.append([rng.randrange(self.model.config.vocab_size) for _ in range(length)])
-    return Samples(
+    samples = Samples(
         tokens=tokens,
         logprobs=[[0.0] * len(t) for t in tokens],
         finish_reasons=["length"] * len(tokens),
         prompt_indices=[p for p in range(len(indices)) for _ in range(G)],
     )
+    if self.grpo.tool_names:
+        samples.generated = [[k not in (1, 2) or len(t) < 4 for k in range(len(t))] for t in tokens]
+        samples.tool_calls = [[ToolCall("calculator", "1+1", "2")] * (len(t) >= 4) for t in tokens]
+    return samples
 
 
 GRADIENTS = []  # one {parameter name: whole gradient} per AdamW step of the run in progress

@@ -1,8 +1,8 @@
 """Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
 process and two take the same gradients and train to the same weights (DDP and FSDP2; grpo, dapo
-with global statistics, outcome+process advantages, dynamic sampling with uneven ranks), resume
-under two ranks is exact, examples/train_math.py runs unchanged with --fsdp, and wrong set-ups fail
-with one clear line.
+with global statistics, outcome+process advantages, dynamic sampling with uneven ranks, tool
+observations), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
+and wrong set-ups fail with one clear line.
 Every job imports minigrpo from this checkout, whatever else is installed."""
 
 import json
@@ -58,6 +58,11 @@ OBJECTIVES = {
             max_sampling_rounds=2,
         ),
         dict(batch_size=24, micro_batch_size=3, max_steps=3),
+    ),
+    # Tool calls: each completion's observation tokens (distributed_job.py) are context, not loss.
+    "tools": (
+        dict(num_generations=4, max_completion_length=10, loss_type="dapo", tools="calculator"),
+        dict(batch_size=16, micro_batch_size=3),
     ),
 }
 

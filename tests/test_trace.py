@@ -165,12 +165,19 @@ def test_the_page_is_self_contained(traced):
 def test_the_console_shows_the_tokens_the_update_moved_most_in_their_order():
     from minigrpo.trace import MAX_TOKENS_SHOWN, _most_moved
 
-    # (text, log p before, after): token t moves by t / 100, except the three planted large moves
-    tokens = [(f"t{t}", -1.0, -1.0 + t / 100) for t in range(20)]
-    tokens[2], tokens[5], tokens[11] = ("a", -2.0, -1.0), ("b", -1.0, -3.0), ("c", -0.5, -0.4)
+    # (text, log p before, after, trained): token t moves by t / 100, except the three planted large moves;
+    # token 7 is a tool's observation, which moved most but is never the policy's to show
+    tokens = [(f"t{t}", -1.0, -1.0 + t / 100, True) for t in range(20)]
+    tokens[2], tokens[5], tokens[11] = (
+        ("a", -2.0, -1.0, True),
+        ("b", -1.0, -3.0, True),
+        ("c", -0.5, -0.4, True),
+    )
+    tokens[7] = ("obs", -9.0, -1.0, False)
     cells = _most_moved(tokens)
     positions = [int(cell.split(":")[0]) for cell in cells]
-    largest = sorted(range(20), key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
+    trained = [t for t in range(20) if t != 7]
+    largest = sorted(trained, key=lambda t: -abs(tokens[t][2] - tokens[t][1]))[:MAX_TOKENS_SHOWN]
     assert len(cells) == MAX_TOKENS_SHOWN and positions == sorted(largest) and {2, 5, 19} <= set(positions)
     assert cells[positions.index(5)] == "5:'b' -1.00->-3.00(x0.135)"  # exp(-2)
     # fewer than the table holds: all
@@ -197,7 +204,7 @@ def test_the_page_marks_each_step_right_or_wrong_with_its_step_reward():
         advantage=-0.5,
         finish_reason="stop",
         steps=steps,
-        tokens=[("6", -1.0, -1.1)],
+        tokens=[("6", -1.0, -1.1, True)],
     )
     record = {
         "step": 1,
