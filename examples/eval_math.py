@@ -1,13 +1,18 @@
 """Evaluate a checkpoint on math problems: greedy pass@1, or pass@k and majority vote from n samples.
 
     python examples/eval_math.py --data arithmetic --num_samples 1          # greedy, tiny model
+    python examples/eval_math.py --model models/minigrpo-tiny-calc --tools none   # its calculator off
     python examples/eval_math.py --model Qwen/Qwen3-0.6B --template chat --data test.jsonl --k 1,4,8 \\
         --output results.jsonl
 
 --data is a synthetic kind (arithmetic, fractions, linear, countdown) or a GSM8K/MATH JSONL file
 (local or hf://datasets/...). Countdown is scored by the countdown reward, everything else by the
-accuracy reward. Prints one summary line and writes one JSON row per problem to --output (question,
-answer, completions, correct).
+accuracy reward. Writes one JSON row per problem to --output (question, answer, completions, correct,
+tool calls) and prints one summary line last, pass@1 first. A checkpoint that records its task
+(tokenizer_config.json's "minigrpo_task", as models/minigrpo-tiny-calc and its checkpoints do)
+supplies the defaults of --data, --difficulty, --template, --tools, --tool_format and --max_new_tokens.
+--tools calculator (or python, or a list) lets completions call tools; --tools none evaluates without,
+to show how much a model leans on them.
 """
 
 import argparse
@@ -21,6 +26,7 @@ from minigrpo.tasks import sources_of
 from minigrpo.tasks.datasets import load_problems
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.verifier import RewardSpec
+from minigrpo.weights import read_task
 
 # The embedded default, found from this file: the default run works offline from any directory.
 EMBEDDED_MODEL = os.path.normpath(
@@ -33,7 +39,8 @@ parser.add_argument(
     help="checkpoint directory or Hub repo id (default: the embedded models/minigrpo-tiny-arith)",
 )
 parser.add_argument(
-    "--data", required=True, help="synthetic kind, JSONL file or hf://datasets/<owner>/<name>/<file>"
+    "--data",
+    help="synthetic kind, JSONL file or hf://datasets/<owner>/<name>/<file> (default: the model's task)",
 )
 parser.add_argument("--split", default="test", choices=["train", "test"], help="synthetic kinds only")
 parser.add_argument(
@@ -51,17 +58,41 @@ parser.add_argument("--max_new_tokens", type=int, help="default: 512, or what th
 parser.add_argument(
     "--max_batch_rows", type=int, default=256, help="completions decoding at once (bounds the KV cache)"
 )
+parser.add_argument(
+    "--tools", default="none", help="tools completions may call, comma-separated; none: no calls"
+)
+parser.add_argument("--tool_format", default="calc", help="calc (<calc>...</calc>) or qwen3 (<tool_call>)")
+parser.add_argument("--max_tool_calls", type=int, default=4, help="calls per completion; one more ends it")
 parser.add_argument("--output", default="runs/eval_math/results.jsonl", help="per-problem results, as JSONL")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--device", default="cpu")
 parser.add_argument(
     "--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU, bfloat16 on GPU"
 )
-args = parser.parse_args()
 
 
 def fail(message):
     sys.exit(f"eval_math.py: {message}")
+
+
+def task_defaults() -> dict:
+    """This script's defaults from the model's recorded task (minigrpo.weights.read_task)."""
+    try:
+        task = read_task(parser.parse_args().model)
+    except ValueError as error:
+        fail(error)
+    names = {"data", "difficulty", "template", "tools", "tool_format"}
+    defaults = {key: value for key, value in task.items() if key in names}
+    if "max_completion_length" in task:
+        defaults["max_new_tokens"] = task["max_completion_length"]
+    return defaults
+
+
+parser.set_defaults(**task_defaults())
+args = parser.parse_args()
+if args.data is None:
+    fail("--data is required: a synthetic kind, a JSONL file or hf://datasets/... (this model names no task)")
+tools = [name.strip() for name in args.tools.split(",") if name.strip() not in ("", "none")]
 
 
 def check_output(path: str) -> None:
@@ -150,12 +181,24 @@ try:
         max_batch_rows=args.max_batch_rows,
         seed=args.seed,
         ks=tuple(ks),
+        tools=tools,
+        tool_format=args.tool_format,
+        max_tool_calls=args.max_tool_calls,
     )
 except ValueError as error:  # a prompt longer than the context, a chat template without a chat tokenizer
     fail(error)
 seconds = time.perf_counter() - start
 
-# 4. report
+# 4. report: the per-problem rows, then the summary line, last
+if args.output:
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w", encoding="utf-8") as f:
+            for row in result.results:
+                f.write(json.dumps(row) + "\n")
+    except OSError as error:
+        fail(f"cannot write {args.output}: {error}")
+    print(f"per-problem results -> {args.output}")
 if greedy:
     scores = f"pass@1 (greedy) {result.pass_at_1:.3f}"
 else:
@@ -166,17 +209,10 @@ else:
     )
 if result.step_accuracy is not None:  # completions with arithmetic steps: how faithful they are
     scores += f"  steps right {result.step_accuracy:.3f}  unfaithful {result.unfaithful_frac:.3f}"
+if result.tool_calls_per_completion is not None:
+    scores += f"  tool calls per completion {result.tool_calls_per_completion:.2f} ({', '.join(tools)})"
 print(
     f"{args.data} ({len(problems)} problems, {samples} sample{'s' * (samples > 1)} each, "
     f"temperature {temperature}): "
     f"{scores}  [{seconds:.1f} s]"
 )
-if args.output:
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            for row in result.results:
-                f.write(json.dumps(row) + "\n")
-    except OSError as error:
-        fail(f"cannot write {args.output}: {error}")
-    print(f"per-problem results -> {args.output}")

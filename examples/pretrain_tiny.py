@@ -1,18 +1,27 @@
-"""Make the embedded default: a tiny Qwen3 that half knows multi-step arithmetic.
+"""Make the embedded defaults: tiny Qwen3s that half know multi-step arithmetic, with or without a calculator.
 
     python examples/pretrain_tiny.py                      # writes models/minigrpo-tiny-arith
+    python examples/pretrain_tiny.py --kind calc          # writes models/minigrpo-tiny-calc
 
 Supervised warm-up on generated worked solutions ("23*6=138;47+138=185;####185"), stopped early
 on purpose: GRPO needs a start that is right sometimes (20-50% greedy on held-out problems) and
 right more often among several samples (pass@8 well above pass@1). The tokenizer is a small BPE
 trained here with `tokenizers` (digits split one by one); the model and tokenizer are saved in
 Hugging Face layout and load with `minigrpo.load_pretrained` like any Qwen3 checkpoint.
+
+--kind calc: the problems are 3-digit by 2-digit products inside sums (synthetic.calc), and the worked
+solutions send about a third of their steps to the calculator (`<calc>347*56</calc><out>19432</out>`,
+the markers one token each). The loss skips the calculator's answers, which the policy never writes,
+as GRPO's does. The model starts as an unreliable tool user that mostly computes in its head; its
+directory records its task (data kind, template, tools and their format, completion length) in
+tokenizer_config.json's "minigrpo_task", which train_math.py and eval_math.py take as defaults.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -27,16 +36,41 @@ from minigrpo.tasks import synthetic
 from minigrpo.tasks.prompts import template
 from minigrpo.token_logprobs import token_logprobs
 
-# The embedded default, found from this file: the default run works offline from any directory.
-EMBEDDED_MODEL = os.path.normpath(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
-)
+# The embedded defaults, found from this file: the default runs work offline from any directory.
+MODELS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+# per kind: its directory, its warm-up's length (an upper bound, and the held-out greedy accuracy that
+# stops it earlier), and the task it records there: option values train_math.py and eval_math.py take
+# as defaults (eval_math.py those of its own options). The calc model's greedy accuracy stays near 0
+# (its greedy completions compute the product in the head), so its warm-up stops on steps alone.
+KINDS = {
+    "arithmetic": dict(directory="minigrpo-tiny-arith", max_steps=600, stop_accuracy=0.30, task=None),
+    "calc": dict(
+        directory="minigrpo-tiny-calc",
+        max_steps=200,
+        stop_accuracy=1.0,
+        task={
+            "data": "calc",
+            "difficulty": 1,
+            "template": "tiny",
+            "tools": "calculator",
+            "tool_format": "calc",
+            "max_completion_length": 64,
+            "max_steps": 100,
+        },
+    ),
+}
+CALC_MARKERS = ["<calc>", "</calc>", "<out>", "</out>"]  # tools.py's compact format, one token each
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--output", default=EMBEDDED_MODEL)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--max_steps", type=int, default=600, help="upper bound on warm-up steps")
 parser.add_argument(
-    "--stop_accuracy", type=float, default=0.30, help="stop once held-out greedy accuracy reaches this"
+    "--kind", choices=list(KINDS), default="arithmetic", help="what the model learns to solve"
+)
+parser.add_argument("--output", help="None: models/minigrpo-tiny-arith or models/minigrpo-tiny-calc")
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--max_steps", type=int, help="upper bound on warm-up steps (default: the kind's)")
+parser.add_argument(
+    "--stop_accuracy",
+    type=float,
+    help="stop once held-out greedy accuracy reaches this (default: the kind's)",
 )
 parser.add_argument("--batch_size", type=int, default=128)
 parser.add_argument("--learning_rate", type=float, default=1e-3)
@@ -58,6 +92,11 @@ def check_output(path: str) -> None:
 
 
 args = parser.parse_args()
+kind = KINDS[args.kind]
+task = kind["task"]
+args.output = args.output or os.path.join(MODELS, kind["directory"])
+args.max_steps = kind["max_steps"] if args.max_steps is None else args.max_steps
+args.stop_accuracy = kind["stop_accuracy"] if args.stop_accuracy is None else args.stop_accuracy
 check_output(args.output)
 for flag, value in (("--learning_rate", args.learning_rate), ("--stop_accuracy", args.stop_accuracy)):
     if not math.isfinite(value):  # AdamW takes an inf learning rate; a nan accuracy is never reached
@@ -68,9 +107,12 @@ EOS = "<|endoftext|>"
 TEMPLATE = template("tiny")
 
 # 1. Data: worked solutions to train on, held-out problems to decide when to stop.
-train = synthetic.generate("arithmetic", 20_000, "train", seed=args.seed)
-held_out = synthetic.generate("arithmetic", 200, "test", seed=args.seed)
+train = synthetic.generate(args.kind, 20_000, "train", seed=args.seed)
+held_out = synthetic.generate(args.kind, 200, "test", seed=args.seed)
 texts = [TEMPLATE.render(p.question) + p.solution for p in train]
+markers = CALC_MARKERS if task else []
+tools = dict(tools=["calculator"], tool_format="calc") if task else {}
+max_new_tokens = task["max_completion_length"] if task else 40
 
 # 2. Tokenizer: byte-level BPE over this text, each digit its own token.
 backend = HFTokenizer(models.BPE())
@@ -81,14 +123,21 @@ backend.pre_tokenizer = pre_tokenizers.Sequence(
     ]
 )
 backend.decoder = decoders.ByteLevel()
+# BPE learns its merges from the text between the markers: a merge across one (`</calc><out>`) would be
+# a second token spelling a marker, which the sampler would not take for one.
+pieces = (
+    [piece for text in texts for piece in re.split("|".join(map(re.escape, markers)), text)]
+    if markers
+    else texts
+)
 backend.train_from_iterator(
-    texts, trainers.BpeTrainer(vocab_size=48, special_tokens=[EOS], show_progress=False)
+    pieces, trainers.BpeTrainer(vocab_size=48, special_tokens=[EOS] + markers, show_progress=False)
 )
 staging = args.output + ".tokenizer-staging"
 os.makedirs(staging, exist_ok=True)
 backend.save(os.path.join(staging, "tokenizer.json"))
 with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": EOS, "pad_token": EOS}, f)
+    json.dump({"eos_token": EOS, "pad_token": EOS, **({"minigrpo_task": task} if task else {})}, f)
 with open(os.path.join(staging, "generation_config.json"), "w") as f:
     json.dump({"eos_token_id": [backend.token_to_id(EOS)], "pad_token_id": backend.token_to_id(EOS)}, f)
 tokenizer = minigrpo.Tokenizer.from_directory(staging)
@@ -111,10 +160,20 @@ model = minigrpo.Qwen3(config)
 print(
     f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, vocabulary {tokenizer.vocab_size}"
 )
-examples = [
-    Rollout(tokenizer.encode(TEMPLATE.render(p.question)), tokenizer.encode(p.solution) + [eos], 0, "stop")
-    for p in train
-]
+
+
+def example(problem) -> Rollout:
+    """A worked solution to learn from; the calculator's answers (<out>...</out>) are not the model's."""
+    ids = tokenizer.encode(problem.solution) + [eos]
+    generated, inside = [], False
+    for token in ids:
+        inside |= token == tokenizer.token_to_id("<out>")
+        generated.append(not inside)
+        inside &= token != tokenizer.token_to_id("</out>")
+    return Rollout(tokenizer.encode(TEMPLATE.render(problem.question)), ids, "stop", generated=generated)
+
+
+examples = [example(p) for p in train]
 
 # 4. Warm-up: cross-entropy on the solution tokens only, until held-out accuracy reaches the mark.
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
@@ -134,7 +193,9 @@ for step in range(1, args.max_steps + 1):
     optimizer.step()
     if step % args.eval_every == 0:
         model.eval()
-        accuracy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=40).pass_at_1
+        accuracy = evaluate(
+            model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens, **tools
+        ).pass_at_1
         print(
             f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} "
             f"({time.time() - started:.0f} s)"
@@ -145,22 +206,42 @@ for step in range(1, args.max_steps + 1):
 # 5. Where it starts from, and the checkpoint.
 model.eval()
 sampled = evaluate(
-    model, tokenizer, held_out, TEMPLATE, samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8)
+    model,
+    tokenizer,
+    held_out,
+    TEMPLATE,
+    samples=8,
+    temperature=1.0,
+    max_new_tokens=max_new_tokens,
+    ks=(1, 8),
+    **tools,
 )
+greedy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens, **tools)
 print(
     f"stopped at step {step}: greedy {accuracy:.3f}, "
     f"sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}"
 )
+with_tools = {}
+if task:  # how much it leans on the calculator: calls per completion, and accuracy with the tool off
+    without = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens).pass_at_1
+    with_tools = {
+        "tool_calls_per_completion": greedy.tool_calls_per_completion,
+        "greedy_accuracy_tools_off": without,
+    }
+    calls = greedy.tool_calls_per_completion
+    print(f"greedy: {calls:.2f} calculator calls per completion; with the calculator off {without:.3f}")
 minigrpo.save_pretrained(model, tokenizer, args.output)
 with open(os.path.join(args.output, "pretrain.json"), "w") as f:
     json.dump(
         {
             "command": "python examples/pretrain_tiny.py "
-            + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "output")
+            + f" --output {os.path.relpath(args.output)}",
             "steps": step,
             "greedy_accuracy": accuracy,
             "sampled_pass_at_1": sampled.pass_at_1,
             "pass_at_8": sampled.pass_at_k[8],
+            **with_tools,
             "seconds": round(time.time() - started),
         },
         f,

@@ -36,7 +36,7 @@ from minigrpo.tasks import load_problems, sources_of, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
 from minigrpo.update import NonFiniteWeights
-from minigrpo.weights import resolve_checkpoint
+from minigrpo.weights import read_task, resolve_checkpoint
 
 # The embedded default, found from this file: the default run works offline from any directory.
 EMBEDDED_MODEL = os.path.normpath(
@@ -121,16 +121,31 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line's values, over those of --config FILE, over DEFAULTS."""
+    """The command line's values, over those of --config FILE, over the model's task defaults (see
+    model_task), over DEFAULTS."""
     parser, options = build_parser()
     args = parser.parse_args(argv)
-    if args.config:
-        try:
+    try:
+        parser.set_defaults(**model_task(args.model, options))
+        if args.config:
             parser.set_defaults(**read_config_file(args.config, options))
-        except ValueError as error:
-            sys.exit(f"train_math.py: {error}")
-        args = parser.parse_args(argv)
-    return args
+    except ValueError as error:
+        sys.exit(f"train_math.py: {error}")
+    return parser.parse_args(argv)
+
+
+def model_task(model: str, options: dict[str, argparse.Action]) -> dict:
+    """The task a local checkpoint says it was made for (weights.read_task: pretrain_tiny.py writes it and
+    every checkpoint of the model carries it), as option values; {} for none."""
+    path = os.path.join(model, "tokenizer_config.json")
+    task = read_task(model)
+    unknown = sorted(set(task) - set(options))
+    if unknown:
+        raise ValueError(f"{path}: minigrpo_task has unknown options: {', '.join(unknown)}")
+    try:
+        return {key: file_value(options[key], value) for key, value in task.items()}
+    except ValueError as problem:
+        raise ValueError(f"{path}: minigrpo_task: {problem}") from None
 
 
 def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
@@ -254,17 +269,31 @@ def parse_rewards(spec: str) -> list[RewardSpec]:
     return rewards
 
 
-def faithfulness(initial: dict, final: dict) -> dict:
-    """summary.json's step_accuracy and unfaithful_frac before and after, when the held-out completions
-    had arithmetic steps to check (evaluate.Evaluation.stats)."""
+HELD_OUT_EXTRAS = ("step_accuracy", "unfaithful_frac", "tool_calls_per_completion", "accuracy_tools_off")
+
+
+def held_out_extras(initial: dict, final: dict) -> dict:
+    """summary.json's held-out stats beyond accuracy, before and after, where measured: the faithfulness
+    of arithmetic steps (evaluate.Evaluation.stats), and with tools the calls per completion and the
+    accuracy with the tools off."""
     out = {}
-    for name in ("step_accuracy", "unfaithful_frac"):
+    for name in HELD_OUT_EXTRAS:
         key = f"held_out/{name}"
         if key in initial:
             out[f"initial_{name}"] = initial[key]
         if key in final:
             out[f"final_{name}"] = final[key]
     return out
+
+
+def tool_use(stats: dict) -> str:
+    """The console's note on tool use in a held-out evaluation; empty without tools."""
+    if "held_out/tool_calls_per_completion" not in stats:
+        return ""
+    return (
+        f"{stats['held_out/tool_calls_per_completion']:.2f} tool calls per completion, "
+        f"accuracy {stats['held_out/accuracy_tools_off']:.3f} with the tools off"
+    )
 
 
 def check_output_dir(path: str) -> None:
@@ -359,10 +388,14 @@ if __name__ == "__main__":
         sys.exit(f"train_math.py: {error}")
 
     def held_out() -> dict[str, float]:  # under torchrun each rank evaluates a block of the problems
-        evaluation = trainer.evaluate(
-            eval_problems, prompt, rewards[:1], max_new_tokens=args.max_completion_length, seed=args.seed
-        )
-        return evaluation.stats()  # accuracy, and the steps' faithfulness where they can be checked
+        settings = dict(max_new_tokens=args.max_completion_length, seed=args.seed)
+        tools = dict(tools=grpo.tool_names, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls)
+        # accuracy; the steps' faithfulness where they can be checked; tool calls per completion
+        stats = trainer.evaluate(eval_problems, prompt, rewards[:1], **settings, **tools).stats()
+        if grpo.tool_names:  # how much the accuracy owes to the tools
+            off = trainer.evaluate(eval_problems, prompt, rewards[:1], **settings)
+            stats["held_out/accuracy_tools_off"] = off.pass_at_1
+        return stats
 
     def every_few_steps(trainer) -> dict:
         if args.eval_every and trainer.step % args.eval_every == 0:
@@ -382,6 +415,8 @@ if __name__ == "__main__":
         f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} "
         f"({len(eval_problems)} problems)"
     )
+    if grpo.tool_names:
+        trainer.dist.print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
     trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
@@ -407,7 +442,7 @@ if __name__ == "__main__":
         "final_accuracy": final_accuracy,
         "gain": final_accuracy - initial["initial_accuracy"],
         "steps": trainer.step,
-        **faithfulness(initial.get("initial_stats", {}), final),
+        **held_out_extras(initial.get("initial_stats", {}), final),
         "wall_seconds": round(wall, 1),
         "eval_problems": len(eval_problems),
         "model": args.model,
@@ -425,6 +460,9 @@ if __name__ == "__main__":
     plotted = plot_curves(
         os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png")
     )
+    if grpo.tool_names:  # before and after, as summary.json has them
+        print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
+        print(f"held-out tool use after GRPO: {tool_use(final)}")
     print(
         f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
         f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "

@@ -113,6 +113,8 @@ class Trainer:
             prompts, "task's prompts", model_path or "the policy", room, task.sources
         )
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
+        with self.tool_runner():  # at start, not at the first step: the tokenizer has the format's markers
+            pass
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         # stage 1's own copy of the policy in another precision (sampling_dtype), as another engine's

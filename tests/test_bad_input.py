@@ -181,6 +181,49 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
         ["--model", "{truncated}", "--output", "{read_only}/results.jsonl"],
         "--output {read_only}/results.jsonl cannot be created: no write permission in {read_only}",
     ),
+    # tools (issue 25): an unknown tool, a tokenizer without the format's markers, a bad recorded task
+    (
+        "train_math.py",
+        "tools_unknown",
+        ["--model", "{ckpt}", "--tools", "abacus"],
+        "unknown tool(s) abacus; registered: calculator, python",
+    ),
+    (
+        "eval_math.py",
+        "tools_unknown",
+        ["--model", "{ckpt}", "--tools", "abacus"],
+        "unknown tool(s) abacus; registered: calculator, python",
+    ),
+    (
+        "train_math.py",
+        "tool_markers_missing",
+        ["--model", "{ckpt}", "--tools", "calculator"],
+        "the tool-call marker '<calc>' is 6 tokens of this tokenizer, not one",
+    ),
+    (
+        "eval_math.py",
+        "tool_markers_missing",
+        ["--model", "{ckpt}", "--tools", "calculator"],
+        "the tool-call marker '<calc>' is 6 tokens of this tokenizer, not one",
+    ),
+    (
+        "train_math.py",
+        "task_not_a_mapping",
+        ["--model", "{task_list}"],
+        "{task_list}/tokenizer_config.json: minigrpo_task must map option names to values, got [1, 2]",
+    ),
+    (
+        "eval_math.py",
+        "task_not_a_mapping",
+        ["--model", "{task_list}"],
+        "{task_list}/tokenizer_config.json: minigrpo_task must map option names to values, got [1, 2]",
+    ),
+    (
+        "train_math.py",
+        "task_unknown_option",
+        ["--model", "{task_unknown}"],
+        "{task_unknown}/tokenizer_config.json: minigrpo_task has unknown options: epochs",
+    ),
     (
         "pretrain_tiny.py",
         "output_is_a_file",
@@ -361,6 +404,12 @@ if os.geteuid() == 0:
     )
 
 
+def _record_task(directory, task) -> None:
+    """Write `task` as the checkpoint's recorded task, tokenizer_config.json's "minigrpo_task"."""
+    path = directory / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "minigrpo_task": task}))
+
+
 def name_of(tool, case):
     return f"{tool.removesuffix('.py')}-{case}"
 
@@ -383,6 +432,9 @@ def checkpoints(tmp) -> dict:
         "config_null": lambda d: (d / "config.json").write_text("null"),
         "config_list": lambda d: (d / "config.json").write_text("[1, 2]"),
         "bad_tokenizer": lambda d: (d / "tokenizer.json").write_text("{not json"),
+        # the task a checkpoint records (weights.read_task): not a mapping, or options no script has
+        "task_list": lambda d: _record_task(d, [1, 2]),
+        "task_unknown": lambda d: _record_task(d, {"data": "arithmetic", "epochs": 3}),
     }
     paths = {
         "tmp": tmp,

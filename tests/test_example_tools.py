@@ -76,13 +76,15 @@ def test_sample_prints_each_completion_with_its_rewards(runs):
 def test_eval_math_scores_a_jsonl_file_and_writes_one_row_per_problem(runs, tmp):
     out = runs["eval"]
     assert out.returncode == 0, out.stderr
-    summary = out.stdout.splitlines()[0]
+    summary = out.stdout.splitlines()[-1]  # the summary line comes last
     assert summary.startswith(f"{tmp}/gsm8k.jsonl (4 problems, 2 samples each, temperature 0.8): pass@1 ")
     # k above the samples is left out
     assert "pass@2 " in summary and "maj@2 " in summary and "pass@8" not in summary
     rows = read_jsonl(tmp / "results.jsonl")
     assert [row["answer"] for row in rows] == ["1", "2", "3", "4"]  # the first 4 of the file's 6 rows
-    assert all(set(row) == {"question", "answer", "completions", "correct", "steps"} for row in rows)
+    assert all(
+        set(row) == {"question", "answer", "completions", "correct", "steps", "tool_calls"} for row in rows
+    )
     assert all(len(row["completions"]) == 2 and len(row["correct"]) == 2 for row in rows)
 
 

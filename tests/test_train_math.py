@@ -3,9 +3,14 @@
 Qwen3 with a Qwen-style chat tokenizer. Both run the real command line, in processes forked from
 conftest's examples_server."""
 
+import contextlib
+import io
 import json
 import os
+import runpy
 import struct
+import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -16,6 +21,7 @@ from minigrpo.checkpoint import latest_checkpoint
 from minigrpo.evaluate import evaluate
 from minigrpo.tasks import load_problems
 from minigrpo.tasks.prompts import template
+from minigrpo.weights import read_task
 
 SMALL = [
     "--steps",
@@ -132,6 +138,53 @@ def test_qwen_path_on_a_math_jsonl_file(examples_server, checkpoint, tmp_path):
     steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [s["step"] for s in steps] == [0, 1, 2] and "reward/format/mean" in steps[1]
     assert json.load(open(os.path.join(out, "summary.json")))["eval_problems"] == 4
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALC_MODEL = os.path.join(ROOT, "models", "minigrpo-tiny-calc")
+
+
+def eval_math(*args) -> str:
+    """`python examples/eval_math.py *args`, run in this process (its imports are paid): what it printed."""
+    script = os.path.join(ROOT, "examples", "eval_math.py")
+    printed = io.StringIO()
+    with mock.patch.object(sys, "argv", [script, *args]), contextlib.redirect_stdout(printed):
+        runpy.run_path(script, run_name="__main__")
+    return printed.getvalue()
+
+
+def test_the_calc_model_brings_its_task_and_its_checkpoints_keep_it(examples_server, tmp_path):
+    """models/minigrpo-tiny-calc records its task (data, template, calculator, completion length, steps):
+    train_math.py needs only --model (the other flags make the run small), calls the calculator and
+    reports tool use before and after; every checkpoint carries the task, so eval_math.py needs only
+    --model and --tools, and prints pass@1 on its last line."""
+    out = str(tmp_path / "calc")
+    small = ["--steps", "1", "--batch_size", "16", "--micro_batch_size", "16", "--eval_count", "8"]
+    _, printed, _ = train_math(
+        examples_server, tmp_path, "--model", CALC_MODEL, "--output_dir", out, "--trace", *small
+    )
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    args = summary["args"]
+    assert (args["data"], args["tools"], args["tool_format"], args["max_completion_length"]) == (
+        "calc",
+        "calculator",
+        "calc",
+        64,
+    )
+    extras = ["tool_calls_per_completion", "accuracy_tools_off"]
+    assert all(f"{when}_{name}" in summary for when in ("initial", "final") for name in extras)
+    assert "held-out tool use before GRPO: " in printed and "held-out tool use after GRPO: " in printed
+    assert "[1 tool]   calculator('" in printed  # the trace's group made calls
+    step = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][1]
+    assert step["tools/calls_per_completion"] > 0 and "tools/calculator/error_frac" in step
+    checkpoint = latest_checkpoint(out)
+    assert read_task(checkpoint) == read_task(CALC_MODEL)
+    for tools in ("calculator", "none"):
+        results = str(tmp_path / f"eval-{tools}.jsonl")
+        last = eval_math("--model", checkpoint, "--tools", tools, "--count", "8", "--output", results)
+        last = last.splitlines()[-1]
+        assert last.startswith("calc (8 problems, 8 samples each, temperature 0.8): pass@1 "), last
+        assert ("tool calls per completion" in last) == (tools == "calculator")
 
 
 def test_a_bad_flag_value_is_one_clear_line(examples_server, checkpoint, tmp_path):

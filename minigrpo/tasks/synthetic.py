@@ -5,7 +5,9 @@ in a compact format a tiny model can learn ("23*6=138;47+138=185;####185"). Trai
 problems never overlap: a problem's split is decided by a hash of its text, not by the order it
 was drawn in. Kinds: arithmetic (multi-step integer expressions), fractions (answers such as
 \\frac{5}{6} that exercise the verifier's equivalence), linear (ax + b = c), countdown (reach a
-target with four numbers; scored by the verifier's `countdown` reward, since many answers are right).
+target with four numbers; scored by the verifier's `countdown` reward, since many answers are right),
+calc (3-digit by 2-digit products in multi-step expressions, worked with some steps sent to the
+calculator tool as `<calc>347*56</calc><out>19432</out>`: tools.py's compact format).
 """
 
 from __future__ import annotations
@@ -77,6 +79,51 @@ def arithmetic(rng: random.Random, difficulty: int) -> Problem:
     return Problem(question, str(total), ";".join(steps) + f";####{total}")
 
 
+# calc: the share of a worked solution's steps sent to the calculator, the rest done in the head
+CALC_SHARE = 0.3
+
+
+def calc(rng: random.Random, difficulty: int) -> Problem:
+    """a * b + c with a in 100..999, b in 10..99, c in 100..999 (difficulty 2: one more term, 3: two,
+    with '-'), too large for a tiny model to multiply in its head. The worked solution sends each step
+    to the calculator with probability CALC_SHARE, so a model that learns from it calls the tool
+    sometimes, and is wrong often when it does not."""
+    operands = [rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999)]
+    ops = ["*", "+"]
+    for _ in range(difficulty - 1):
+        ops.append(rng.choice("+-*"))
+        operands.append(rng.randint(2, 9) if ops[-1] == "*" else rng.randint(100, 999))
+    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
+    steps, total = _calc_steps(operands, ops)
+    worked = [_calc_step(expression, value, rng) for expression, value in steps]
+    return Problem(question, str(total), ";".join(worked) + f";####{total}")
+
+
+def _calc_steps(operands: list[int], ops: list[str]) -> tuple[list[tuple[str, int]], int]:
+    """Each step of the expression as (expression, value): products first, then left to right."""
+    values, pending, steps = [operands[0]], [], []
+    for op, x in zip(ops, operands[1:]):
+        if op == "*":
+            steps.append((f"{values[-1]}*{x}", values[-1] * x))
+            values[-1] *= x
+        else:
+            pending.append(op)
+            values.append(x)
+    total = values[0]
+    for op, x in zip(pending, values[1:]):
+        result = total + x if op == "+" else total - x
+        steps.append((f"{total}{op}{x}", result))
+        total = result
+    return steps, total
+
+
+def _calc_step(expression: str, value: int, rng: random.Random) -> str:
+    """One worked step: a calculator call and its answer, or the head's `expression=value`."""
+    if rng.random() < CALC_SHARE:
+        return f"<calc>{expression}</calc><out>{value}</out>"
+    return f"{expression}={value}"
+
+
 def fractions(rng: random.Random, difficulty: int) -> Problem:
     """p/q + r/s (difficulty 2: or -, 3: or *), answered in lowest terms as \\frac{}{}."""
     p, q, r, s = rng.randint(1, 9), rng.randint(2, 9), rng.randint(1, 9), rng.randint(2, 9)
@@ -115,7 +162,13 @@ def countdown(rng: random.Random, difficulty: int) -> Problem:
 
 
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-KINDS = {"arithmetic": arithmetic, "fractions": fractions, "linear": linear, "countdown": countdown}
+KINDS = {
+    "arithmetic": arithmetic,
+    "fractions": fractions,
+    "linear": linear,
+    "countdown": countdown,
+    "calc": calc,
+}
 
 
 def _latex(value: Fraction) -> str:
