@@ -75,6 +75,7 @@ parser.add_argument(
 parser.add_argument("--batch_size", type=int, default=128)
 parser.add_argument("--learning_rate", type=float, default=1e-3)
 parser.add_argument("--eval_every", type=int, default=25)
+parser.add_argument("--eval_count", type=int, default=200, help="held-out problems of the evaluations")
 
 
 def check_output(path: str) -> None:
@@ -101,6 +102,13 @@ check_output(args.output)
 for flag, value in (("--learning_rate", args.learning_rate), ("--stop_accuracy", args.stop_accuracy)):
     if not math.isfinite(value):  # AdamW takes an inf learning rate; a nan accuracy is never reached
         sys.exit(f"pretrain_tiny.py: {flag} must be a finite number, got {value}")
+for flag, value in (
+    ("--max_steps", args.max_steps),
+    ("--eval_every", args.eval_every),
+    ("--eval_count", args.eval_count),
+):
+    if value < 1:
+        sys.exit(f"pretrain_tiny.py: {flag} must be a positive integer, got {value}")
 torch.manual_seed(args.seed)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 EOS = "<|endoftext|>"
@@ -108,7 +116,7 @@ TEMPLATE = template("tiny")
 
 # 1. Data: worked solutions to train on, held-out problems to decide when to stop.
 train = synthetic.generate(args.kind, 20_000, "train", seed=args.seed)
-held_out = synthetic.generate(args.kind, 200, "test", seed=args.seed)
+held_out = synthetic.generate(args.kind, args.eval_count, "test", seed=args.seed)
 texts = [TEMPLATE.render(p.question) + p.solution for p in train]
 markers = CALC_MARKERS if task else []
 tools = dict(tools=["calculator"], tool_format="calc") if task else {}

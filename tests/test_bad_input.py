@@ -226,6 +226,12 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
     ),
     (
         "pretrain_tiny.py",
+        "eval_count_0",
+        ["--eval_count", "0", "--output", "{tmp}/pretrained"],
+        "--eval_count must be a positive integer, got 0",
+    ),
+    (
+        "pretrain_tiny.py",
         "output_is_a_file",
         ["--output", "{file}"],
         "--output {file} is a file; it must be a directory",

@@ -1,4 +1,5 @@
-"""Smoke tests of examples/sample.py and examples/eval_math.py, run as scripts on a tiny checkpoint.
+"""Smoke tests of examples/sample.py and examples/eval_math.py, run as scripts on a tiny checkpoint, and
+of examples/pretrain_tiny.py --kind calc for one step.
 
 Each run pays a few seconds of imports (torch, the verifier's workers), so every run of this file
 is started at once by one fixture and the tests read the finished runs.
@@ -13,6 +14,7 @@ import pytest
 from helpers import tiny_model, tiny_tokenizer
 
 import minigrpo
+from minigrpo.weights import read_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,6 +26,10 @@ RUNS = {
         "eval_math.py",
         "--model {ckpt} --data {data} --count 4 --num_samples 2 --k 1,2,8 --max_new_tokens 8 "
         "--output {tmp}/results.jsonl",
+    ),
+    "pretrain_calc": (
+        "pretrain_tiny.py",
+        "--kind calc --max_steps 1 --eval_every 1 --batch_size 4 --eval_count 8 --output {tmp}/calc",
     ),
 }
 
@@ -116,3 +122,18 @@ def test_encode_all_passes_what_round_trips_and_counts_what_is_lost():
     assert tokenizer.encode_all(["47+23*6\n"]) == [tokenizer.encode("47+23*6\n")]
     with pytest.raises(ValueError, match=r"cannot represent 50% of the characters of the prompts \('ab12'"):
         tokenizer.encode_all(["ab12"])
+
+
+def test_pretrain_tiny_makes_a_calc_model_that_records_its_task(runs, tmp):
+    """One warm-up step of the tool-use demo's model: a checkpoint whose four calculator markers are
+    one token each, that records its task for train_math.py and eval_math.py, and whose pretrain.json
+    has the tool-use figures."""
+    out = runs["pretrain_calc"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "calculator calls per completion" in out.stdout
+    model, tokenizer = minigrpo.load_pretrained(str(tmp / "calc"))
+    assert all(len(tokenizer.encode(marker)) == 1 for marker in ["<calc>", "</calc>", "<out>", "</out>"])
+    task = read_task(str(tmp / "calc"))
+    assert (task["data"], task["tools"], task["tool_format"]) == ("calc", "calculator", "calc")
+    record = json.load(open(tmp / "calc" / "pretrain.json"))
+    assert record["steps"] == 1 and {"tool_calls_per_completion", "greedy_accuracy_tools_off"} <= set(record)
