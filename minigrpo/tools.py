@@ -158,10 +158,16 @@ def python(code: str) -> str:
     (result,) = run_cases(code, [{"input": "", "output": ""}], config)
     if result.timed_out:
         raise ToolError(f"timed out after {limit:g} s")
-    if result.exit_code != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if result.exit_code != 0:  # the error's own line: not a traceback's header or frames
+        lines = [line for line in result.stderr.splitlines() if line.strip() and not _traceback_line(line)]
         raise ToolError(lines[-1] if lines else f"exited with code {result.exit_code}")
     return result.stdout
+
+
+def _traceback_line(line: str) -> bool:
+    """A line of a traceback's header or frames, not its error: "Traceback (most recent call last):",
+    or an indented frame or source line."""
+    return line.startswith(("Traceback (most recent call last)", " ", "\t"))
 
 
 # --- the runner -----------------------------------------------------------------------------------

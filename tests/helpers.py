@@ -88,10 +88,10 @@ def tiny_tokenizer(directory: str, extra_specials: tuple[str, ...] = ()) -> mini
     return minigrpo.Tokenizer.from_directory(directory)
 
 
-def tiny_policy(directory: str, **overrides) -> str:
-    """A tiny Qwen3 (TINY, with `overrides`) and `tiny_tokenizer` saved together in `directory`, a checkpoint
-    load_pretrained and train_math.py read; returns `directory`."""
-    tokenizer = tiny_tokenizer(directory)
+def tiny_policy(directory: str, extra_specials: tuple[str, ...] = (), **overrides) -> str:
+    """A tiny Qwen3 (TINY, with `overrides`) and `tiny_tokenizer` (with `extra_specials`) saved together in
+    `directory`, a checkpoint load_pretrained and train_math.py read; returns `directory`."""
+    tokenizer = tiny_tokenizer(directory, extra_specials)
     minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, **overrides), tokenizer, directory)
     return directory
 

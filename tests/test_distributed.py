@@ -69,7 +69,9 @@ OBJECTIVES = {
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=128)
+    # the calc format's markers, one token each: the tools objective's trainer checks them at start
+    markers = ("<calc>", "</calc>", "<out>", "</out>")
+    return tiny_policy(str(tmp_path_factory.mktemp("policy")), markers, max_position_embeddings=128)
 
 
 def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedProcess:

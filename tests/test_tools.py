@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import os
 import time
 
 import pytest
@@ -231,11 +230,14 @@ def test_python_calls_answer_with_stdout_or_the_errors_last_line(tokenizer, quic
         elapsed = time.monotonic() - started
         calls = [runner.calls(r)[0] for r in range(len(cases))]
     responses = [call.response for call in calls]
-    if os.geteuid() != 0:  # without root the sandbox drops no uid, so no per-user process limit stops
-        # the fork bomb with an error of its own: it ends at the time limit or the memory limit instead
-        assert responses[4].startswith("error: ")
-        responses[4] = cases["import os\nwhile True:\n    os.fork()"]
-    assert responses == list(cases.values())
+    # The fork bomb's children write their errors to one stderr at once, cut at the output limit, and
+    # without root no per-user process limit stops it (it ends at the time or memory limit): its answer
+    # is an error, which one depends on the race.
+    fork_bomb = responses.pop(4)
+    assert fork_bomb.startswith("error: ") and "Traceback" not in fork_bomb, fork_bomb
+    expected = list(cases.values())
+    del expected[4]
+    assert responses == expected
     assert [call.error for call in calls] == [False, False, True, True, True, True]
     assert calls[3].timed_out and elapsed < 10
 
