@@ -1,8 +1,8 @@
 """Smoke tests of examples/sample.py and examples/eval_math.py, run as scripts on a tiny checkpoint, and
 of examples/pretrain_tiny.py --kind calc for one step.
 
-Each run pays a few seconds of imports (torch, the verifier's workers), so every run of this file
-is started at once by one fixture and the tests read the finished runs.
+Every run of this file is started at once by one fixture, each a fork of tests/tool_runner.py (which
+pays the imports once), and the tests read the finished runs.
 """
 
 import json
@@ -46,21 +46,31 @@ def runs(tmp):
     data = tmp / "gsm8k.jsonl"
     rows = [{"question": f"{i}+1", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(6)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    started = {}
-    for name, (script, args) in RUNS.items():
-        argv = [arg.format(ckpt=tmp / "ckpt", data=data, tmp=tmp) for arg in args.split()]
-        started[name] = subprocess.Popen(
-            [sys.executable, os.path.join("examples", script), *argv],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    jobs = [
+        {
+            "name": name,
+            "script": script,
+            "argv": [arg.format(ckpt=tmp / "ckpt", data=data, tmp=tmp) for arg in args.split()],
+        }
+        for name, (script, args) in RUNS.items()
+    ]
+    out = tmp / "out"
+    out.mkdir()
+    runner = subprocess.run(  # one process pays the imports, each run is a fork of it
+        [sys.executable, os.path.join(ROOT, "tests", "tool_runner.py"), str(out)],
+        input=json.dumps(jobs),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert runner.returncode == 0, runner.stderr[-3000:]
+    return {
+        name: subprocess.CompletedProcess(
+            name, status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text()
         )
-    finished = {}
-    for name, process in started.items():
-        stdout, stderr = process.communicate(timeout=180)
-        finished[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    return finished
+        for name, status in json.loads(runner.stdout).items()
+    }
 
 
 def read_jsonl(path):
