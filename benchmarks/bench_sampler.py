@@ -20,6 +20,12 @@ sequential chunks of the budget (each decodes until its longest row ends), as to
 (the completions differ, their lengths follow the same distribution); and dropping finished rows
 (compaction) against masking them.
 
+Then tool calls (`--tool-rows`): models/minigrpo-tiny-calc on its own held-out problems at temperature
+1, with the calculator and without it (the same prompts and seeds; without it a completion writes
+on past its call unanswered). Tokens per second count every token, observations included; the
+overhead per call is the time the calls add beyond what their tokens would cost at the tool-free
+rate, over the number of calls.
+
 Last, the oneDNN-packed products against plain F.linear: ms per product for each shape's weights
 that `layers.pack_for_decoding` packs, at `--packed-rows` rows, best of 3 x `--rounds` rounds that
 alternate the two (one row included, which the sampler leaves plain).
@@ -41,11 +47,15 @@ from common import SHAPES, machine_line, random_model, transformers_twin
 
 import minigrpo
 from minigrpo import layers
+from minigrpo.tasks import synthetic
+from minigrpo.tasks.prompts import template
+from minigrpo.tools import ToolRunner
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from reference_sampler import naive_generate  # noqa: E402  (the slow reference lives with the tests)
 
 SETTINGS = dict(temperature=1.0, top_p=0.9)
+CALC_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-calc")
 PATHS = {"eager": False, "compiled": True}  # the compile= setting of each path
 
 
@@ -197,6 +207,32 @@ def bench_compaction(model, shape, batch, args):
         )
 
 
+def bench_tools(args):
+    """The tool case: one call with the calculator against the same rows without it."""
+    model, tokenizer = minigrpo.load_pretrained(CALC_MODEL)
+    problems = synthetic.generate("calc", args.tool_rows, "test", seed=0)
+    prompts = [tokenizer.encode(template("tiny").render(p.question)) for p in problems]
+    settings = dict(max_new_tokens=64, temperature=1.0, eos_token_ids=tokenizer.eos_token_ids)
+    runs = {"tools": [], "none": []}  # per round: (seconds, tokens, calls, seconds rows waited for answers)
+    for round_ in range(args.rounds):
+        with ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=4) as runner:
+            t, out = seconds(lambda: minigrpo.generate(model, prompts, tools=runner, seed=round_, **settings))
+            calls = [call for r in range(len(prompts)) for call in runner.calls(r)]
+        runs["tools"].append((t, out.num_tokens, len(calls), sum(call.seconds for call in calls)))
+        t, out = seconds(lambda: minigrpo.generate(model, prompts, seed=round_, **settings))
+        runs["none"].append((t, out.num_tokens, 0, 0.0))
+    (t_with, n_with, calls, inside), (t_without, n_without, _, _) = (
+        min(runs[k], key=lambda run: run[0] / run[1]) for k in ("tools", "none")
+    )
+    rate_with, rate_without = n_with / t_with, n_without / t_without
+    overhead = (t_with - n_with / rate_without) / max(calls, 1)
+    print(
+        f"{len(prompts):5} {calls:6} {rate_with:12.0f} {rate_without:12.0f} {rate_with / rate_without:6.2f}x "
+        f"{1e3 * overhead:10.2f} {1e3 * inside / max(calls, 1):9.3f}",
+        flush=True,
+    )
+
+
 def bench_packing(shape, rows_list, rounds):
     """Plain / packed ms per product (ratio > 1: packed faster) for the shape's large weights."""
     c = SHAPES[shape]
@@ -269,6 +305,9 @@ def main():
         "--compaction-batch", type=int, default=32, help="batch of the compaction table, tiny shape (0: skip)"
     )
     parser.add_argument(
+        "--tool-rows", type=int, default=256, help="rows of the tool-call table, tiny-calc model (0: skip it)"
+    )
+    parser.add_argument(
         "--packed-rows", default="1,8,32", help="rows of the packed-products table (empty: skip it)"
     )
     parser.add_argument(
@@ -303,6 +342,17 @@ def main():
             "dropped from the batch (compact) or kept (mask)"
         )
         bench_compaction(models["tiny"], "tiny", args.compaction_batch, args)
+    if args.tool_rows:
+        print(
+            f"\ntool calls: minigrpo-tiny-calc, temperature 1, the calculator against none, "
+            f"best of {args.rounds}; ms/call = time beyond the tokens' cost without tools, per call; "
+            f"wait ms = a call's start to its answer in the row"
+        )
+        print(
+            f"{'rows':>5} {'calls':>6} {'tools tok/s':>12} {'none tok/s':>12} {'ratio':>7} "
+            f"{'ms/call':>10} {'wait ms':>9}"
+        )
+        bench_tools(args)
     if args.packed_rows:
         print(
             f"\noneDNN-packed vs plain F.linear, ms per product: plain / packed, best of {3 * args.rounds}",

@@ -38,6 +38,8 @@ SMALLEST = {
         "2",
         "--compaction-batch",
         "2",
+        "--tool-rows",
+        "4",
     ],
     "bench_forward.py": ["--shapes", "tiny", "--batch", "1", "--seq", "8", "--rounds", "1"],
     "bench_verifier.py": ["--limit", "5"],
@@ -45,7 +47,7 @@ SMALLEST = {
     "bench_trl.py": ["--smoke", "--seeds", "1", "--eval_at", "1"],
 }
 EXPECTED = {
-    "bench_sampler.py": ["refill under a row budget", "mean length", "naive no-cache sampler"],
+    "bench_sampler.py": ["refill under a row budget", "mean length", "naive no-cache sampler", "tool calls"],
     "bench_forward.py": ["forward+backward"],
     "bench_verifier.py": ["| all |", "median ms"],
     "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],
