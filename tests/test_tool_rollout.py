@@ -4,16 +4,25 @@ The hooks here work on token ids alone (tools.py turns text into calls; test_too
 rule of the engine is checked against the slow reference in reference_sampler.py.
 """
 
+import json
+import os
+
 import pytest
 import torch
 from helpers import fixed_logits_model, tiny_model
 from reference_sampler import naive_generate_with_tools
 
 import minigrpo
+from minigrpo import GRPOConfig, RewardSpec, TrainConfig
+from minigrpo.checkpoint import latest_checkpoint
 from minigrpo.loss import grpo_loss
 from minigrpo.rollout import Rollout, collate
+from minigrpo.tasks import synthetic, to_task
+from minigrpo.tasks.prompts import template
 from minigrpo.token_logprobs import token_logprobs
+from minigrpo.verifier import register_reward
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
 GREEDY_MARKER = 15  # common in this model's greedy completions
 SAMPLED_MARKER = 76  # drawn a few times at temperature 1 with seed 1
@@ -198,3 +207,48 @@ def test_observation_tokens_get_no_gradient_and_no_share_of_the_loss(loss_type):
     assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-12)
     assert losses[0][1] == pytest.approx(losses[1][1], rel=1e-12)
     assert rollouts[0].loss_tokens == 3 and rollouts[1].loss_tokens == 4
+
+
+@register_reward("test_calls")
+def _calls(completions, **_):
+    """A reward every group earns unevenly: the calculator's answers a completion got, over 2."""
+    return [c.count("<out>") / 2 for c in completions]
+
+
+def test_a_run_with_tool_calls_resumes_exactly(tmp_path):
+    """models/minigrpo-tiny-calc calling its calculator: a run stopped after step 1 and resumed lands on
+    the straight run's weights and metrics. A fresh runner per sampling call and calls answered from the
+    completion alone leave nothing of a step's tools for the checkpoint to carry."""
+    model = os.path.join(ROOT, "models", "minigrpo-tiny-calc")
+    task = to_task(
+        synthetic.generate("calc", 16, "train", seed=0), template("tiny"), [RewardSpec("test_calls")]
+    )
+    grpo = GRPOConfig(num_generations=4, max_completion_length=64, tools="calculator")
+
+    def run(out, stop_at_step, resume=False):
+        config = TrainConfig(
+            output_dir=str(out),
+            max_steps=3,
+            stop_at_step=stop_at_step,
+            batch_size=8,
+            learning_rate=1e-3,
+            resume=resume,
+            progress_bar=False,
+            log_completions_every=0,
+        )
+        minigrpo.train(model, task, grpo, config)
+        with open(out / "metrics.jsonl") as f:
+            metrics = [json.loads(line) for line in f]
+        return minigrpo.load_pretrained(latest_checkpoint(str(out)))[0].state_dict(), metrics
+
+    straight, straight_metrics = run(tmp_path / "straight", 0)
+    run(tmp_path / "stopped", 1)
+    resumed, resumed_metrics = run(tmp_path / "stopped", 0, resume=True)
+    assert all(torch.equal(value, resumed[name]) for name, value in straight.items())
+    assert all(m["tools/calls_per_completion"] > 0 and m["grad_norm"] > 0 for m in straight_metrics)
+    # what is measured, not computed: times, and the sampler's log-probs against the update's (rounding)
+    measured = ("time/", "sampling/", "training/", "mismatch/", "tools/seconds", "tools/calculator/seconds")
+    for a, b in zip(straight_metrics, resumed_metrics, strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith(measured)} == {
+            k: v for k, v in b.items() if not k.startswith(measured)
+        }
