@@ -306,8 +306,12 @@ class Engine:
         rows, steps = self.rows[which], self.steps[which]
         # token, logprob: (b,) each
         token, logprob = sample(logits, self.config, self.noise[which], steps, self.row_keys[which])
-        if self.tools is None or not isinstance(which, slice):  # refilled rows have no call yet
+        if self.tools is None:
             self.record(which, rows, steps, token, logprob)
+            return
+        if not isinstance(which, slice):  # refilled rows: nothing to observe yet, but a first token may call
+            self.record(which, rows, steps, token, logprob)
+            self.tools.after_tokens(self, which.tolist(), token.tolist(), [False] * len(token))
             return
         done = self.done.tolist()
         requests = self.rows.tolist()
@@ -317,7 +321,7 @@ class Engine:
         forced, self.held = forced.to(self.device), held.to(self.device)
         token = torch.where(forced, observed.to(self.device), token)
         self.record(which, rows, steps, token, logprob.masked_fill(forced, 0.0), forced, self.held)
-        self.tools.after_tokens(self, requests, token.tolist(), forced.tolist())
+        self.tools.after_tokens(self, list(range(len(requests))), token.tolist(), forced.tolist())
 
     def record(self, which, rows, steps, token, logprob, forced=None, held=None) -> None:
         """Store the rows' tokens at their steps. A row ends at a sampled EOS (an observation's does not
@@ -448,17 +452,17 @@ class ToolTurns:
         held = torch.tensor([r and not d for r, d in zip(self.running, done)], dtype=torch.bool)  # (b,)
         return tokens, forced, held
 
-    def after_tokens(
-        self, engine: Engine, requests: list[int], tokens: list[int], forced: list[bool]
-    ) -> None:
-        """Rows that just sampled the end marker: start their call, or end them past the limit. A row that
-        ended (EOS, length) drops what it had still to observe."""
-        done = engine.done.tolist()
-        for row, request in enumerate(requests):
+    def after_tokens(self, engine: Engine, slots: list[int], tokens: list[int], forced: list[bool]) -> None:
+        """The batch rows `slots` just took `tokens` (the whole batch after a decode step, or refilled
+        rows after their prefill). Rows that sampled the end marker: start their call, or end them past
+        the limit. A row that ended (EOS, length) drops what it had still to observe."""
+        done, requests = engine.done.tolist(), engine.rows.tolist()
+        for row, token, was_forced in zip(slots, tokens, forced):
+            request = requests[row]
             if done[row]:
                 self.queued[row] = []
                 continue
-            if tokens[row] != self.hook.end_token_id or forced[row] or self.running[row]:
+            if token != self.hook.end_token_id or was_forced or self.running[row]:
                 continue
             length = int(engine.steps[row])  # the marker was the row's token at index length - 1
             self.calls[request] += 1

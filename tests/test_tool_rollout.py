@@ -81,6 +81,31 @@ def test_calls_under_refill_give_the_unbounded_calls_tokens(model, rows):
             assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("limit", [0, 1])
+def test_a_refilled_rows_first_token_can_make_a_call(limit):
+    """A refilled row's first token comes from its prefill, not from a decode step: when it is the end
+    marker, its call starts there too (or the row ends past the limit), so completions and calls do not
+    depend on the row budget."""
+    always = fixed_logits_model(torch.tensor([0.0] * 7 + [9.0]))  # greedy: token 7, the marker, every time
+    runs = []
+    for rows in (None, 1):
+        hook = Hook(7, max_tool_calls=limit, observation=lambda request, completion: [3, 4])
+        samples = minigrpo.generate(
+            always,
+            [[1], [2]],
+            tools=hook,
+            max_new_tokens=8,
+            temperature=0,
+            num_samples=2,
+            max_batch_rows=rows,
+        )
+        runs.append((samples.tokens, samples.finish_reasons, sorted(hook.calls)))
+    assert runs[0] == runs[1]
+    tokens, reasons, calls = runs[0]
+    assert tokens == [[7, 3, 4, 7][: 1 + 3 * limit]] * 4 and reasons == ["tool_limit"] * 4
+    assert calls == [(request, 1) for request in range(4)][: 4 * limit]
+
+
 def test_greedy_calls_equal_the_reference(model):
     samples = minigrpo.generate(model, PROMPTS, tools=Hook(GREEDY_MARKER, max_tool_calls=2), **GREEDY)
     tokens, generated, reasons = naive_generate_with_tools(
