@@ -21,19 +21,21 @@ Two tools are registered (`register_tool` adds yours, as `register_reward` does 
 A bad call (a parse error, an unknown tool, malformed JSON) is answered with "error: ..." as its
 observation, never an exception: the policy learns from its mistakes in context.
 
-Each call runs in a thread of the runner's pool while the other rows decode. Its time limit is
-enforced where the engine polls for it: past the limit the row gets "error: timed out" and goes on.
-A Python function cannot be killed, so a tool that never returns keeps its thread; the python
-tool's process is killed by the sandbox's own timeout, set to the tool's limit.
+Each call runs in a thread of its own, started when the call is made, while the other rows decode:
+no queue behind other calls eats into its time limit, and a tool that hangs holds only its own
+thread. Its time limit is enforced where the engine polls for it: past the limit the row gets "error:
+timed out" and goes on. A Python function cannot be killed, so a tool that never returns keeps its
+thread; the python tool's process is killed by the sandbox's own timeout, set to the tool's limit.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import sympy
@@ -192,13 +194,11 @@ class _Pending:
 
 
 class ToolRunner:
-    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread pool,
+    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread,
     and answers with the observation's token ids. Requests are that call's rows, so make a runner per
     generate() call; as a context manager it shuts its pool down."""
 
-    def __init__(
-        self, tokenizer, format: str | ToolFormat, tools: list[str], max_tool_calls: int, workers: int = 4
-    ):
+    def __init__(self, tokenizer, format: str | ToolFormat, tools: list[str], max_tool_calls: int):
         check_tools(tools, format, max_tool_calls)
         self.tokenizer = tokenizer
         self.format = FORMATS[format] if isinstance(format, str) else format
@@ -217,7 +217,6 @@ class ToolRunner:
             key=len,
             reverse=True,
         )
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minigrpo-tool")
         self.pending: dict[int, _Pending] = {}
         self.made: dict[int, list[ToolCall]] = {}
 
@@ -232,7 +231,7 @@ class ToolRunner:
             call.response, call.error = f"error: {error}", True
             self.pending[request] = _Pending(call, None, time.monotonic())
             return
-        future = self.pool.submit(_answer, tool, argument)
+        future = _in_a_thread(tool, argument)
         self.pending[request] = _Pending(call, future, time.monotonic() + tool.time_limit)
 
     def poll(self, request: int) -> list[int] | None:
@@ -244,7 +243,7 @@ class ToolRunner:
                 response, call.error = pending.future.result()
                 call.response = _cut(response)
             elif time.monotonic() >= pending.deadline:
-                pending.future.cancel()  # a call still queued never runs; a running one is abandoned
+                # abandoned: a Python function cannot be stopped; its thread ends when it returns
                 limit = self.tools[call.tool].time_limit
                 call.response, call.error, call.timed_out = f"error: timed out after {limit:g} s", True, True
             else:
@@ -258,7 +257,9 @@ class ToolRunner:
         return list(self.made.get(request, []))
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Abandon the calls still running (their threads end when their tools return); the calls made
+        stay readable."""
+        self.pending.clear()
 
     def __enter__(self) -> ToolRunner:
         return self
@@ -330,6 +331,18 @@ class ToolRunner:
     def _special_tokens(self) -> list[str]:
         added = self.tokenizer.backend.get_added_tokens_decoder().values()
         return [token.content for token in added if token.content]
+
+
+def _in_a_thread(tool: Tool, argument: str) -> Future:
+    """Start one run of the tool in a daemon thread of its own; the future of its (response, error)."""
+    future = Future()
+    thread = threading.Thread(
+        target=lambda: future.set_result(_answer(tool, argument)),
+        name=f"minigrpo-tool-{tool.name}",
+        daemon=True,
+    )
+    thread.start()
+    return future
 
 
 def _answer(tool: Tool, argument: str) -> tuple[str, bool]:

@@ -200,6 +200,27 @@ def test_a_thousand_calls_in_one_completion_stay_fast(tokenizer):
     assert time.monotonic() - started < 30
 
 
+def test_many_calls_at_once_each_get_their_whole_time_limit(tokenizer):
+    """Eight calls of a tool that takes 0.6 s of its 1 s each, made at once: all answer, none waits
+    behind the others and times out (a pool of 4 workers once let the last 4 time out in its queue)."""
+
+    @register_tool("test_sleepy", time_limit=1.0, argument="text")
+    def sleepy(text):
+        time.sleep(0.6)
+        return "ok"
+
+    call = '<tool_call>{"name": "test_sleepy", "arguments": {"text": ""}}</tool_call>'
+    with ToolRunner(tokenizer, "qwen3", ["test_sleepy"], max_tool_calls=4) as runner:
+        for request in range(8):
+            runner.start(request, tokenizer.encode(call))
+        answered = set()
+        while len(answered) < 8:
+            answered |= {r for r in set(range(8)) - answered if runner.poll(r) is not None}
+            time.sleep(0.01)
+        responses = [runner.calls(r)[0].response for r in range(8)]
+    assert responses == ["ok"] * 8
+
+
 @pytest.fixture
 def quick_python(monkeypatch):
     """The python tool with a 1-second limit, so the tests of its limits stay short."""
