@@ -122,13 +122,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line's values, over those of --config FILE, over the model's task defaults (see
-    model_task), over DEFAULTS."""
+    model_task), over DEFAULTS. The model is the command line's, else the config file's."""
     parser, options = build_parser()
     args = parser.parse_args(argv)
     try:
-        parser.set_defaults(**model_task(args.model, options))
-        if args.config:
-            parser.set_defaults(**read_config_file(args.config, options))
+        config = read_config_file(args.config, options) if args.config else {}
+        parser.set_defaults(**config)
+        model = parser.parse_args(argv).model  # the command line's, else the config file's, else the default
+        parser.set_defaults(**{**model_task(model, options), **config})  # the file's values beat the task's
     except ValueError as error:
         sys.exit(f"train_math.py: {error}")
     return parser.parse_args(argv)

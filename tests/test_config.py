@@ -139,6 +139,27 @@ def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, values, mess
     assert stop.value.code == "train_math.py: " + message.format(path=path)  # sys.exit prints it as one line
 
 
+def test_a_models_recorded_task_sits_between_the_defaults_and_a_config_file(tmp_path):
+    """models/minigrpo-tiny-calc records its task (weights.read_task): it replaces train_math's defaults
+    whether the model is named on the command line or in a config file, and a config file's values and
+    the command line's flags beat it."""
+    calc = os.path.join(ROOT, "models", "minigrpo-tiny-calc")
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps({"model": calc}))
+    overriding = tmp_path / "overriding.json"
+    overriding.write_text(json.dumps({"model": calc, "max_steps": 7}))
+    for argv in (["--model", calc], ["--config", str(named)]):
+        args = train_math.parse_args(argv)
+        assert (args.data, args.tools, args.max_completion_length, args.max_steps) == (
+            "calc",
+            "calculator",
+            64,
+            100,
+        )
+    assert train_math.parse_args(["--config", str(overriding)]).max_steps == 7
+    assert train_math.parse_args(["--config", str(named), "--tools", "none"]).tools == "none"
+
+
 def test_grpo_config_gives_the_sampler_its_settings_and_they_are_checked_there():
     grpo = GRPOConfig(num_generations=4, max_completion_length=16, temperature=0.7, top_p=0.9, top_k=5)
     assert grpo.sampling_config() == SamplingConfig(
