@@ -21,21 +21,22 @@ Two tools are registered (`register_tool` adds yours, as `register_reward` does 
 A bad call (a parse error, an unknown tool, malformed JSON) is answered with "error: ..." as its
 observation, never an exception: the policy learns from its mistakes in context.
 
-Each call runs in a thread of its own, started when the call is made, while the other rows decode:
-no queue behind other calls eats into its time limit, and a tool that hangs holds only its own
-thread. Its time limit is enforced where the engine polls for it: past the limit the row gets "error:
-timed out" and goes on. A Python function cannot be killed, so a tool that never returns keeps its
-thread; the python tool's process is killed by the sandbox's own timeout, set to the tool's limit.
+Each call runs in a thread of the runner's pool (WORKERS threads, made as calls need them and
+reused) while the other rows decode. Its time limit counts from when a thread starts it, so a call
+waiting for a free thread is not charged for the wait; only past WORKERS calls at once does a queued
+call's limit count from when it was made, so that tools that hang cannot hold the others forever. The
+limit is enforced where the engine polls for it: past it the row gets "error: timed out" and goes on.
+A Python function cannot be killed, so a tool that never returns keeps its thread; the python tool's
+process is killed by the sandbox's own timeout, set to the tool's limit.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import sympy
@@ -47,6 +48,7 @@ from .verifier.values import Unsupported
 MAX_CALL_CHARS = 2_000  # a call's text longer than this is refused unread
 MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
 MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
+WORKERS = 64  # threads a runner may run calls in at once; more calls wait for one
 MAX_RESPONSE_CHARS = 1_000  # a response is cut here, with TRUNCATED after it
 TRUNCATED = " ...[truncated]"
 _SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3"
@@ -189,12 +191,13 @@ class ToolCall:
 class _Pending:
     call: ToolCall
     future: Future | None  # None: answered at once (a call refused before it ran)
-    deadline: float  # time.monotonic() past which it is answered "timed out"
-    started: float = field(default_factory=time.monotonic)
+    time_limit: float  # seconds it may run, from when a thread starts it
+    began: list = field(default_factory=list)  # [time.monotonic()] once a thread has started it
+    started: float = field(default_factory=time.monotonic)  # when the call was made
 
 
 class ToolRunner:
-    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread,
+    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread pool,
     and answers with the observation's token ids. Requests are that call's rows, so make a runner per
     generate() call; as a context manager it shuts its pool down."""
 
@@ -204,6 +207,7 @@ class ToolRunner:
         self.format = FORMATS[format] if isinstance(format, str) else format
         self.tools = {name: TOOLS[name] for name in tools}
         self.max_tool_calls = max_tool_calls
+        self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="minigrpo-tool")
         self.start_token_id = self._one_token(self.format.call_start)
         self.end_token_id = self._one_token(self.format.call_end)
         # what a response may not spell: the markers, and every special token (an EOS would end the row)
@@ -229,10 +233,11 @@ class ToolRunner:
             tool, argument = self._read_call(completion, call)
         except ToolError as error:
             call.response, call.error = f"error: {error}", True
-            self.pending[request] = _Pending(call, None, time.monotonic())
+            self.pending[request] = _Pending(call, None, 0.0)
             return
-        future = _in_a_thread(tool, argument)
-        self.pending[request] = _Pending(call, future, time.monotonic() + tool.time_limit)
+        pending = _Pending(call, None, tool.time_limit)
+        pending.future = self.pool.submit(_answer, tool, argument, pending.began)
+        self.pending[request] = pending
 
     def poll(self, request: int) -> list[int] | None:
         """The observation's token ids once the call has answered or run out of time; None until then."""
@@ -242,7 +247,7 @@ class ToolRunner:
             if pending.future.done():
                 response, call.error = pending.future.result()
                 call.response = _cut(response)
-            elif time.monotonic() >= pending.deadline:
+            elif time.monotonic() >= (pending.began or [pending.started])[0] + pending.time_limit:
                 # abandoned: a Python function cannot be stopped; its thread ends when it returns
                 limit = self.tools[call.tool].time_limit
                 call.response, call.error, call.timed_out = f"error: timed out after {limit:g} s", True, True
@@ -257,9 +262,10 @@ class ToolRunner:
         return list(self.made.get(request, []))
 
     def close(self) -> None:
-        """Abandon the calls still running (their threads end when their tools return); the calls made
-        stay readable."""
+        """Abandon the calls still queued or running (a running tool's thread ends when it returns); the
+        calls made stay readable."""
         self.pending.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> ToolRunner:
         return self
@@ -333,20 +339,10 @@ class ToolRunner:
         return [token.content for token in added if token.content]
 
 
-def _in_a_thread(tool: Tool, argument: str) -> Future:
-    """Start one run of the tool in a daemon thread of its own; the future of its (response, error)."""
-    future = Future()
-    thread = threading.Thread(
-        target=lambda: future.set_result(_answer(tool, argument)),
-        name=f"minigrpo-tool-{tool.name}",
-        daemon=True,
-    )
-    thread.start()
-    return future
-
-
-def _answer(tool: Tool, argument: str) -> tuple[str, bool]:
-    """(response, error) of one run of a tool; anything it raises is an error observation."""
+def _answer(tool: Tool, argument: str, began: list) -> tuple[str, bool]:
+    """(response, error) of one run of a tool, noting in `began` when it started; anything it raises is
+    an error observation."""
+    began.append(time.monotonic())
     try:
         return str(tool.run(argument)), False
     except ToolError as error:
