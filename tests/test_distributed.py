@@ -1,7 +1,7 @@
 """Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
 process and two take the same gradients and train to the same weights (DDP and FSDP2; grpo, dapo
-with global statistics, outcome+process advantages, dynamic sampling with uneven ranks, tool
-observations), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
+with global statistics and tool observations, outcome+process advantages, dynamic sampling with
+uneven ranks), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
 and wrong set-ups fail with one clear line.
 Every job imports minigrpo from this checkout, whatever else is installed."""
 
@@ -29,6 +29,8 @@ TRAIN = dict(max_steps=2, learning_rate=1e-3, adam_epsilon=1e-6, progress_bar=Fa
 # Three objectives, each with gradient accumulation over several micro-batches on every rank.
 OBJECTIVES = {
     "grpo": (dict(num_generations=4, max_completion_length=10), dict(batch_size=16, micro_batch_size=3)),
+    # With tool calls: each completion's observation tokens (distributed_job.py) are context, not loss,
+    # and out of dapo's global token count.
     "dapo": (
         dict(
             num_generations=4,
@@ -38,6 +40,7 @@ OBJECTIVES = {
             epsilon_high=0.28,
             beta=0.04,
             num_iterations=2,
+            tools="calculator",
         ),
         dict(batch_size=16, micro_batch_size=4),
     ),
@@ -58,11 +61,6 @@ OBJECTIVES = {
             max_sampling_rounds=2,
         ),
         dict(batch_size=24, micro_batch_size=3, max_steps=3),
-    ),
-    # Tool calls: each completion's observation tokens (distributed_job.py) are context, not loss.
-    "tools": (
-        dict(num_generations=4, max_completion_length=10, loss_type="dapo", tools="calculator"),
-        dict(batch_size=16, micro_batch_size=3),
     ),
 }
 
@@ -303,8 +301,8 @@ def test_dynamic_sampling_left_the_ranks_uneven(layouts):
 
 
 def test_resume_under_two_ranks_is_exact(layouts, two_nodes):
-    """The stopped runs of the layouts' job (2 of 3 steps, sampled completions) resumed in a new job (the
-    two-node one)."""
+    """The stopped runs of the layouts' job (2 of 3 steps, sampled completions, some of which call the
+    calculator) resumed in a new job (the two-node one)."""
     for kind, _ in RESUMED:
         state = load_state(latest_checkpoint(str(layouts / f"stopped-{kind}")))
         assert state["step"] == 3, said(two_nodes)
@@ -314,6 +312,7 @@ def test_resume_under_two_ranks_is_exact(layouts, two_nodes):
             assert torch.equal(value, resumed[name]), (kind, name)
         straight_lines = metrics(layouts / f"straight-{kind}")
         assert straight_lines == _without_times(metrics(layouts / f"stopped-{kind}"), like=straight_lines)
+        assert any(line["tools/calls_per_completion"] > 0 for line in straight_lines)  # sampled calls too
         assert len(state["rng"]) == 2  # each rank's own RNG states
 
 
@@ -414,10 +413,11 @@ def test_blocks_cover_the_items_in_order():
 
 
 def _without_times(lines: list[dict], like: list[dict]) -> list[dict]:
-    """The lines with the timing and throughput values of `like` (they differ from run to run)."""
+    """The lines with the timing and throughput values of `like` (they differ from run to run), the
+    seconds tool calls took among them."""
     volatile = ("time/", "sampling/", "training/")
     return [
-        {k: (b[k] if k.startswith(volatile) else v) for k, v in a.items()}
+        {k: (b[k] if k.startswith(volatile) or k.endswith("/seconds") else v) for k, v in a.items()}
         for a, b in zip(lines, like, strict=True)
     ]
 
