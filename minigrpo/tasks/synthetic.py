@@ -58,25 +58,9 @@ def arithmetic(rng: random.Random, difficulty: int) -> Problem:
     """difficulty 1: a + b * c (a, b two-digit, c in 2..9); 2: one more term; 3: two more, with '-'."""
     operands = [rng.randint(10, 99), rng.randint(10, 99), rng.randint(2, 9)]
     ops = ["+", "*"]
-    for _ in range(difficulty - 1):
-        ops.append(rng.choice("+-*"))
-        operands.append(rng.randint(2, 9) if ops[-1] == "*" else rng.randint(10, 99))
-    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
-    steps, values, pending = [], [operands[0]], []
-    for op, x in zip(ops, operands[1:]):  # products first, each written out
-        if op == "*":
-            product = values[-1] * x
-            steps.append(f"{values[-1]}*{x}={product}")
-            values[-1] = product
-        else:
-            pending.append(op)
-            values.append(x)
-    total = values[0]
-    for op, x in zip(pending, values[1:]):  # then sums and differences, left to right
-        result = total + x if op == "+" else total - x
-        steps.append(f"{total}{op}{x}={result}")
-        total = result
-    return Problem(question, str(total), ";".join(steps) + f";####{total}")
+    question = _with_more_terms(rng, operands, ops, difficulty, (10, 99))
+    steps, total = _ordered_steps(operands, ops)
+    return Problem(question, str(total), ";".join(f"{e}={v}" for e, v in steps) + f";####{total}")
 
 
 # calc: the share of a worked solution's steps sent to the calculator, the rest done in the head
@@ -90,17 +74,24 @@ def calc(rng: random.Random, difficulty: int) -> Problem:
     sometimes, and is wrong often when it does not."""
     operands = [rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999)]
     ops = ["*", "+"]
-    for _ in range(difficulty - 1):
-        ops.append(rng.choice("+-*"))
-        operands.append(rng.randint(2, 9) if ops[-1] == "*" else rng.randint(100, 999))
-    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
-    steps, total = _calc_steps(operands, ops)
+    question = _with_more_terms(rng, operands, ops, difficulty, (100, 999))
+    steps, total = _ordered_steps(operands, ops)
     worked = [_calc_step(expression, value, rng) for expression, value in steps]
     return Problem(question, str(total), ";".join(worked) + f";####{total}")
 
 
-def _calc_steps(operands: list[int], ops: list[str]) -> tuple[list[tuple[str, int]], int]:
-    """Each step of the expression as (expression, value): products first, then left to right."""
+def _with_more_terms(rng, operands: list[int], ops: list[str], difficulty: int, term: tuple[int, int]) -> str:
+    """Add difficulty - 1 terms to the expression's `operands` and `ops` (a factor in 2..9 after '*', else a
+    number in `term`), in place; the expression's text."""
+    for _ in range(difficulty - 1):
+        ops.append(rng.choice("+-*"))
+        operands.append(rng.randint(2, 9) if ops[-1] == "*" else rng.randint(*term))
+    return str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
+
+
+def _ordered_steps(operands: list[int], ops: list[str]) -> tuple[list[tuple[str, int]], int]:
+    """Each step of the expression as (expression, value): products first, then sums and differences
+    left to right; and the total."""
     values, pending, steps = [operands[0]], [], []
     for op, x in zip(ops, operands[1:]):
         if op == "*":
