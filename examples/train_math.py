@@ -138,15 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def model_task(model: str, options: dict[str, argparse.Action]) -> dict:
     """The task a local checkpoint says it was made for (weights.read_task: pretrain_tiny.py writes it and
     every checkpoint of the model carries it), as option values; {} for none."""
-    path = os.path.join(model, "tokenizer_config.json")
-    task = read_task(model)
-    unknown = sorted(set(task) - set(options))
-    if unknown:
-        raise ValueError(f"{path}: minigrpo_task has unknown options: {', '.join(unknown)}")
-    try:
-        return {key: file_value(options[key], value) for key, value in task.items()}
-    except ValueError as problem:
-        raise ValueError(f"{path}: minigrpo_task: {problem}") from None
+    where = f"{os.path.join(model, 'tokenizer_config.json')}: minigrpo_task"
+    return option_values(read_task(model), options, where)
 
 
 def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
@@ -169,13 +162,19 @@ def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
         raise ValueError(f"cannot read the config file {path}: {read_error(error)}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of option names to values")
+    return option_values(values, options, path)
+
+
+def option_values(values: dict, options: dict[str, argparse.Action], where: str) -> dict:
+    """`values` (option name -> value, read from `where`), each as its flag would give it; a ValueError
+    names an unknown option or a bad value."""
     unknown = sorted(set(values) - set(options))
     if unknown:
-        raise ValueError(f"{path} has unknown options: {', '.join(unknown)}")
+        raise ValueError(f"{where} has unknown options: {', '.join(unknown)}")
     try:
         return {key: file_value(options[key], value) for key, value in values.items()}
     except ValueError as problem:
-        raise ValueError(f"{path}: {problem}") from None
+        raise ValueError(f"{where}: {problem}") from None
 
 
 def read_error(error: Exception) -> str:
