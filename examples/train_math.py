@@ -315,19 +315,24 @@ def check_output_dir(path: str) -> None:
 
 
 def write_probe(path: str) -> str | None:
-    """Create `path`, write a file in it and remove both again (nothing is left behind); what went wrong, or
-    None. os.access is not enough: root passes it everywhere, /proc and /sys included, and it knows nothing of
-    a full disk."""
-    created = []  # the directories this made, outermost first
-    missing = os.path.abspath(path)
-    while not os.path.exists(missing):
-        created.insert(0, missing)
-        missing = os.path.dirname(missing)
+    """Create `path`, write a file in it and remove both again; what went wrong, or None. os.access is not
+    enough: root passes it everywhere, /proc and /sys included, and it knows nothing of a full disk.
+    Missing parents are made too, and kept once the probe passes: another run creating its own directory
+    beside this one (runs/a and runs/b at once) may be using them. A failed probe leaves nothing it made."""
+    path = os.path.abspath(path)
+    missing = []  # the directories to make, outermost first
+    existing = path
+    while not os.path.exists(existing):
+        missing.insert(0, existing)
+        existing = os.path.dirname(existing)
+    made = []  # those this call made (another run may make one first)
     step = "creating it"
     try:
-        for directory in created:
+        for directory in missing:
             step = f"creating {directory}"
-            os.mkdir(directory)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory)
+                made.append(directory)
         step = "writing a file in it"
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
         try:
@@ -337,14 +342,19 @@ def write_probe(path: str) -> str | None:
             os.close(fd)
             os.unlink(probe)
     except OSError as error:
+        remove_empty(made)
         if error.errno == errno.ENOSPC:
-            return f"no space left on the device ({shutil.disk_usage(missing).free} bytes free)"
+            return f"no space left on the device ({shutil.disk_usage(existing).free} bytes free)"
         return f"{step} fails ({error.strerror or error})"
-    finally:
-        for directory in reversed(created):
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
+    remove_empty(made[-1:] if made and made[-1] == path else [])
     return None
+
+
+def remove_empty(directories: list[str]) -> None:
+    """Remove these directories, innermost first, where they are (still) empty."""
+    for directory in reversed(directories):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
 
 
 if __name__ == "__main__":

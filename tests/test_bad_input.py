@@ -598,14 +598,20 @@ def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_
     assert seconds < 10, seconds  # a few seconds for reading and checking 10 MB on a busy machine; not 30-90
 
 
-def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(tmp_path, monkeypatch):
-    """ENOSPC while probing --output_dir (a write, or the fsync after it) says so, and leaves nothing
-    behind."""
+def load_train_math():
+    """examples/train_math.py as a module (its __main__ part not run)."""
     spec = importlib.util.spec_from_file_location(
         "train_math", os.path.join(ROOT, "examples", "train_math.py")
     )
     train_math = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_math)
+    return train_math
+
+
+def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(tmp_path, monkeypatch):
+    """ENOSPC while probing --output_dir (a write, or the fsync after it) says so, and leaves nothing
+    behind."""
+    train_math = load_train_math()
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -619,6 +625,25 @@ def test_a_full_disk_at_the_output_dir_probe_is_one_line_naming_the_free_space(t
         f"train_math.py: --output_dir {out} cannot be written: no space left on the device ("
     ) and str(stop.value.code).endswith(" bytes free)")
     assert list(tmp_path.iterdir()) == []  # neither the directories it made nor the probe file are left
+
+
+def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatch):
+    """Two runs started at once into runs/a and runs/b, where runs/ does not exist yet: the other run
+    makes runs/ between this probe's look and its mkdir. The probe goes on with the other's runs/, and,
+    once it passes, keeps runs/ (the other run may be about to make its directory there)."""
+    train_math = load_train_math()
+    real_mkdir = os.mkdir
+
+    def the_other_run_first(path, *args, **kwargs):
+        if os.path.basename(path) == "runs" and not os.path.exists(path):
+            real_mkdir(path)  # the other run's
+        return real_mkdir(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "mkdir", the_other_run_first)
+        assert train_math.write_probe(str(tmp_path / "runs" / "a")) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"] and list((tmp_path / "runs").iterdir()) == []
+    assert train_math.write_probe(str(tmp_path / "runs" / "b")) is None
 
 
 def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_path):
