@@ -1,5 +1,6 @@
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -26,3 +27,52 @@ def examples_server():
     server = Server()
     yield server
     server.close()
+
+
+# ---------------------------------------------------------------- work beside the suite
+# A test file whose fixtures are mostly other processes' work (torchrun jobs, the benchmarks' smoke runs)
+# puts that work in a module-level `background_work(tmp_path_factory)`, which runs it to the end and
+# returns what its tests check. It starts in a thread as the session starts, while this process runs
+# the other files' tests (the files with background work run last), so the two share the cores instead
+# of taking turns. Nothing run there may start a sandboxed program: test_code_reward checks that no
+# sandbox uid has processes or files left.
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: hasattr(getattr(item, "module", None), "background_work"))  # stable
+
+
+class Background:
+    """The background work of the selected files, one after another in a daemon thread (an interrupted
+    session does not wait for it): result(name) waits for that module's and returns what it returned,
+    or raises what it raised."""
+
+    def __init__(self, works: dict, tmp_path_factory):
+        self.results = {}  # module name -> ("value", what it returned) or ("error", what it raised)
+        self.done = {name: threading.Event() for name in works}
+        threading.Thread(target=self._run, args=(works, tmp_path_factory), daemon=True).start()
+
+    def _run(self, works: dict, tmp_path_factory) -> None:
+        for name, work in works.items():
+            try:
+                self.results[name] = ("value", work(tmp_path_factory))
+            except BaseException as error:  # re-raised in the test that asks for it
+                self.results[name] = ("error", error)
+            self.done[name].set()
+
+    def result(self, name: str):
+        self.done[name].wait()
+        kind, value = self.results[name]
+        if kind == "error":
+            raise value
+        return value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background(request, tmp_path_factory) -> Background:
+    works = {}  # in the order the files' tests run
+    for item in request.session.items:
+        module = getattr(item, "module", None)
+        if hasattr(module, "background_work"):
+            works.setdefault(module.__name__, module.background_work)
+    return Background(works, tmp_path_factory)

@@ -3,13 +3,15 @@ process and two take the same gradients and train to the same weights (DDP and F
 with global statistics and tool observations, outcome+process advantages, dynamic sampling with
 uneven ranks), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
 and wrong set-ups fail with one clear line.
-Every job imports minigrpo from this checkout, whatever else is installed."""
+Every job imports minigrpo from this checkout, whatever else is installed. The jobs run one after
+another in background_work, beside the suite's other files (conftest's Background)."""
 
 import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,11 +67,40 @@ OBJECTIVES = {
 }
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def background_work(tmp_path_factory) -> dict:
+    """Every torchrun job of this file, one after another, beside the suite's other files (conftest's
+    Background); what the tests below check."""
     # the calc format's markers, one token each: the tools objective's trainer checks them at start
     markers = ("<calc>", "</calc>", "<out>", "</out>")
-    return tiny_policy(str(tmp_path_factory.mktemp("policy")), markers, max_position_embeddings=128)
+    checkpoint = tiny_policy(str(tmp_path_factory.mktemp("policy")), markers, max_position_embeddings=128)
+    layouts = layouts_job(checkpoint, tmp_path_factory)
+    return {
+        "checkpoint": checkpoint,
+        "layouts": layouts,
+        "two_nodes": two_nodes_job(layouts, checkpoint, tmp_path_factory),
+        "fsdp": fsdp_job(checkpoint, tmp_path_factory.mktemp("fsdp")),
+        "refused": refused_job(checkpoint, tmp_path_factory.mktemp("refused")),
+    }
+
+
+@pytest.fixture(scope="module")
+def jobs(background) -> dict:
+    return background.result(__name__)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(jobs) -> str:
+    return jobs["checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def layouts(jobs):
+    return jobs["layouts"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(jobs) -> dict:
+    return jobs["two_nodes"]
 
 
 def torchrun(processes: int, *args, check: bool = True) -> subprocess.CompletedProcess:
@@ -141,8 +172,7 @@ def metrics(out) -> list[dict]:
 RESUMED = [("ddp", {}), ("fsdp", {"fsdp": True})]  # the layouts test_resume_under_two_ranks_is_exact resumes
 
 
-@pytest.fixture(scope="module")
-def layouts(checkpoint, tmp_path_factory):
+def layouts_job(checkpoint: str, tmp_path_factory):
     """The same fixed completions trained by one plain process, by two under DDP and by two under FSDP2;
     where each process imported minigrpo from is kept in imports/. The two-rank job also runs, with
     sampled completions, the straight and the stopped runs that test_resume_under_two_ranks_is_exact
@@ -225,8 +255,7 @@ def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective)
             )
 
 
-@pytest.fixture(scope="module")
-def two_nodes(layouts, checkpoint, tmp_path_factory):
+def two_nodes_job(layouts, checkpoint: str, tmp_path_factory) -> dict:
     """One job under torchrun --nnodes 2, two agents on this machine with one process each, as on two
     machines (one torchrun start-up for three tests): a grpo run of fixed completions
     (test_two_nodes_train_to_the_weights_of_one_process), the layouts' stopped runs resumed
@@ -316,8 +345,9 @@ def test_resume_under_two_ranks_is_exact(layouts, two_nodes):
         assert len(state["rng"]) == 2  # each rank's own RNG states
 
 
-def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path):
-    out = tmp_path / "run"
+def fsdp_job(checkpoint: str, base: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """examples/train_math.py under torchrun with --fsdp, two ranks: the result and its output_dir."""
+    out = base / "run"
     result = torchrun(
         2,
         "examples/train_math.py",
@@ -345,6 +375,11 @@ def test_train_math_runs_unchanged_under_torchrun_with_fsdp(checkpoint, tmp_path
         "--eval_every",
         "1",
     )
+    return result, out
+
+
+def test_train_math_runs_unchanged_under_torchrun_with_fsdp(jobs, checkpoint):
+    result, out = jobs["fsdp"]
     assert result.stdout.count("held-out greedy accuracy before GRPO") == 1  # rank 0 alone prints
     summary = json.load(open(out / "summary.json"))
     assert summary["steps"] == 2 and summary["processes"] == 2
@@ -374,8 +409,9 @@ def test_ranks_that_disagree_on_the_configuration_stop_with_one_line(two_nodes):
         assert "Traceback" not in stderr.split("failed (exitcode")[0]  # before torchrun's own report
 
 
-def test_a_world_size_that_does_not_divide_the_prompts_is_refused(checkpoint, tmp_path):
-    result = torchrun(
+def refused_job(checkpoint: str, base: Path) -> subprocess.CompletedProcess:
+    """examples/train_math.py under torchrun, two ranks, with a batch of 3 prompts."""
+    return torchrun(
         2,
         "examples/train_math.py",
         "--model",
@@ -383,13 +419,17 @@ def test_a_world_size_that_does_not_divide_the_prompts_is_refused(checkpoint, tm
         "--template",
         "tiny",
         "--output_dir",
-        str(tmp_path / "run"),
+        str(base / "run"),
         "--num_generations",
         "2",
         "--batch_size",
         "6",
         check=False,
     )
+
+
+def test_a_world_size_that_does_not_divide_the_prompts_is_refused(jobs):
+    result = jobs["refused"]
     assert result.returncode != 0
     assert "3 prompts per step, which do not split evenly across 2 processes" in result.stderr
     assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # before torchrun's own report
