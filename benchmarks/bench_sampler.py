@@ -32,7 +32,9 @@ alternate the two (one row included, which the sampler leaves plain).
 """
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +42,8 @@ import time
 
 if "--warm-cache" not in sys.argv:  # before torch is imported: inductor reads it when it first compiles
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-sampler-inductor-")
+    # the cold cache's compiled kernels go with the run
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 import torch
 import torch.nn.functional as F

@@ -7,9 +7,11 @@ Importing torch and the library costs 2-3 s per process (transformers and TRL, w
 measure against, several more); here it is paid once, then every case is a fork that runs its
 script as __main__ with its own argv, stdout (OUT_DIR/name.out) and stderr (OUT_DIR/name.err) and
 ends as the interpreter would: sys.exit("message") prints the message and exits 1, an uncaught
-exception prints its traceback. Prints {name: exit status} as JSON.
+exception prints its traceback, and the exit handlers the script registered run. Prints
+{name: exit status} as JSON.
 """
 
+import atexit
 import importlib
 import json
 import os
@@ -38,6 +40,7 @@ def run(case: dict, out_dir: str) -> int:
         )
         os.dup2(file, fd)
         os.close(file)
+    atexit._clear()  # the handlers inherited from this runner are not the script's to run
     script = os.path.join(EXAMPLES, case["script"])  # an absolute path stays itself
     sys.argv = [script, *case["argv"]]
     sys.path[0] = os.path.dirname(script)  # the script's directory, as the interpreter puts it
@@ -53,6 +56,7 @@ def run(case: dict, out_dir: str) -> int:
     except BaseException:  # what the interpreter does with an uncaught exception
         traceback.print_exc()
         status = 1
+    atexit._run_exitfuncs()  # as the interpreter does before it exits
     sys.stdout.flush()
     sys.stderr.flush()
     return status
