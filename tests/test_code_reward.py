@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -708,7 +709,8 @@ def ours(pid, supervisor_pid):
 
 @as_root
 def test_the_supervisor_and_its_test_die_with_the_trainer():
-    """A SIGKILLed trainer leaves no supervisor running tests as a uid that is no longer locked."""
+    """A SIGKILLed trainer leaves no supervisor running tests as a uid that is no longer locked; the next
+    sandbox of that uid removes the working directory it left."""
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER])
     supervisor = test = None
     try:
@@ -721,6 +723,11 @@ def test_the_supervisor_and_its_test_die_with_the_trainer():
         test, uid = found
         held = {os.readlink(f"/proc/{supervisor}/fd/{fd}") for fd in os.listdir(f"/proc/{supervisor}/fd")}
         assert f"{code_module.UID_LOCKS}/{uid}" in held  # the uid stays locked while the supervisor runs
+        (left,) = [
+            entry.path
+            for entry in os.scandir(tempfile.gettempdir())
+            if entry.name.startswith(code_module.DIRECTORY_PREFIX) and entry.stat().st_uid == uid
+        ]
         trainer.kill()
         trainer.wait()
 
@@ -728,6 +735,10 @@ def test_the_supervisor_and_its_test_die_with_the_trainer():
             return [pid for pid in (supervisor, test) if process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
 
         assert wait_for(lambda: not running(), 5), f"still running: {running()}"
+        assert os.path.isdir(left)  # the trainer never reached its clean-up
+        assert wait_for(lambda: uid not in code_module._uids_with_processes(), 5)  # its zombies reaped
+        assert run_tests("pass", ["pass"], SandboxConfig(first_uid=uid)) == [True]
+        assert not os.path.exists(left)
     finally:
         trainer.kill()
         for pid in (supervisor, test):

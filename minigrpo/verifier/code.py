@@ -51,6 +51,7 @@ SANDBOX_UIDS = (
 # one lock file per uid in use, root's: a fixed path, machine-wide whatever TMPDIR says (/run is cleared at
 # boot)
 UID_LOCKS = "/run/minigrpo-sandbox-uids"
+DIRECTORY_PREFIX = "minigrpo-sandbox-"  # each run's working directory, in the temporary directory
 
 
 @dataclass
@@ -302,13 +303,32 @@ def _uids_with_processes() -> set[int]:
 
 @contextmanager
 def _sandbox_directory(uid: int | None):
-    directory = tempfile.mkdtemp(prefix="minigrpo-sandbox-")  # mode 0700
+    if uid is not None:
+        _remove_left_directories(uid)
+    directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # mode 0700
     try:
         if uid is not None:
             os.chown(directory, uid, uid)
         yield directory
     finally:
         remove_tree(directory)  # however deep, closed or linked the tree a test left
+
+
+def _remove_left_directories(uid: int) -> None:
+    """Delete the sandbox directories of this uid that a killed trainer left in the temporary directory
+    (SIGKILL, the OOM killer: its _sandbox_directory never reached its clean-up). We hold the uid's lock and
+    no process runs as it, so none of them belongs to a running sandbox."""
+    for entry in os.scandir(tempfile.gettempdir()):
+        try:
+            left = (
+                entry.name.startswith(DIRECTORY_PREFIX)
+                and entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_uid == uid
+            )
+        except OSError:  # removed meanwhile
+            continue
+        if left:
+            remove_tree(entry.path)
 
 
 def _supervise(
