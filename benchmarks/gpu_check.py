@@ -377,7 +377,18 @@ def worker_command(processes: int, spec: dict) -> list[str]:
     worker = [os.path.abspath(__file__), "--nccl-worker", json.dumps(spec)]
     if processes == 1:
         return [sys.executable, *worker]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *worker]
+    # torchrun's log directory inside the run's scratch directory: by default it leaves one in /tmp
+    logs = os.path.join(os.path.dirname(spec["output_dir"]), "torchrun-logs")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--log-dir",
+        logs,
+        *worker,
+    ]
 
 
 def worker_env() -> dict:

@@ -70,6 +70,8 @@ OBJECTIVES = {
 def background_work(tmp_path_factory) -> dict:
     """Every torchrun job of this file, one after another, beside the suite's other files (conftest's
     Background); what the tests below check."""
+    # torchrun leaves its log directory (torchelastic_*) in the temporary directory: pytest's, not the host's
+    ENV["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     # the calc format's markers, one token each: the tools objective's trainer checks them at start
     markers = ("<calc>", "</calc>", "<out>", "</out>")
     checkpoint = tiny_policy(str(tmp_path_factory.mktemp("policy")), markers, max_position_embeddings=128)
