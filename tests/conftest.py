@@ -30,12 +30,15 @@ def examples_server():
 
 
 # ---------------------------------------------------------------- work beside the suite
-# A test file whose fixtures are mostly other processes' work (torchrun jobs, the benchmarks' smoke runs)
-# puts that work in a module-level `background_work(tmp_path_factory)`, which runs it to the end and
-# returns what its tests check. It starts in a thread as the session starts, while this process runs
-# the other files' tests (the files with background work run last), so the two share the cores instead
-# of taking turns. Nothing run there may start a sandboxed program: test_code_reward checks that no
-# sandbox uid has processes or files left.
+# A test file whose fixtures are mostly other processes' work (torchrun jobs, the benchmarks' smoke runs,
+# inductor compiling) puts that work in a module-level `background_work(tmp_path_factory)`, which runs it
+# to the end and returns what its tests check. It starts in a thread as the session starts, while this
+# process runs the other files' tests (the files with background work run last), so the two share the
+# cores instead of taking turns. It runs niced: it fills the cores the tests leave idle, and never slows
+# a test that checks a time limit. Nothing run there may start a sandboxed program (test_code_reward
+# checks that no sandbox uid has processes or files left) or draw from torch's random generator in this
+# process (the tests running meanwhile seed it): such work goes in a process of its own.
+BACKGROUND_NICENESS = 10
 
 
 def pytest_collection_modifyitems(items):
@@ -43,22 +46,25 @@ def pytest_collection_modifyitems(items):
 
 
 class Background:
-    """The background work of the selected files, one after another in a daemon thread (an interrupted
+    """The background work of the selected files, each in a daemon thread of its own (an interrupted
     session does not wait for it): result(name) waits for that module's and returns what it returned,
     or raises what it raised."""
 
     def __init__(self, works: dict, tmp_path_factory):
         self.results = {}  # module name -> ("value", what it returned) or ("error", what it raised)
         self.done = {name: threading.Event() for name in works}
-        threading.Thread(target=self._run, args=(works, tmp_path_factory), daemon=True).start()
-
-    def _run(self, works: dict, tmp_path_factory) -> None:
+        tmp_path_factory.getbasetemp()  # made here: two threads making it at once would race
         for name, work in works.items():
-            try:
-                self.results[name] = ("value", work(tmp_path_factory))
-            except BaseException as error:  # re-raised in the test that asks for it
-                self.results[name] = ("error", error)
-            self.done[name].set()
+            threading.Thread(target=self._run, args=(name, work, tmp_path_factory), daemon=True).start()
+
+    def _run(self, name: str, work, tmp_path_factory) -> None:
+        # niceness is per thread on Linux, and the processes this thread starts inherit it
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
+        try:
+            self.results[name] = ("value", work(tmp_path_factory))
+        except BaseException as error:  # re-raised in the test that asks for it
+            self.results[name] = ("error", error)
+        self.done[name].set()
 
     def result(self, name: str):
         self.done[name].wait()
