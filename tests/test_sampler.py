@@ -341,37 +341,6 @@ def test_each_row_keeps_its_seed_whatever_the_row_budget(model):
     assert len({tuple(t) for t in unbounded.tokens[:3]}) > 1  # the G samples of a prompt still differ
 
 
-def test_compiled_decode_crosses_span_buckets_and_compacts_like_eager(monkeypatch):
-    """compile=True: completions that cross 128 cache slots (from the 128-slot span bucket to the 256 one),
-    and rows that finish early (the batch shrinks to a smaller compiled batch size), give eager's tokens
-    and log-probs. Each graph costs seconds of inductor work on these CPUs: one layer, and three graphs,
-    (2 rows, 128 slots), (1, 128) and (1, 256), as row 0's prompt already fills more than 64 slots."""
-    model = tiny_model(seed=3, num_hidden_layers=1)
-    prompts = [list(range(1, 71)), [13, 4, 9]]  # 70 and 3 tokens: row 0 starts past slot 64, crosses 128 late
-    free = minigrpo.generate(model, prompts, max_new_tokens=76, temperature=0)
-    late = lambda t: t not in free.tokens[0][:70]  # noqa: E731
-    # row 1 ends by step 21, row 0 late or never
-    eos = next(t for t in free.tokens[1][5:21] if late(t) and t not in free.tokens[1][:5])
-    settings = dict(max_new_tokens=76, temperature=0, eos_token_ids=[eos], check_every=4)
-    eager = minigrpo.generate(model, prompts, **settings)
-    shrunk = []
-    original = minigrpo.KVCache.keep_rows
-    monkeypatch.setattr(
-        minigrpo.KVCache,
-        "keep_rows",
-        lambda self, rows, n, fresh=False: (
-            shrunk.append((len(rows), fresh)) or original(self, rows, n, fresh=fresh)
-        ),
-    )
-    compiled = minigrpo.generate(model, prompts, compile=True, **settings)
-    assert shrunk == [(1, True)]  # the batch went from 2 rows to 1 while compiled
-    assert len(eager.tokens[1]) <= 21 and len(eager.tokens[0]) > 70
-    assert len(prompts[0]) + len(eager.tokens[1]) < 128 < len(prompts[0]) + len(eager.tokens[0])
-    assert compiled.tokens == eager.tokens and compiled.finish_reasons == eager.finish_reasons
-    for a, b in zip(compiled.logprobs, eager.logprobs):
-        assert (torch.tensor(a) - torch.tensor(b)).abs().max() <= 1e-5
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU; this machine has none")
 def test_cuda_graph_decode_gives_eager_tokens_and_logprobs():
     """compile=True on CUDA replays each (cache, span) step as a CUDA graph (sampler.GraphedSteps): with
