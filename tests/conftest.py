@@ -37,7 +37,8 @@ def examples_server():
 # cores instead of taking turns. It runs niced: it fills the cores the tests leave idle, and never slows
 # a test that checks a time limit. Nothing run there may start a sandboxed program (test_code_reward
 # checks that no sandbox uid has processes or files left) or draw from torch's random generator in this
-# process (the tests running meanwhile seed it): such work goes in a process of its own.
+# process (the tests running meanwhile seed it): such work goes in a process of its own
+# (helpers.in_a_process).
 BACKGROUND_NICENESS = 10
 
 

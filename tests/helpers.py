@@ -2,12 +2,17 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
 
 TINY = dict(
     vocab_size=97,
@@ -99,3 +104,25 @@ def tiny_policy(directory: str, extra_specials: tuple[str, ...] = (), **override
 def write_json(path, data):
     with open(path, "w") as f:
         json.dump(data, f)
+
+
+def in_a_process(module: str, function: str, *args, **kwargs):
+    """module.function(*args, **kwargs) run in a fresh interpreter (the checkout's minigrpo, this directory's
+    modules on the path), with its arguments and what it returns passed as JSON: for background work
+    (conftest), whose process-wide state (torch's random generator) the tests running meanwhile share."""
+    call = (
+        "import importlib, json, sys\n"
+        "module, function, args, kwargs = sys.argv[1:]\n"
+        "call = getattr(importlib.import_module(module), function)\n"
+        "value = call(*json.loads(args), **json.loads(kwargs))\n"
+        "print(json.dumps(value))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", call, module, function, json.dumps(args), json.dumps(kwargs)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])

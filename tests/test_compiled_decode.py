@@ -6,19 +6,12 @@ Background): a process of its own, started as the session starts, while the othe
 the eager run and the comparison happen here.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import in_a_process, tiny_model
 
 import minigrpo
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
 # 70 and 3 tokens: row 0 starts past slot 64 and crosses 128 late
 PROMPTS = [list(range(1, 71)), [13, 4, 9]]
 
@@ -60,17 +53,7 @@ def compiled_run() -> dict:
 
 
 def background_work(tmp_path_factory) -> dict:
-    """compiled_run() in a process of its own (the checkout's minigrpo, this directory's helpers)."""
-    code = "import json, test_compiled_decode as t; print(json.dumps(t.compiled_run()))"
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    return in_a_process("test_compiled_decode", "compiled_run")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import in_a_process
 
 import minigrpo
 from minigrpo import distributed
@@ -73,19 +74,8 @@ def background_work(tmp_path_factory) -> dict:
     ENV["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     # the calc format's markers, one token each: the tools objective's trainer checks them at start
     markers = ("<calc>", "</calc>", "<out>", "</out>")
-    checkpoint = str(tmp_path_factory.mktemp("policy"))
-    # tiny_policy in a process of its own: torch's random generator here is shared with the tests that run
-    # meanwhile, and a seed they set would be drawn from by this thread
-    build = "tiny_policy(sys.argv[1], tuple(sys.argv[2:]), max_position_embeddings=128)"
-    built = subprocess.run(
-        [sys.executable, "-c", f"import sys; from helpers import tiny_policy; {build}", checkpoint, *markers],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr[-3000:]
+    policy = str(tmp_path_factory.mktemp("policy"))
+    checkpoint = in_a_process("helpers", "tiny_policy", policy, markers, max_position_embeddings=128)
     layouts = layouts_job(checkpoint, tmp_path_factory)
     return {
         "checkpoint": checkpoint,
