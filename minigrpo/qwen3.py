@@ -154,20 +154,33 @@ class KVCache:
             mine[rows, :, :length] = theirs[source_rows, :, :length]
         self.lengths[rows] = source.lengths[source_rows]
 
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0]
+
+    def head(self, n: int) -> KVCache:
+        """This cache's first n rows, as views: every write through them lands in this cache's memory
+        (what a CUDA graph captured on one such view and replayed on another relies on)."""
+        view = object.__new__(KVCache)
+        view.slots, view.cos, view.sin = self.slots, self.cos, self.sin
+        view.rows, view.lengths = self.rows[:n], self.lengths[:n]
+        view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
+        return view
+
     def keep_rows(self, rows: torch.Tensor, length: int, *, fresh: bool = False) -> KVCache:
         """A cache of just `rows` (ascending indices), slots [0, length) copied: this one's first rows,
         moved to the front in place, or with `fresh` new tensors (a compiled graph writes in place
         only into whole tensors, not into views)."""
+        n = len(rows)
+        if not fresh:
+            for t in self.k + self.v:
+                t[:n, :, :length] = t[rows, :, :length]  # the right side is gathered first: overlap is safe
+            self.lengths[:n] = self.lengths[rows]
+            return self.head(n)
         view = object.__new__(KVCache)
         view.slots, view.cos, view.sin = self.slots, self.cos, self.sin
-        n = len(rows)
         view.rows = self.rows[:n]
-        if fresh:
-            view.k, view.v = [t[rows].clone() for t in self.k], [t[rows].clone() for t in self.v]
-        else:
-            for t in self.k + self.v:
-                t[:n, :, :length] = t[rows, :, :length]
-            view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
+        view.k, view.v = [t[rows].clone() for t in self.k], [t[rows].clone() for t in self.v]
         view.lengths = self.lengths[rows].clone()
         return view
 
@@ -374,7 +387,12 @@ class Qwen3(nn.Module):
         caller may round span up to reuse one compiled graph for many steps."""
         positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
         rotary = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D) each
-        mask = (cache.slots[:span] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
+        visible = cache.slots[:span] <= positions[:, None]  # (B, span)
+        # (B, 1, 1, span): an additive mask made once per step; a boolean one is turned into this by
+        # every attention call, two kernels per layer
+        mask = torch.zeros_like(visible, dtype=self.dtype).masked_fill_(~visible, float("-inf"))[
+            :, None, None
+        ]
         # x: (B, 1, hidden)
         x = self._blocks(self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True)
         cache.lengths.add_(1)
