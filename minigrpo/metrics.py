@@ -160,6 +160,10 @@ class Clock:
         yield
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
+    def add(self, stage: str, seconds: float) -> None:
+        """Seconds spent inside another stage's (time/warmup: the sampler's graph captures)."""
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
     def stats(self) -> dict[str, float]:
         return {
             **{f"time/{k}": v for k, v in self.seconds.items()},

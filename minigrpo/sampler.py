@@ -11,12 +11,14 @@ finished row is refilled with a waiting request; once nothing waits, finished ro
 from the batch when they are half of it. The LM head runs on the last position only, attention
 over the slots written so far; each row's next token is drawn by next_token.py.
 
-Compiled decode (`compile=True`; eager by default): one graph per (batch rows, span),
-spans from length buckets of 64, 128, 256, ... slots and batch rows from the call's first batch
-size and the powers of two below it (compaction pads with finished rows, masked); graphs live for
-the process. On a GPU each compiled step is also captured as a CUDA graph (`GraphedSteps`) and
-replayed, so that a step of 28 layers is one launch instead of hundreds. The slow reference, the
-whole sequence recomputed per token, lives in the tests.
+Graphed decode (`compile`): one graph per (batch rows, span), spans from length buckets of 64, 128,
+256, ... slots and batch rows from the call's first batch size and the powers of two below it
+(compaction pads with finished rows, masked). On a GPU the graphs are CUDA graphs of the eager step
+(decode_graphs.py), kept with their KV cache from one call to the next: a step of 28 layers is one
+launch instead of about a thousand, and this is the default there (`compile="auto"`). On CPU they are
+torch.compile graphs (`compile=True`), living for the process; eager is CPU's default, and the
+reference path everywhere (`compile=False`). The slow reference, the whole sequence recomputed per
+token, lives in the tests.
 
 Tool calls (`tools`, a `ToolHook` such as tools.ToolRunner): a row that samples the hook's end
 marker pauses; the hook runs the call while the other rows decode, and the row resumes with the
@@ -42,19 +44,26 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import decode_graphs
 from .next_token import draw_counters, row_keys, sample, uniform
 from .qwen3 import KVCache, Qwen3
 
 SPAN_BUCKET = 64  # compiled steps read 64, 128, 256, ... cache slots
 POLL_SECONDS = 0.001  # how often a batch with every row waiting on a tool call looks for answers
+# On a GPU, attention runs through SDPA's flash kernel (prompts: causal, no mask) or its memory-efficient
+# one (decode steps: a mask over each row's slots), never cuDNN's, which builds a plan for every new
+# shape: eager decoding reads one more slot each step, so it paid that plan at every step of a first call.
+GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
 class SamplingConfig:
     """How completions are drawn; checked once, before any work."""
 
-    max_new_tokens: int = 256  # completion budget per sample; EOS counts
+    # completion budget per sample, EOS counted; or a list, one budget per prompt (for each of its samples)
+    max_new_tokens: int | list[int] = 256
     temperature: float = 1.0  # logits are divided by this; 0 means greedy
     top_p: float = 1.0  # nucleus: keep the most likely tokens up to this probability mass, in (0, 1]
     top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
@@ -62,14 +71,22 @@ class SamplingConfig:
     eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
     seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
     max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every row
-    compile: bool = False  # decode steps as torch.compile graphs (each costs seconds to build) or eager
+    # decode steps replayed from graphs: "auto" = CUDA graphs on a GPU, eager on CPU; True = graphs on CPU
+    # too (torch.compile's, seconds each to build); False = eager everywhere (the reference path)
+    compile: bool | str = "auto"
     check_every: int | None = None  # decode steps between host syncs; None: 1 on CPU, 8 on GPU
     compact: bool = True  # drop finished rows from the batch once they are half of it
 
     def __post_init__(self):
         self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if isinstance(self.max_new_tokens, tuple):
+            self.max_new_tokens = list(self.max_new_tokens)
+        budgets = self.max_new_tokens if isinstance(self.max_new_tokens, list) else [self.max_new_tokens]
+        if not budgets or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in budgets):
+            raise ValueError(
+                "max_new_tokens must be a positive integer, or a list of them (one per prompt), "
+                f"got {self.max_new_tokens!r}"
+            )
         # inf would make every token equally likely; nan fails too
         if not 0 <= self.temperature < float("inf"):
             raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
@@ -86,12 +103,19 @@ class SamplingConfig:
                 "max_batch_rows must be a positive integer (or None for no limit), "
                 f"got {self.max_batch_rows!r}"
             )
-        if not isinstance(self.compile, bool):
+        if not (isinstance(self.compile, bool) or self.compile == "auto"):
             raise ValueError(
-                f"compile must be True (compiled decode steps) or False (eager), got {self.compile!r}"
+                'compile must be "auto" (graphs on a GPU, eager on CPU), True (graphs) or False (eager), '
+                f"got {self.compile!r}"
             )
         if self.check_every is not None and self.check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {self.check_every}")
+
+    def budgets(self, prompts: int) -> list[int]:
+        """Each of `prompts` prompts' max_new_tokens."""
+        if isinstance(self.max_new_tokens, int):
+            return [self.max_new_tokens] * prompts
+        return list(self.max_new_tokens)
 
 
 @dataclass
@@ -109,7 +133,8 @@ class Samples:
     decode_seconds: float = 0.0  # every decode step, sampling included
     decode_steps: int = 0  # model calls after the first prefill
     batch_rows: int = 0  # rows of the KV cache: min(requested rows, max_batch_rows)
-    compiled: bool = False  # whether the decode steps ran as torch.compile graphs
+    compiled: bool = False  # whether the decode steps ran as graphs (CUDA graphs, or torch.compile's on CPU)
+    warmup_seconds: float = 0.0  # capturing CUDA graphs not yet captured (not in decode_seconds)
     kv_cache_bytes: int = 0  # the decode cache plus the largest prefill cache this call allocated
 
     @property
@@ -169,7 +194,12 @@ def check_prompts(
     rows are ("row 3 of the task's prompts"), else by its index in `prompts` ("prompt 2")."""
     if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of token-id lists")
-    for i, prompt in enumerate(prompts):
+    if isinstance(config.max_new_tokens, list) and len(config.max_new_tokens) != len(prompts):
+        raise ValueError(
+            f"max_new_tokens has {len(config.max_new_tokens)} budgets for {len(prompts)} prompts: "
+            "give one per prompt, or one integer for all"
+        )
+    for i, (prompt, budget) in enumerate(zip(prompts, config.budgets(len(prompts)))):
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
         if not all(isinstance(t, numbers.Integral) for t in prompt):
@@ -178,13 +208,13 @@ def check_prompts(
             )
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
-        if len(prompt) + config.max_new_tokens > context:
+        if len(prompt) + budget > context:
             if sources is not None:
                 name = f"{sources[i]} ({what})" if what else sources[i]
             else:
                 name = f"row {i + 1} of the {what}" if what else f"prompt {i}"
             raise ValueError(
-                f"{name} has {len(prompt)} tokens; with max_new_tokens={config.max_new_tokens} "
+                f"{name} has {len(prompt)} tokens; with max_new_tokens={budget} "
                 f"(max_completion_length) that exceeds the model's context of {context} "
                 "(max_position_embeddings)"
             )
@@ -200,9 +230,12 @@ class Engine:
         self, model: Qwen3, prompts, config: SamplingConfig, seed: int, tools: ToolHook | None = None
     ):
         self.model, self.prompts, self.config = model, [list(p) for p in prompts], config
-        self.G, self.N = config.num_samples, config.max_new_tokens
+        self.G = config.num_samples
         self.requests = len(prompts) * self.G
         self.device = model.device
+        budgets = [n for n in config.budgets(len(prompts)) for _ in range(self.G)]
+        self.N = max(budgets)  # the longest completion budget: the width of the per-request buffers
+        self.budgets = torch.tensor(budgets, device=self.device)  # (R,): each request's max_new_tokens
         self.eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=self.device)
         self.keys = row_keys(seed, self.requests, self.device)  # (R,): one random stream per request
         self.tokens = torch.zeros(self.requests, self.N + 1, dtype=torch.long, device=self.device)  # (R, N+1)
@@ -220,29 +253,40 @@ class Engine:
 
     def run(self) -> Samples:
         rows = min(self.requests, self.config.max_batch_rows or self.requests)
-        self.compiled = self.config.compile
-        self.step_fn = compiled_decode_step() if self.compiled else decode_step
-        if self.compiled and self.device.type == "cuda":
-            self.step_fn = GraphedSteps(self.step_fn)
+        self.mode = decode_mode(self.config.compile, self.device)
+        self.compiled = self.mode != "eager"
         self.allocate(rows)
-        packing = contextlib.nullcontext() if self.compiled else self.model.packed_for_decoding(rows)
+        if self.mode == "cuda graphs":
+            self.step_fn = self.graphs.step
+        else:
+            self.step_fn = compiled_decode_step() if self.mode == "inductor" else decode_step
+        packing = self.model.packed_for_decoding(rows) if self.mode == "eager" else contextlib.nullcontext()
+        attention = sdpa_kernel(GPU_ATTENTION) if self.device.type == "cuda" else contextlib.nullcontext()
+        captured = self.graphs.capture_seconds if self.graphs is not None else 0.0
         start = time.perf_counter()
-        with packing:
+        with packing, attention:
             self.prefill_seconds += time.perf_counter() - start  # packing the weights counts as prefill
             self.logits = self.start_rows(list(range(rows)), list(range(rows)))  # (b, V)
             first_prefill = self.prefill_seconds
             start = time.perf_counter()
             self.decode_loop()
             refill_seconds = self.prefill_seconds - first_prefill  # refills are prefill
-            decode_seconds = time.perf_counter() - start - refill_seconds
+            self.warmup_seconds = self.graphs.capture_seconds - captured if self.graphs is not None else 0.0
+            decode_seconds = time.perf_counter() - start - refill_seconds - self.warmup_seconds
         return self.to_samples(decode_seconds)
 
     def allocate(self, rows: int) -> None:
         """The KV cache and the per-row state of a batch of `rows` rows, all empty."""
-        slots = max(map(len, self.prompts)) + self.N  # a row never holds more than its prompt plus N-1 tokens
+        # a row never holds more than its prompt plus its budget - 1 tokens
+        slots = max(len(p) + n for p, n in zip(self.prompts, self.config.budgets(len(self.prompts))))
         if self.compiled:  # the cache is a whole span bucket, so every span the loop asks for is a bucket
             slots = span_bucket(slots, 10**9)
-        self.cache = self.model.new_cache(rows, slots)
+        self.graphs = None  # the CUDA graphs and the cache they decode in, kept across calls
+        if self.mode == "cuda graphs":
+            self.graphs = decode_graphs.decoder_for(self.model, rows, slots)
+            self.cache = self.graphs.cache_for(rows)
+        else:
+            self.cache = self.model.new_cache(rows, slots)
         self.batch_rows, self.cache_bytes = rows, self.cache.nbytes
         self.batch_sizes = batch_buckets(rows)
         # requests not yet in the batch, next last
@@ -333,7 +377,7 @@ class Engine:
         if forced is not None:
             self.generated[rows, steps] = ~forced
             ends &= ~(forced | held)
-        done = self.done[which] | ends | (steps == self.N - 1)
+        done = self.done[which] | ends | (steps == self.budgets[rows] - 1)
         next_steps = torch.where(done, self.N, steps + 1)  # done rows write to the scratch column
         if held is not None:
             token = torch.where(held, self.token[which], token)
@@ -361,7 +405,7 @@ class Engine:
         """Move the running rows to the front and shrink the batch (to a batch bucket when compiled)."""
         size = running if not self.compiled else min(b for b in self.batch_sizes if b >= running)
         order = torch.argsort(self.done.to(torch.int8), stable=True)[:size]  # running rows first, in order
-        self.cache = self.cache.keep_rows(order, self.span(), fresh=self.compiled)
+        self.cache = self.cache.keep_rows(order, self.span(), fresh=self.mode == "inductor")
         self.rows, self.steps, self.done = self.rows[order], self.steps[order], self.done[order]
         self.token, self.noise, self.held = self.token[order], self.noise[order], self.held[order]
         self.row_keys, self.reach = self.row_keys[order], [self.reach[i] for i in order.tolist()]
@@ -374,7 +418,9 @@ class Engine:
 
     def to_samples(self, decode_seconds: float) -> Samples:
         # an observation's EOS (Qwen3's <|im_end|> before a tool response) does not end a completion
-        lengths = completion_lengths(self.tokens[:, : self.N], self.eos, self.N, self.generated[:, : self.N])
+        lengths = completion_lengths(
+            self.tokens[:, : self.N], self.eos, self.budgets, self.generated[:, : self.N]
+        )
         lengths = lengths.tolist()
         if self.tools is not None:
             for request, length in self.tools.over_limit.items():
@@ -400,6 +446,7 @@ class Engine:
             decode_steps=self.decode_steps,
             batch_rows=self.batch_rows,
             compiled=self.compiled,
+            warmup_seconds=self.warmup_seconds,
             kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
         )
 
@@ -479,6 +526,16 @@ def decode_step(model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -
     return model.logits(model.decode(tokens, cache, span))
 
 
+def decode_mode(compile: bool | str, device: torch.device) -> str:
+    """How a call's decode steps run (SamplingConfig.compile): "cuda graphs" on a GPU unless compile is
+    False, "inductor" (torch.compile) elsewhere when compile is True, else "eager"."""
+    if compile is False:
+        return "eager"
+    if device.type == "cuda":
+        return "cuda graphs"
+    return "inductor" if compile is True else "eager"
+
+
 _compiled_step = None
 
 
@@ -490,42 +547,6 @@ def compiled_decode_step():
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _compiled_step = torch.compile(decode_step, dynamic=False)
     return _compiled_step
-
-
-class GraphedSteps:
-    """A decode step function whose calls on one cache are CUDA graphs, captured once per span and then
-    replayed (gpt-fast's recipe, by hand): the tokens are copied into the graph's own input, and the
-    logits come back in its own output, overwritten by the next replay. The cache is the graphs' static
-    memory: every write into it (the step's keys, values and lengths; refills; the loop's length fix)
-    stays in place, so a replay reads what eager would. A new cache (compaction makes one, smaller)
-    starts new graphs. The first call of a span runs for real, which also compiles and warms it up;
-    the capture after it only records, running nothing."""
-
-    def __init__(self, step):
-        self.step = step
-        self.cache = None  # the cache the graphs below write into
-        self.graphs = {}  # span -> (graph, tokens (B,), logits (B, V))
-        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for the graphs of a call
-
-    def __call__(self, model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
-        if cache is not self.cache:
-            self.cache, self.graphs = cache, {}
-        if span not in self.graphs:
-            logits = self.step(model, tokens, cache, span)
-            self.graphs[span] = self.capture(model, tokens, cache, span)
-            return logits
-        graph, static_tokens, static_logits = self.graphs[span]
-        static_tokens.copy_(tokens)
-        graph.replay()
-        return static_logits
-
-    def capture(self, model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int):
-        static_tokens = tokens.clone()  # (B,)
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(tokens.device)
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_logits = self.step(model, static_tokens, cache, span)  # (B, V)
-        return graph, static_tokens, static_logits
 
 
 def span_bucket(span: int, max_len: int) -> int:
@@ -550,12 +571,12 @@ def right_pad(prompts, device):
 
 
 def completion_lengths(
-    tokens: torch.Tensor, eos: torch.Tensor, limit: int, generated: torch.Tensor | None = None
+    tokens: torch.Tensor, eos: torch.Tensor, limit, generated: torch.Tensor | None = None
 ) -> torch.Tensor:
     """(R,) tokens up to and including each row's first sampled EOS (of those `generated`, (R, N), when
-    given), or `limit` without one."""
+    given), at most `limit` (an int, or (R,) per row: a row's slots past its own are never written)."""
     hits = torch.isin(tokens, eos)  # (R, N)
     if generated is not None:
         hits &= generated
     first = hits.to(torch.int8).argmax(-1)  # (R,): first True, or 0 if none
-    return torch.where(hits.any(-1), first + 1, limit)
+    return torch.minimum(torch.where(hits.any(-1), first + 1, limit), torch.as_tensor(limit))

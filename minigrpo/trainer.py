@@ -180,7 +180,9 @@ class Trainer:
             indices = self.stream.next(batch.missing_groups())  # the next prompts of the task
             mine = self.dist.block_of(indices)  # this rank's block of them (one process: all)
             with clock("sample"):
-                rollouts = self.sample(mine, round_)  # 1. sample G completions per prompt
+                rollouts, warmup = self.sample(mine, round_)  # 1. sample G completions per prompt
+            if warmup:  # graphs captured in this step's sampling: logged by the steps that capture any
+                clock.add("warmup", warmup)
             with clock("verify"):
                 self.verify(rollouts, mine)  # 2. verify: every reward of the task
             batch.add(self.dist.gather_joined(rollouts))  # every rank's, in prompt order
@@ -197,9 +199,9 @@ class Trainer:
         return stats, self._examples(batch.sampled)
 
     # -- 1. sample ------------------------------------------------------------------------------
-    def sample(self, indices: list[int], round_: int) -> list[Rollout]:
+    def sample(self, indices: list[int], round_: int) -> tuple[list[Rollout], float]:
         """Stage 1 on this rank's prompts: G rollouts per prompt, group by group, each with the tool
-        calls it made."""
+        calls it made; and the seconds the sampler spent capturing graphs (Samples.warmup_seconds)."""
         samples = self._sample(indices, round_)
         expected = len(indices) * self.grpo.num_generations
         assert len(samples.tokens) == expected, f"{len(samples.tokens)} completions, {expected} expected"
@@ -220,7 +222,7 @@ class Trainer:
                     sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32),
                 )
             )
-        return rollouts
+        return rollouts, samples.warmup_seconds
 
     def _sample(self, indices: list[int], round_: int) -> Samples:
         """Stage 1 on this rank's prompts, with each completion's tool calls. Its seed depends on the rank:

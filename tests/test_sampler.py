@@ -257,7 +257,9 @@ def test_a_prompt_that_exactly_fills_the_context_is_sampled_and_one_token_more_i
         ([[1]], dict(max_batch_rows=0), "max_batch_rows must be a positive integer"),
         ([[1]], dict(max_batch_rows=-2), "max_batch_rows must be a positive integer"),
         ([[1]], dict(max_batch_rows=2.5), "max_batch_rows must be a positive integer"),
-        ([[1]], dict(compile=None), "compile must be True .* or False"),
+        ([[1]], dict(compile=None), 'compile must be "auto" .*, True .* or False'),
+        ([[1]], dict(compile="yes"), 'compile must be "auto"'),
+        ([[1]], dict(compile=1), 'compile must be "auto"'),
     ],
 )
 def test_bad_input_is_a_clear_error(model, prompts, settings, message):
@@ -274,7 +276,7 @@ def test_reports_timings_and_cache_size(model):
     assert samples.batch_rows == 8 and samples.kv_cache_bytes == decode_cache + prefill_cache
     assert samples.decode_steps == 4 and samples.num_tokens == 40
     assert samples.prefill_seconds > 0 and samples.decode_seconds > 0 and samples.tokens_per_second > 0
-    assert not samples.compiled  # eager unless the caller asks for compile=True
+    assert not samples.compiled  # on CPU eager unless the caller asks for compile=True
 
 
 # rows end at varied steps
@@ -341,18 +343,24 @@ def test_each_row_keeps_its_seed_whatever_the_row_budget(model):
     assert len({tuple(t) for t in unbounded.tokens[:3]}) > 1  # the G samples of a prompt still differ
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU; this machine has none")
-def test_cuda_graph_decode_gives_eager_tokens_and_logprobs():
-    """compile=True on CUDA replays each (cache, span) step as a CUDA graph (sampler.GraphedSteps): with
-    sampled tokens, refills under a row budget, rows finishing early (compaction: a new cache and new
-    graphs) and spans crossing 64 and 128 slots, tokens and log-probs are eager's, as on CPU."""
-    model = tiny_model(seed=3, num_hidden_layers=2).cuda()
-    prompts = [list(range(1, 61)), [13, 4, 9], [7, 7, 2, 30]]
-    settings = dict(max_new_tokens=76, temperature=0.9, num_samples=3, seed=11, max_batch_rows=5)
-    eager = minigrpo.generate(model, prompts, eos_token_ids=[5], **settings)
-    graphed = minigrpo.generate(model, prompts, eos_token_ids=[5], compile=True, **settings)
-    assert graphed.compiled and graphed.tokens == eager.tokens
-    assert graphed.finish_reasons == eager.finish_reasons
-    assert max(map(len, eager.tokens)) + len(prompts[0]) > 128 and min(map(len, eager.tokens)) < 76
-    for a, b in zip(graphed.logprobs, eager.logprobs):
-        assert (torch.tensor(a) - torch.tensor(b)).abs().max() <= 1e-5
+def test_a_budget_per_prompt_cuts_each_prompts_samples_where_its_own_budget_ends(model):
+    """max_new_tokens as a list: each prompt's samples stop at its own budget (no EOS here), and up to
+    there they are the tokens of a call with one budget for all (a row's draws depend on its step alone)."""
+    budgets = [3, 11, 1, 6, 9, 2]
+    settings = dict(temperature=1.0, num_samples=2, seed=4)
+    each = minigrpo.generate(model, MIXED, max_new_tokens=budgets, max_batch_rows=5, **settings)
+    one = minigrpo.generate(model, MIXED, max_new_tokens=max(budgets), **settings)
+    assert [len(t) for t in each.tokens] == [n for n in budgets for _ in range(2)]
+    assert each.tokens == [t[: len(short)] for t, short in zip(one.tokens, each.tokens)]
+    assert each.finish_reasons == ["length"] * len(each.tokens)
+    for short, long in zip(each.logprobs, one.logprobs):
+        assert torch.allclose(torch.tensor(short), torch.tensor(long[: len(short)]), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "budgets, message",
+    [([4, 4], "max_new_tokens has 2 budgets for 6 prompts"), ([4, 0, 4, 4, 4, 4], "max_new_tokens must be")],
+)
+def test_a_wrong_list_of_budgets_is_a_clear_error(model, budgets, message):
+    with pytest.raises(ValueError, match=message):
+        minigrpo.generate(model, MIXED, max_new_tokens=budgets)

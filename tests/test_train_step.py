@@ -98,8 +98,13 @@ def tokenizer(tmp_path_factory):
     return tiny_tokenizer(str(tmp_path_factory.mktemp("tokenizer")))
 
 
-def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, observations: bool = False, **train):
-    model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64).double()
+def tiny_policy_model(tokenizer) -> torch.nn.Module:
+    return tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64)
+
+
+def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, observations: bool = False, model=None, **train):
+    """A trainer of `model` (by default tiny_policy_model in fp64) whose stage 1 is a FixedSampler."""
+    model = model if model is not None else tiny_policy_model(tokenizer).double()
     settings = dict(
         output_dir=str(tmp_path / "run"),
         max_steps=10,
