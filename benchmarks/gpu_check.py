@@ -6,11 +6,18 @@ benchmarks/README.md.
     python benchmarks/gpu_check.py --quick     # each part at its smallest size
     python benchmarks/gpu_check.py --dry-run   # CPU, tiny shapes: every part runs (the suite's smoke test)
 
+It ends with the targets of the GPU issues, each with its measured figure.
+
 The parts:
-  sampler   Qwen3-0.6B shape in bf16: minigrpo eager, minigrpo compile=True, transformers' generate (when
-            installed), at batch 1 / 64 / 256, prompt 128, 512 new tokens: ms per decode step, tokens/s,
-            and the step against its HBM floor (the weight and KV-cache bytes a step reads, over the copy
-            bandwidth measured in the same run)
+  sampler   Qwen3-0.6B shape in bf16: minigrpo eager (compile=False), minigrpo's CUDA graphs (compile="auto",
+            the default on a GPU), transformers' generate (when installed), at batch 1 / 64 / 256, prompt
+            128, 512 new tokens: each path's first call and warm-up, ms per decode step, tokens/s, the step
+            against its HBM floor (the weight and KV-cache bytes a step reads, over the copy bandwidth
+            measured in the same run) and against transformers
+  nanovllm  nano-vllm's bench.py shape: 256 prompts of 100-1024 random tokens, 100-1024 new tokens each
+            (EOS ignored), temperature 0.6, seeded: output tokens/s, beside the figures nano-vllm publishes
+  train_math  examples/train_math.py with every setting its default but --device: held-out accuracy
+            before and after, seconds per step, the graphs' warm-up (time/warmup)
   update    the same shape: peak max_memory_allocated and tokens/s of forward + backward on
             16 x (128 + 512) tokens, the chunked LM head against full logits
   grpo      10 GRPO steps on random 0.6B-shape weights with a synthetic reward: seconds per stage, and the
@@ -45,12 +52,46 @@ from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 # Each part's sizes: the full report, --quick and --dry-run (CPU, tiny shapes).
 SIZES = {
     "full": dict(
-        shape="0.6b", batches=(1, 64, 256), prompt=128, new=512, update_rows=16, steps=10, grpo_new=256
+        shape="0.6b",
+        batches=(1, 64, 256),
+        prompt=128,
+        new=512,
+        update_rows=16,
+        steps=10,
+        grpo_new=256,
+        nano_rows=256,
+        nano_lengths=(100, 1024),
+        train_math=[],
     ),
-    "quick": dict(shape="0.6b", batches=(1, 64), prompt=128, new=128, update_rows=4, steps=3, grpo_new=64),
-    "dry-run": dict(shape="tiny", batches=(1, 4), prompt=8, new=8, update_rows=2, steps=2, grpo_new=8),
+    "quick": dict(
+        shape="0.6b",
+        batches=(1, 64),
+        prompt=128,
+        new=128,
+        update_rows=4,
+        steps=3,
+        grpo_new=64,
+        nano_rows=64,
+        nano_lengths=(100, 256),
+        train_math=["--steps", "100"],
+    ),
+    "dry-run": dict(
+        shape="tiny",
+        batches=(1, 4),
+        prompt=8,
+        new=8,
+        update_rows=2,
+        steps=2,
+        grpo_new=8,
+        nano_rows=4,
+        nano_lengths=(4, 12),
+        train_math=["--steps", "2", "--eval_count", "8", "--batch_size", "16", "--micro_batch_size", "16"],
+    ),
 }
 SAMPLING = dict(temperature=1.0, top_p=1.0, seed=0)
+PATHS = {"eager": False, "graphs": "auto"}  # minigrpo's paths, by their compile= setting
+NANO_VLLM = {"nano-vllm": 8961, "vLLM": 7484}  # output tok/s that nano-vllm publishes, on an A100-40GB
+MEASURED = {}  # figures the targets table at the end reads: name -> value
 
 
 def main() -> None:
@@ -59,7 +100,9 @@ def main() -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="CPU, tiny shapes: checks that every part runs"
     )
-    parser.add_argument("--parts", default="sampler,update,grpo,nccl", help="comma-separated parts to run")
+    parser.add_argument(
+        "--parts", default="sampler,nanovllm,grpo,train_math,update,nccl", help="comma-separated parts to run"
+    )
     parser.add_argument("--nccl-worker", help=argparse.SUPPRESS)  # one process of the nccl part
     args = parser.parse_args()
     if args.nccl_worker:
@@ -73,14 +116,24 @@ def main() -> None:
     sizes = SIZES["dry-run" if args.dry_run else "quick" if args.quick else "full"]
     print(machine_line(device))
     started = time.perf_counter()
-    parts = {"sampler": sampler_part, "update": update_part, "grpo": grpo_part, "nccl": nccl_part}
+    parts = {
+        "sampler": sampler_part,
+        "nanovllm": nanovllm_part,
+        "train_math": train_math_part,
+        "update": update_part,
+        "grpo": grpo_part,
+        "nccl": nccl_part,
+    }
     for name in args.parts.split(","):
         if name not in parts:
             sys.exit(f"gpu_check.py: unknown part {name!r}; known: {', '.join(parts)}")
+    for name in args.parts.split(","):
         print(f"\n## {name}")
         seconds, _ = timed(device, lambda name=name: parts[name](device, sizes))
         print(f"({name}: {seconds:.0f} s)")
-    print(f"\nwhole report: {time.perf_counter() - started:.0f} s")
+    MEASURED["report_s"] = time.perf_counter() - started
+    print(f"\nwhole report: {MEASURED['report_s']:.0f} s")
+    print_targets()
 
 
 def machine_line(device: torch.device) -> str:
@@ -119,41 +172,59 @@ def sampler_part(device: torch.device, sizes: dict) -> None:
     bandwidth = copy_bandwidth(device)
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; prompt {sizes['prompt']}, {sizes['new']} new tokens")
     print(
-        "| batch | path | first call s | ms / decode step | tokens/s | HBM floor ms / step | "
-        "floor / measured |"
+        "| batch | path | first call s | warm-up s | ms / decode step | tokens/s | HBM floor ms / step | "
+        "floor / measured | x transformers |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     twin = _transformers_twin(model)
-    paths = ["eager", "compile=True"] if device.type == "cuda" else ["eager"]
-    if device.type != "cuda":  # inductor's CPU build alone would take longer than the whole dry run
-        print("(compile=True is left out of the CPU dry run; tests/test_sampler.py holds it equal to eager)")
-    if twin is not None:
-        paths.append("transformers")
+    if device.type != "cuda":
+        print("(the graphs path needs CUDA: the CPU dry run has eager alone; tests/test_cuda.py holds both)")
     for batch in sizes["batches"]:
         prompts = torch.randint(0, model.config.vocab_size, (batch, sizes["prompt"])).tolist()
         floor = decode_floor_seconds(model, batch, sizes["prompt"] + sizes["new"] // 2, bandwidth)
-        for path in paths:
-            # the first call pays compiling and capturing graphs, the allocator's growth, autotuning
-            first, _ = timed(
-                device, lambda path=path, prompts=prompts: sample(path, model, twin, prompts, sizes["new"])
-            )
-            seconds, _ = timed(
-                device, lambda path=path, prompts=prompts: sample(path, model, twin, prompts, sizes["new"])
-            )
-            step = seconds / sizes["new"]
-            print(
-                f"| {batch} | {path} | {first:.1f} | {1e3 * step:.2f} | "
-                f"{batch * sizes['new'] / seconds:,.0f} | {1e3 * floor:.2f} | {floor / step:.2f} |"
-            )
+        sampler_rows(device, model, twin, prompts, sizes["new"], floor, batch == sizes["batches"][0])
 
 
-def sample(path: str, model, twin, prompts: list[list[int]], new_tokens: int):
-    """new_tokens for every prompt (no EOS stops a row early), by one of the sampler part's paths."""
-    if path == "transformers":
-        return hf_generate(twin, prompts, new_tokens, model.device)
-    return minigrpo.generate(
-        model, prompts, max_new_tokens=new_tokens, compile=path == "compile=True", **SAMPLING
+def sampler_rows(device, model, twin, prompts, new: int, floor: float, first_batch: bool) -> None:
+    """One batch's rows of the sampler table: transformers first (when installed; not at one row, where no
+    target reads it), then minigrpo's paths, each with its speed against transformers. Eager's first call
+    is timed apart at the first batch only: once its first call has run, later batches start warm."""
+    batch, reference = len(prompts), None
+    if twin is not None and (batch > 1 or device.type != "cuda"):
+        # its first call is 8 tokens, to warm it up: a full one would cost as long as the measured one
+        first, _ = timed(device, lambda: hf_generate(twin, prompts, 8, model.device))
+        seconds, _ = timed(device, lambda: hf_generate(twin, prompts, new, model.device))
+        reference = seconds / new
+        print_sampler_row(batch, "transformers", f"{first:.1f} (8 tokens)", "", seconds / new, floor, None)
+    for path in PATHS if device.type == "cuda" else ["eager"]:
+        # the first call pays capturing graphs, the allocator's growth, the libraries' set-up
+        first, samples = timed(device, lambda path=path: sample(path, model, prompts, new))
+        twice = path != "eager" or first_batch
+        seconds = timed(device, lambda path=path: sample(path, model, prompts, new))[0] if twice else first
+        warmup = f"{samples.warmup_seconds:.1f}" if samples.compiled else ""
+        step = seconds / new
+        print_sampler_row(
+            batch, path, f"{first:.1f}" if twice else "(one call)", warmup, step, floor, reference
+        )
+        MEASURED[f"{path}_b{batch}_ms"] = 1e3 * step
+        MEASURED[f"{path}_b{batch}_floor_frac"] = floor / step
+        MEASURED[f"{path}_b{batch}_first_s"], MEASURED[f"{path}_b{batch}_s"] = first, seconds
+        if reference is not None:
+            MEASURED[f"{path}_b{batch}_x_hf"] = reference / step
+
+
+def print_sampler_row(batch: int, path: str, first: str, warmup: str, step: float, floor: float, reference):
+    """step: seconds per new token of the whole call (prefill included), as the floor is per decode step."""
+    against = f"{reference / step:.1f}" if reference is not None else ""
+    print(
+        f"| {batch} | {path} | {first} | {warmup} | {1e3 * step:.2f} | {batch / step:,.0f} | "
+        f"{1e3 * floor:.2f} | {floor / step:.2f} | {against} |"
     )
+
+
+def sample(path: str, model, prompts: list[list[int]], new_tokens):
+    """new_tokens for every prompt (no EOS stops a row early) by one of minigrpo's paths."""
+    return minigrpo.generate(model, prompts, max_new_tokens=new_tokens, compile=PATHS[path], **SAMPLING)
 
 
 def _transformers_twin(model):
@@ -179,6 +250,34 @@ def hf_generate(twin, prompts, new_tokens: int, device: torch.device):
     )
 
 
+# -- nano-vllm's benchmark shape ---------------------------------------------------------------------------
+def nanovllm_part(device: torch.device, sizes: dict) -> None:
+    """nano-vllm's bench.py: random prompts and budgets (seeded), temperature 0.6, EOS ignored (no EOS ids),
+    every sequence in one call; throughput = output tokens over the call's seconds, prefill included."""
+    model = random_model(sizes["shape"], half(device)).to(device)
+    rng = random.Random(0)
+    low, high = sizes["nano_lengths"]
+    vocab = min(10000, model.config.vocab_size)  # bench.py draws prompt ids below 10,000
+    rows = sizes["nano_rows"]
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(rows)]
+    budgets = [rng.randint(low, high) for _ in range(rows)]
+    settings = dict(max_new_tokens=budgets, temperature=0.6, seed=0)
+    print(f"{len(prompts)} sequences, prompts of {low}-{high} tokens, {low}-{high} new tokens each")
+    print("| path | first call s | warm-up s | seconds | output tokens | output tok/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    path = "graphs" if device.type == "cuda" else "eager"  # the GPU's default path
+    run = lambda: minigrpo.generate(model, prompts, compile=PATHS[path], **settings)  # noqa: E731
+    first, samples = timed(device, run)
+    warmup = samples.warmup_seconds
+    seconds, samples = timed(device, run)
+    tokens = samples.num_tokens
+    assert tokens == sum(budgets), "every sequence runs to its own budget"
+    print(f"| {path} | {first:.1f} | {warmup:.1f} | {seconds:.1f} | {tokens:,} | {tokens / seconds:,.0f} |")
+    MEASURED["nanovllm_tok_s"] = tokens / seconds
+    published = ", ".join(f"{name} {rate:,}" for name, rate in NANO_VLLM.items())
+    print(f"(published by nano-vllm for this shape, on an A100-40GB: {published} output tok/s)")
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a large device-to-device copy (read plus write)."""
     source = torch.ones(2**28 if device.type == "cuda" else 2**24, device=device)  # 1 GiB on a GPU
@@ -195,6 +294,42 @@ def decode_floor_seconds(model, batch: int, context: int, bandwidth: float) -> f
     element = next(model.parameters()).element_size()
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * element * batch * context
     return (weights + kv) / bandwidth
+
+
+# -- examples/train_math.py ---------------------------------------------------------------------------------
+def train_math_part(device: torch.device, sizes: dict) -> None:
+    """The README's first command on this device, each other setting its default (a shorter run in --quick
+    and --dry-run), in a process of its own."""
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_math.py"
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        run = os.path.join(scratch, "run")
+        argv = [sys.executable, example, "--device", device.type, "--output_dir", run, *sizes["train_math"]]
+        print("python examples/train_math.py --device " + " ".join([device.type, *sizes["train_math"]]))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if done.returncode:
+            print(f"failed ({done.returncode}): {done.stderr[-2000:]}")
+            return
+        with open(os.path.join(run, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            steps = [json.loads(line) for line in f if line.strip()]
+    steps = [s for s in steps if "time/step" in s]  # the evaluations have lines of their own
+    seconds = sorted(s["time/step"] for s in steps)
+    median = seconds[len(seconds) // 2]
+    warmup = sum(s.get("time/warmup", 0.0) for s in steps)
+    wall = summary["wall_seconds"] / summary["steps"]
+    print(
+        "| steps | held-out accuracy | gain | median s / step | wall s / step, evaluations in | warm-up s |"
+    )
+    print("|---:|---|---:|---:|---:|---:|")
+    print(
+        f"| {summary['steps']} | {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f} | "
+        f"{100 * summary['gain']:+.1f} | {median:.3f} | {wall:.3f} | {warmup:.1f} |"
+    )
+    MEASURED["train_math_gain"], MEASURED["train_math_s"] = summary["gain"], median
+    MEASURED["train_math_warmup_s"] = warmup
 
 
 # -- update ---------------------------------------------------------------------------------------------
@@ -250,18 +385,24 @@ def grpo_part(device: torch.device, sizes: dict) -> None:
         }
         print(f"{sizes['steps']} steps of 8 prompts x 8 completions of {sizes['grpo_new']} tokens")
         print(
-            "| set-up | sample s | verify s | update s | step s | mismatch/logprob_abs_mean | "
-            "mismatch/logprob_abs_max | mismatch/ratio_outside_0.9_1.1_frac |"
+            "| set-up | first step s | warm-up s | sample s | verify s | update s | step s | "
+            "mismatch/logprob_abs_mean | mismatch/logprob_abs_max | mismatch/ratio_outside_0.9_1.1_frac |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for name, (dtype, sampling_dtype) in setups.items():
-            stats = grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, os.path.join(scratch, "run"))
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for i, (name, (dtype, sampling_dtype)) in enumerate(setups.items()):
+            output_dir = os.path.join(scratch, f"run{i}")
+            first, stats = grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, output_dir)
             print(
-                f"| {name} | {stats['time/sample']:.2f} | {stats['time/verify']:.2f} | "
+                f"| {name} | {first['time/step']:.2f} | {first.get('time/warmup', 0.0):.2f} | "
+                f"{stats['time/sample']:.2f} | {stats['time/verify']:.2f} | "
                 f"{stats['time/update']:.2f} | {stats['time/step']:.2f} | "
                 f"{stats['mismatch/logprob_abs_mean']:.2e} | {stats['mismatch/logprob_abs_max']:.2e} | "
                 f"{stats['mismatch/ratio_outside_0.9_1.1_frac']:.4f} |"
             )
+            if i == 0:
+                MEASURED["grpo_sample_s"] = stats["time/sample"]
+                MEASURED["grpo_update_s"] = stats["time/update"]
+                MEASURED["grpo_warmup_s"] = first.get("time/warmup", 0.0)
 
 
 def numbered_tokenizer(vocab_size: int, directory: str) -> minigrpo.Tokenizer:
@@ -290,9 +431,9 @@ if "gpu_check_even" not in REWARD_FUNCTIONS:
     register_reward("gpu_check_even")(even_words)
 
 
-def grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, output_dir) -> dict:
-    """Median per-step stats of `steps` GRPO steps (the first, which warms up, left out when there are
-    more)."""
+def grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, output_dir) -> tuple[dict, dict]:
+    """The first step's stats (it warms up), and the median per-step stats of `steps` GRPO steps (the
+    first left out when there are more)."""
     model = random_model(sizes["shape"], dtype).to(device)
     rows = [
         {"prompt": " ".join(f"w{random.Random(i).randrange(2, 999)}" for _ in range(32))} for i in range(64)
@@ -319,7 +460,9 @@ def grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, output_dir) -> d
     )
     steps = [trainer.train_step()[0] for _ in range(sizes["steps"])]
     measured = steps[1:] if len(steps) > 1 else steps
-    return {key: sorted(s[key] for s in measured)[len(measured) // 2] for key in measured[0]}
+    # time/warmup is logged only by steps that captured graphs
+    keys = {key for s in measured for key in s}
+    return steps[0], {key: sorted(s.get(key, 0.0) for s in measured)[len(measured) // 2] for key in keys}
 
 
 # -- NCCL -----------------------------------------------------------------------------------------------
@@ -455,6 +598,44 @@ def nccl_worker(spec: dict) -> None:
     if dist.is_main:
         minigrpo.save_pretrained(model, tokenizer, os.path.join(spec["output_dir"], "final"))
     distributed.finish()
+
+
+# -- the targets ----------------------------------------------------------------------------------------
+TARGETS = [
+    # (what, the MEASURED keys it reads, how a value reads, the test it must pass)
+    ("graphs, batch 1: ms / decode step <= 1.2", ["graphs_b1_ms"], "{:.2f} ms", lambda v: v <= 1.2),
+    ("graphs, batch 64: >= 5x transformers", ["graphs_b64_x_hf"], "{:.1f}x", lambda v: v >= 5),
+    ("graphs, batch 64: >= 30% of the HBM floor", ["graphs_b64_floor_frac"], "{:.0%}", lambda v: v >= 0.3),
+    ("graphs, batch 256: >= 5x transformers", ["graphs_b256_x_hf"], "{:.1f}x", lambda v: v >= 5),
+    ("graphs, batch 256: >= 30% of the HBM floor", ["graphs_b256_floor_frac"], "{:.0%}", lambda v: v >= 0.3),
+    (
+        "eager, batch 1: first call <= 2x the second",
+        ["eager_b1_first_s", "eager_b1_s"],
+        "{:.2f}x",
+        lambda v: v <= 2,
+    ),
+    ("nano-vllm's shape: >= 10,000 output tok/s", ["nanovllm_tok_s"], "{:,.0f} tok/s", lambda v: v >= 10000),
+    (
+        "grpo part: sampling no longer than the update",
+        ["grpo_sample_s", "grpo_update_s"],
+        "{:.2f}x",
+        lambda v: v <= 1,
+    ),
+    ("train_math.py: gain >= +25 points", ["train_math_gain"], "{:+.1%}", lambda v: v >= 0.25),
+    ("train_math.py: <= 0.1 s per step", ["train_math_s"], "{:.3f} s", lambda v: v <= 0.1),
+    ("train_math.py: graphs' warm-up <= 60 s", ["train_math_warmup_s"], "{:.1f} s", lambda v: v <= 60),
+    ("the whole report <= 8 minutes", ["report_s"], "{:.0f} s", lambda v: v <= 480),
+]
+
+
+def print_targets() -> None:
+    """Each target whose figures this run measured: the figure (a ratio of two where it names two)."""
+    print("\n## targets\n| target | measured | met |\n|---|---:|---|")
+    for what, keys, form, test in TARGETS:
+        if not all(key in MEASURED for key in keys):
+            continue
+        value = MEASURED[keys[0]] if len(keys) == 1 else MEASURED[keys[0]] / MEASURED[keys[1]]
+        print(f"| {what} | {form.format(value)} | {'yes' if test(value) else 'MISSED'} |")
 
 
 if __name__ == "__main__":
