@@ -6,7 +6,7 @@
 Random weights, fp32, prompts of 64 tokens, EOS disabled, temperature 1.0, top_p 0.9; every
 sampler holds the same weights in this process. "ms" is wall time of the whole call (prefill
 included) divided by the new tokens, the median over `--rounds` rounds that run the samplers one
-after the other. "eager" is `generate`'s default (compile=False); "compiled" is
+after the other. "eager" is `generate`'s default on CPU (compile="auto" or False); "compiled" is
 compile=True after its graphs are built, and the compile time is reported apart. The roofline
 floor of a decode step is max(weight bytes / copy bandwidth, 2 * params * batch / fp32 matmul
 rate), both measured in this run; copy bandwidth counts bytes read plus bytes written.

@@ -200,7 +200,15 @@ def test_benchmark_runs_at_its_smallest_size(runs, script):
 
 def test_gpu_check_dry_run_runs_every_part_on_cpu(runs):
     stdout = stdout_of(runs, "gpu dry run")
-    for part in ("## sampler", "## update", "## grpo", "## nccl"):
+    for part in (
+        "## sampler",
+        "## nanovllm",
+        "## train_math",
+        "## update",
+        "## grpo",
+        "## nccl",
+        "## targets",
+    ):
         assert part in stdout, stdout[-3000:]
     assert "| chunked (token_logprobs) |" in stdout and "| bf16 sampling, fp32 update |" in stdout
     assert "(gloo)" in stdout and ": equal (within 1% of the update)" in stdout
