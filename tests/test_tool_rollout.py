@@ -170,6 +170,27 @@ def test_observations_count_against_the_budget_and_their_eos_ends_nothing(model)
         assert eos in samples.tokens[r]
 
 
+def test_an_eos_inside_an_observation_with_budget_to_spare_ends_nothing():
+    """Greedy on the marker (7): each call's observation is three EOS tokens, and the row samples on after
+    each of them until its budget ends it."""
+    always = fixed_logits_model(torch.tensor([0.0] * 7 + [9.0]))
+    hook = Hook(7, max_tool_calls=5, observation=lambda request, completion: [3, 3, 3])
+    samples = minigrpo.generate(
+        always, [[1]], tools=hook, eos_token_ids=[3], max_new_tokens=10, temperature=0
+    )
+    assert samples.tokens == [[7, 3, 3, 3, 7, 3, 3, 3, 7, 3]] and samples.finish_reasons == ["length"]
+    assert samples.generated == [[True, False, False, False] * 2 + [True, False]]
+
+
+def test_a_marker_inside_an_observation_starts_no_call():
+    """An observation holding the end marker (7, then 4) is context: only the sampled markers call."""
+    always = fixed_logits_model(torch.tensor([0.0] * 7 + [9.0]))
+    hook = Hook(7, max_tool_calls=5, observation=lambda request, completion: [7, 4])
+    samples = minigrpo.generate(always, [[1]], tools=hook, max_new_tokens=9, temperature=0)
+    assert samples.tokens == [[7, 7, 4] * 3] and samples.finish_reasons == ["length"]
+    assert hook.calls == [(0, 1), (0, 4), (0, 7)]
+
+
 def test_late_answers_overlap_with_the_other_rows_decoding(model):
     """While a call runs the other rows decode on: waiting adds far fewer steps than it polls."""
     prompt_calls = minigrpo.generate(model, PROMPTS, tools=Hook(SAMPLED_MARKER), **SAMPLED)
