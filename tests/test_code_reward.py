@@ -2,6 +2,8 @@
 held against hostile programs (loops, fork bombs, memory, files, environment, network, output, forged
 passes)."""
 
+import concurrent.futures
+import contextlib
 import ctypes
 import os
 import resource
@@ -923,3 +925,123 @@ def test_batch_needs_one_test_list_per_completion_and_workers():
 def test_config_invariants(settings, message):
     with pytest.raises(ValueError, match=message):
         SandboxConfig(**settings)
+
+
+@pytest.fixture
+def as_a_plain_user(monkeypatch):
+    """The sandbox as a plain user runs it: no sandbox uid (the user namespace path), whoever runs the
+    tests. As root the test processes are then root's uid inside a user namespace, without root's
+    capabilities outside it: what the namespaces hide is what a plain user's sandbox hides."""
+
+    @contextlib.contextmanager
+    def no_uid(config):
+        yield None, None
+
+    monkeypatch.setattr(code_module, "_sandbox_uid", no_uid)
+
+
+def test_as_a_plain_user_the_trainers_processes_and_files_are_out_of_reach(as_a_plain_user):
+    """The trainer's /proc entry (its environment, memory, descriptors) is not there, its files cannot be
+    written (an output directory outside /tmp, which the sandbox covers), and no mount can uncover them;
+    the sandbox's own tmpfs still takes writes."""
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(__file__))) as directory:
+        output = os.path.join(directory, "metrics.jsonl")
+        with open(output, "w") as f:
+            f.write("step 1\n")
+        result = run_cases(hostile_to_the_trainer(output), [{"input": "", "output": ""}])[0]
+        with open(output) as f:
+            assert f.read() == "step 1\n"
+    assert result.stdout.splitlines() == [
+        "False True",
+        "FileNotFoundError",
+        "FileNotFoundError",
+        "OSError",  # EROFS: a read-only file system
+        "-1 -1",
+        "ok",
+    ], result.stderr
+
+
+def hostile_to_the_trainer(output: str) -> str:
+    """A program that looks for this process in /proc, reads its environment and memory, appends to
+    `output`, tries to unmount /proc or mount another, and writes its own /tmp: one line each."""
+    return textwrap.dedent(
+        f"""
+        import ctypes, os
+        processes = [p for p in os.listdir('/proc') if p.isdigit()]
+        print(os.path.exists('/proc/{os.getpid()}'), len(processes) <= 3)
+        for attempt in (lambda: open('/proc/{os.getpid()}/environ').read(),
+                        lambda: open('/proc/{os.getpid()}/mem', 'rb').read(1),
+                        lambda: open({output!r}, 'a').write('forged\\n')):
+            try:
+                attempt()
+                print('read or written')
+            except OSError as error:
+                print(type(error).__name__)
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(libc.umount2(b'/proc', 2), libc.mount(b'proc', b'/mnt', b'proc', 0, None))
+        open('/tmp/scratch', 'w').write('ok')
+        print(open('/tmp/scratch').read())
+        """
+    )
+
+
+def test_as_a_plain_user_the_sandbox_still_has_no_network(as_a_plain_user):
+    program = "import socket\ntry:\n    socket.socket()\nexcept OSError as error:\n    print(error.errno)\n"
+    result = run_cases(program, [{"input": "", "output": ""}])[0]
+    assert result.stdout.strip() == "1" and os.uname().nodename != "sandbox", result.stderr
+
+
+def sandbox_without_namespaces(directory):
+    """A copy of sandbox.py (and its siblings) on which the OS refuses every namespace."""
+    source = open(code_module.sandbox.__file__).read()
+    hooked = source.replace(
+        "def _unshare(flags: int) -> bool:\n", "def _unshare(flags: int) -> bool:\n    return False\n"
+    )
+    assert hooked != source
+    path = directory / "sandbox.py"
+    path.write_text(hooked)
+    verifier = os.path.dirname(code_module.sandbox.__file__)
+    for sibling in ("confine.py", "cleanup.py"):
+        (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
+    return str(path)
+
+
+def test_where_the_os_refuses_the_namespaces_no_code_runs_without_an_opt_in(
+    as_a_plain_user, monkeypatch, tmp_path
+):
+    """A plain user whom the OS refuses even a user namespace: the program does not run, unless opted in."""
+    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_without_namespaces(tmp_path))
+    marker = tmp_path / "ran"
+    program = f"open({str(marker)!r}, 'w').close()\n"
+    with pytest.raises(RuntimeError, match=r"SandboxConfig\(unisolated=True\) runs it anyway"):
+        run_cases(program, [{"input": "", "output": ""}])
+    assert not marker.exists()
+    with pytest.warns(RuntimeWarning, match="read the trainer's environment and memory"):
+        (result,) = run_cases(program, [{"input": "", "output": ""}], SandboxConfig(unisolated=True))
+    assert result.passed and marker.exists()
+
+
+def test_sandboxes_wait_for_room_in_the_memory_budget(monkeypatch):
+    """Six programs at once, each touching 40 MB, with room for two in the budget: never more than two run
+    at once, and every one runs to its end."""
+    admission = code_module.Admission()
+    monkeypatch.setattr(code_module, "ADMISSION", admission)
+    config = SandboxConfig(
+        timeout=5.0, memory_bytes=256 << 20, scratch_bytes=16 << 20, file_size_bytes=1 << 20
+    )
+    config.memory_budget_bytes = 2 * config.reserved_bytes
+    program = "block = bytearray(40 << 20)\nprint(len(block))\n"
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(
+            pool.map(lambda _: run_cases(program, [{"input": "", "output": "41943040"}], config), range(6))
+        )
+    assert all(result.passed for (result,) in results)
+    assert admission.peak_running == min(2, os.cpu_count()) and admission.running == 0
+    assert admission.peak_reserved_bytes <= config.memory_budget_bytes
+
+
+def test_a_bad_memory_budget_is_a_clear_error():
+    with pytest.raises(ValueError, match="memory_budget_bytes must be a positive integer or None"):
+        SandboxConfig(memory_budget_bytes=0)
+    with pytest.raises(ValueError, match="unisolated must be True or False"):
+        SandboxConfig(unisolated="yes")

@@ -16,8 +16,10 @@ short: a program can read world-readable files (the dataset's answers, if they a
 world-readable) and see the host's /proc (other processes' command lines) and /sys; an assert test
 trusts the objects the program returns (an `__eq__` that always returns True passes `assert f(x) == y`);
 a stdin/stdout test with a fixed input is passed by a program that prints the expected output; CPU and
-memory are limited per process, not per sandbox (no cgroup). Without root there is no uid change, no
-namespace and no tmpfs (the seccomp filter, the fresh keyring and the rlimits still apply). For hostile
+memory are limited per process, not per sandbox (no cgroup). Without root there is no uid change; a
+user namespace gives the same namespaces and tmpfs, every other mount read-only and a PID namespace with
+its own /proc (sandbox.py); where the OS refuses it, nothing runs unless SandboxConfig.unisolated says
+so. Every sandbox waits for the admission rule (Admission: CPUs and a memory budget). For hostile
 workloads (a public endpoint, a model trained to attack its grader) run the trainer's code rewards in a
 throw-away VM or container with no credentials and no data it must not see, keep test data out of
 world-readable paths, and prefer stdin/stdout tests with hidden inputs over asserts.
@@ -33,6 +35,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -52,6 +55,11 @@ SANDBOX_UIDS = (
 # boot)
 UID_LOCKS = "/run/minigrpo-sandbox-uids"
 DIRECTORY_PREFIX = "minigrpo-sandbox-"  # each run's working directory, in the temporary directory
+UNISOLATED = (
+    "the code sandbox runs without namespaces here (the OS refused even a user namespace): tests can read "
+    "the trainer's environment and memory through /proc, write its files and the shared /tmp, and use the "
+    "host's SysV IPC"
+)
 
 
 @dataclass
@@ -68,6 +76,12 @@ class SandboxConfig:
     scratch_inodes: int = 10_000  # as root, files and directories that tmpfs can hold
     max_output_bytes: int = 1 << 20  # stdout kept per test; a stdin/stdout test whose output is longer fails
     first_uid: int = 2_000_000_000  # as root, sandboxes run as uids (and gids) first_uid, first_uid + 1, ...
+    # where the OS refuses the namespaces, run anyway: tests can then read the trainer's environment and
+    # memory (/proc), write its files and the shared /tmp, and use the host's SysV IPC; False refuses
+    unisolated: bool = False
+    # sandboxes running at once, tool calls and code rewards together, reserve at most this much memory
+    # (each memory_bytes plus twice scratch_bytes, its tmpfs and shared memory); None: half the machine's
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self):
         if (
@@ -116,6 +130,16 @@ class SandboxConfig:
                 f"first_uid must be a uid other than root's, 1 .. {2**32 - SANDBOX_UIDS - 1}, "
                 f"got {self.first_uid!r}"
             )
+        if not isinstance(self.unisolated, bool):
+            raise ValueError(f"unisolated must be True or False, got {self.unisolated!r}")
+        budget = self.memory_budget_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"memory_budget_bytes must be a positive integer or None, got {budget!r}")
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What one sandbox may hold at once, as the admission rule counts it."""
+        return self.memory_bytes + 2 * self.scratch_bytes
 
 
 @dataclass
@@ -188,10 +212,15 @@ def _output_lines(text: str) -> list[str]:
 
 
 def run_cases(code: str, tests: list, config: SandboxConfig | None = None) -> list[CaseResult]:
-    """Run `code` against each test in the sandbox; one CaseResult per test, in order."""
+    """Run `code` against each test in the sandbox, once the admission rule lets it start; one CaseResult
+    per test, in order."""
     config = config or SandboxConfig()
     cases = check_tests(tests, config)
-    with _sandbox_uid(config) as (uid, lock), _sandbox_directory(uid) as directory:
+    with (
+        ADMISSION.admitted(config),
+        _sandbox_uid(config) as (uid, lock),
+        _sandbox_directory(uid) as directory,
+    ):
         reports = _supervise(code, cases, config, uid, lock, directory)
     return [_judge(case, report) for case, report in zip(cases, reports)]
 
@@ -231,7 +260,45 @@ def code_rewards(
         return list(pool.map(lambda c, t: code_reward(c, t, config), completions, tests))
 
 
-# ---------------------------------------------------------------- trainer side: start, wait, judge
+# ---------------------------------------------------------------- trainer side: admit, start, wait, judge
+class Admission:
+    """The one rule for every sandbox of this process (a tool's python call or a code reward): at most one
+    per CPU at once, and at most memory_budget_bytes reserved by those running (config.reserved_bytes
+    each); the others wait their turn. One always runs, whatever it reserves. `peak_running` and
+    `peak_reserved_bytes` say how far it went."""
+
+    def __init__(self):
+        self.condition = threading.Condition()
+        self.running, self.reserved = 0, 0
+        self.peak_running, self.peak_reserved_bytes = 0, 0
+
+    @contextmanager
+    def admitted(self, config: SandboxConfig):
+        need, budget = config.reserved_bytes, config.memory_budget_bytes or default_memory_budget()
+        with self.condition:
+            self.condition.wait_for(lambda: self.running == 0 or self._room(need, budget))
+            self.running += 1
+            self.reserved += need
+            self.peak_running = max(self.peak_running, self.running)
+            self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved)
+        try:
+            yield
+        finally:
+            with self.condition:
+                self.running -= 1
+                self.reserved -= need
+                self.condition.notify_all()
+
+    def _room(self, need: int, budget: int) -> bool:
+        return self.running < (os.cpu_count() or 1) and self.reserved + need <= budget
+
+
+def default_memory_budget() -> int:
+    """Half of this machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+ADMISSION = Admission()  # the process's one admission rule
 
 
 @contextmanager
@@ -374,13 +441,7 @@ def _supervise(
     if "error" in result:
         raise RuntimeError(f"the code sandbox could not run: {result['error']}")
     if not result["isolated"]:  # shown once: Python's default filter reports a warning once per place
-        warnings.warn(
-            "the code sandbox runs without namespaces here (they need root with CAP_SYS_ADMIN): "
-            "tests can write to the shared /tmp, /var/tmp, /dev/shm and /run/lock "
-            "and share the host's SysV IPC; sockets are still refused",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"{UNISOLATED}; sockets are still refused", RuntimeWarning, stacklevel=2)
     return result["reports"]
 
 

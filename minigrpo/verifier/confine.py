@@ -11,8 +11,9 @@ The seccomp filter. Refused with EPERM: socket() (no network, and no filesystem 
 /dev/log: those are reachable by path from any namespace), connect() and bind(), an addressed sendto(),
 a socketpair() other than an AF_UNIX stream or seqpacket pair (a datagram end could send to any path);
 the keyring calls (keyctl, add_key, request_key: keyrings survive setuid); new namespaces (unshare, setns,
-clone with a CLONE_NEW* flag); ptrace and the calls that read or take another process's memory or
-descriptors (process_vm_readv/writev, pidfd_getfd); io_uring, bpf, perf_event_open, userfaultfd,
+clone with a CLONE_NEW* flag); mounts (mount, umount2, pivot_root and the new mount API); ptrace and the
+calls that read or take another process's memory or descriptors (process_vm_readv/writev, pidfd_getfd);
+io_uring, bpf, perf_event_open, userfaultfd,
 memfd_secret; personality() except its query. Refused with ENOSYS, so that callers fall back: clone3
 (its flags are behind a pointer seccomp cannot read; glibc then uses clone) and memfd_create (its memory
 would count against no limit). sendmsg() stays allowed: on the stream and seqpacket pairs left to a test,
@@ -55,6 +56,9 @@ SYSCALLS = {  # machine: its seccomp ABI id and the numbers of the calls the fil
         clone=56,
         ptrace=101,
         personality=135,
+        pivot_root=155,
+        mount=165,
+        umount2=166,
         add_key=248,
         request_key=249,
         keyctl=250,
@@ -67,8 +71,15 @@ SYSCALLS = {  # machine: its seccomp ABI id and the numbers of the calls the fil
         bpf=321,
         userfaultfd=323,
         io_uring_setup=425,
+        open_tree=428,
+        move_mount=429,
+        fsopen=430,
+        fsconfig=431,
+        fsmount=432,
+        fspick=433,
         clone3=435,
         pidfd_getfd=438,
+        mount_setattr=442,
         memfd_secret=447,
     ),
     "aarch64": dict(
@@ -81,6 +92,9 @@ SYSCALLS = {  # machine: its seccomp ABI id and the numbers of the calls the fil
         clone=220,
         ptrace=117,
         personality=92,
+        umount2=39,
+        mount=40,
+        pivot_root=41,
         add_key=217,
         request_key=218,
         keyctl=219,
@@ -93,8 +107,15 @@ SYSCALLS = {  # machine: its seccomp ABI id and the numbers of the calls the fil
         bpf=280,
         userfaultfd=282,
         io_uring_setup=425,
+        open_tree=428,
+        move_mount=429,
+        fsopen=430,
+        fsconfig=431,
+        fsmount=432,
+        fspick=433,
         clone3=435,
         pidfd_getfd=438,
+        mount_setattr=442,
         memfd_secret=447,
     ),
 }
@@ -116,6 +137,18 @@ REFUSED = (  # EPERM, whatever the arguments
     "perf_event_open",
     "userfaultfd",
     "memfd_secret",
+    # mounts: without root the supervisor's user namespace gives a test the capability to mount, which
+    # would let it uncover what the supervisor's mounts hide
+    "mount",
+    "umount2",
+    "pivot_root",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
 )
 ABSENT = ("clone3", "memfd_create")  # ENOSYS, as on a kernel without them
 

@@ -8,19 +8,20 @@ siblings it loads by their paths: `confine.py` (the test's process) and `cleanup
 How a run is sandboxed. `run_cases` (code.py) starts `python -I sandbox.py` (this file) in a fresh
 temporary directory with a scrubbed environment, handing it the lock of its uid. The supervisor, still
 root if the trainer is, asks for SIGTERM when the trainer dies (and exits if it already has), becomes a
-child subreaper and unshares four namespaces: network (no network, not even 127.0.0.1; no abstract
-UNIX socket of the host), UTS (host name "sandbox"), SysV IPC, and mount, in which a tmpfs of at most
+child subreaper and unshares four namespaces: network (no network, not even 127.0.0.1; no abstract UNIX
+socket of the host), UTS (host name "sandbox"), SysV IPC, and mount, in which a tmpfs of at most
 scratch_bytes and scratch_inodes, mounted noexec, nosuid and nodev, covers the working directory and is
-also /tmp, /var/tmp, /dev/shm and /run/lock. Where the OS refuses the namespaces (not root, or a
-container without CAP_SYS_ADMIN) it runs without them and says so in its reply (code.py warns once);
-once it has a mount namespace, a mount that fails ends the run with an error, so the shared directories
-are never silently the host's. Per test it forks a process (confine.py) that joins a fresh session
-keyring and a fresh IPC namespace (its segments die with the test; shared memory at most scratch_bytes),
-sets the rlimits, drops to an unprivileged uid, dies with the supervisor, installs the seccomp filter
-(confine.py's docstring lists what it refuses), and runs the program, then the test; afterwards
-everything left of the test is killed and reaped, and the directory emptied by `remove_tree`
-(cleanup.py), which no depth, permission or symlink stops. The trainer's own backstop only matters if
-the supervisor falls far behind (SIGTERM, SIGKILL).
+also /tmp, /var/tmp, /dev/shm and /run/lock. Not root, it first enters a user namespace, which makes
+those its own to create, then makes every other mount read-only and goes on as PID 1 of a PID namespace
+with its own /proc. Where the OS refuses the namespaces it runs no test, unless the job says `unisolated`
+(code.py then warns once); once it has a mount namespace, a mount that fails ends the run with an error,
+so the shared directories are never silently the host's. Per test it forks a process (confine.py) that
+joins a fresh session keyring and a fresh IPC namespace (its segments die with the test; shared memory at
+most scratch_bytes), sets the rlimits, drops to an unprivileged uid, dies with the supervisor, installs
+the seccomp filter (confine.py's docstring lists what it refuses), and runs the program, then the test;
+afterwards everything left of the test is killed and reaped, and the directory emptied by `remove_tree`
+(cleanup.py), which no depth, permission or symlink stops. The trainer's own backstop only matters if the
+supervisor falls far behind (SIGTERM, SIGKILL).
 
 Privileges. As root, each concurrent sandbox gets a uid of its own (`first_uid`, `first_uid + 1`, ...,
 held by a lock file in /run, so also across processes whatever their TMPDIR: two trainers or every rank
@@ -28,8 +29,10 @@ of a torchrun job on one node; the supervisor holds the lock too, and a uid that
 as is skipped) rather than the shared `nobody`: RLIMIT_NPROC then counts one sandbox's processes,
 `kill(-1)` as that uid removes all it left (also processes that left the group), sandboxes cannot
 signal or read one another, and `kill(-1)` cannot hit system daemons that run as nobody. The uid owns
-only the sandbox's tmpfs. Not root: no uid change, no namespaces and no tmpfs; the seccomp filter, the
-keyring, rlimits, timeouts and process-group kills still apply.
+only the sandbox's tmpfs. Not root: no uid change; the seccomp filter, the
+keyring, rlimits, timeouts and process-group kills still apply, and the user, mount and PID namespaces
+above stand in for the uid: the trainer's processes are not in the tests' /proc and its files are on
+read-only mounts, while RLIMIT_NPROC counts every process of the trainer's uid.
 
 What a hostile program can still do. Assert tests trust the objects the program returns (an `add` whose
 result compares equal to anything passes `assert add(1, 2) == 3`), and a program that introspects the
@@ -40,10 +43,10 @@ world-readable files (a dataset's answers too, if they are world-readable on dis
 four above. Memory: max_processes times memory_bytes of address space, plus what no rlimit counts: the
 tmpfs (scratch_bytes), SysV shared memory (scratch_bytes), message queues (32 of 16 KiB) and kernel
 buffers of pipes and socketpairs (bounded through max_open_files per process; benchmarks/README.md has
-the figure), each until the test ends; there is no cgroup. Without root it can also read the trainer's
-/proc/<pid>/environ and /proc/<pid>/mem, write to the real /tmp and other world-writable directories
-(filling the disk with files of up to file_size_bytes until its timeout), share the host's SysV IPC,
-and leave behind processes that called setsid.
+the figure), each until the test ends; there is no cgroup. Without root it can also read whatever the
+trainer's uid can read on disk. Unisolated (opted in), it can read the trainer's /proc/<pid>/environ
+and /proc/<pid>/mem, write to its files, the real /tmp and other writable directories, share the host's
+SysV IPC, and leave behind processes that called setsid.
 """
 
 from __future__ import annotations
@@ -68,9 +71,17 @@ HOSTNAME = b"sandbox"  # the name a test sees in its UTS namespace, instead of t
 CLONE_NEWNS = 0x00020000  # unshare() flags, from <linux/sched.h>
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+MOUNT_SETATTR = 442  # mount_setattr(2)'s number, the same on x86_64 and aarch64
+MOUNT_ATTR_RDONLY, AT_RECURSIVE, AT_FDCWD = 0x1, 0x8000, -100
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8  # mount() flags, from <linux/mount.h>
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+UNISOLATED_REFUSAL = (
+    "the OS refuses the sandbox's namespaces here, so model-written code would run beside the trainer "
+    "(its /proc, files and /tmp within reach); SandboxConfig(unisolated=True) runs it anyway"
+)
 SHARED_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable directories
 
 
@@ -97,7 +108,6 @@ def main() -> None:
     confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGTERM)  # the trainer's death stops us (see _give_up)
     if os.getppid() != job["trainer_pid"]:
         return  # it died before the line above: nobody waits for our reply
-    job["supervisor_pid"] = os.getpid()  # each test checks that we are still its parent
     if os.uname().machine not in confine.SYSCALLS:
         return _reply(
             {"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"}
@@ -115,6 +125,9 @@ def main() -> None:
         job["isolated"] = isolated = _isolate(job)
     except OSError as error:  # fail closed: never run tests in a half-made mount namespace
         return _reply({"error": f"sandbox isolation failed: {error}"})
+    if not isolated and not job["unisolated"]:
+        return _reply({"error": UNISOLATED_REFUSAL})
+    job["supervisor_pid"] = os.getpid()  # each test checks that we are still its parent
     if job["uid"] is not None:
         if problem := _check_uid(job["uid"]):
             return _reply({"error": problem})
@@ -142,14 +155,22 @@ def _sigterm_allowed():
 def _isolate(job: dict) -> bool:
     """Namespaces of our own: no network, no host name, no host SysV IPC, and a mount namespace in which the
     working directory and the shared writable directories are one small tmpfs (see _mount_scratch).
+    Without root (no sandbox uid), first a user namespace, which makes the others ours to create; then
+    every other mount read-only, so that no test writes the trainer's files, and a PID namespace with its
+    own /proc, so that no test sees the trainer's processes (their environment, memory, descriptors).
 
     False if the OS refuses the namespaces (then nothing is changed); OSError if a mount fails after that."""
+    plain_user = job["uid"] is None
+    if plain_user and not _enter_user_namespace():
+        return False
     if not _unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC):  # all four or none
         return False
     if confine.LIBC.sethostname(HOSTNAME, len(HOSTNAME)) != 0:
         raise OSError(ctypes.get_errno(), "sethostname in the sandbox's UTS namespace failed")
     confine.limit_ipc(job["scratch_bytes"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # private first, or our mounts would show outside
+    if plain_user:
+        _read_only_mounts()
     _mount_scratch(job)
     # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer
     # resolves
@@ -160,13 +181,57 @@ def _isolate(job: dict) -> bool:
     os.close(directory)
     if job["uid"] is not None:
         _expose_python()
+    if plain_user:
+        _become_init_of_a_pid_namespace()
     return True
+
+
+def _enter_user_namespace() -> bool:
+    """A user namespace in which our uid and gid are mapped to themselves: the supervisor holds every
+    capability inside it (mounts, namespaces), a test process inherits them but the seccomp filter refuses
+    the calls that would use them, and nothing outside grants us more than before. False if refused."""
+    uid, gid = os.getuid(), os.getgid()
+    if not _unshare(CLONE_NEWUSER):
+        return False
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    return True
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
+
+
+def _read_only_mounts() -> None:
+    """Every mount of our namespace read-only, recursively (mounts made after this one are writable)."""
+    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
+    mount_setattr = confine.LIBC.syscall
+    if mount_setattr(MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
+        code = ctypes.get_errno()
+        raise OSError(code, f"making the host's mounts read-only: {os.strerror(code)}")
+
+
+def _become_init_of_a_pid_namespace() -> None:
+    """Go on as PID 1 of a new PID namespace, with a /proc of its own: a test sees its own processes and
+    ours only. The process that called this waits for that child, passes on the trainer's SIGTERM and
+    exits as it does; the child dies with it. When the child exits, the kernel kills every process left
+    in the namespace."""
+    if not _unshare(CLONE_NEWPID):
+        raise OSError(ctypes.get_errno(), "a PID namespace was refused")
+    child = os.fork()
+    if child:
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) & 0xFF)
+    confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def _mount_scratch(job: dict) -> None:
     """A tmpfs on the working directory, owned by the sandbox uid: at most scratch_bytes and scratch_inodes
     (its pages are memory that no rlimit counts), nothing in it executable, set-uid or a device."""
-    owner = job["uid"] if job["uid"] is not None else 0
+    owner = job["uid"] if job["uid"] is not None else os.getuid()  # without root: ours, mapped to itself
     options = (
         f"size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']},mode=0700,uid={owner},gid={owner}"
     )
