@@ -334,9 +334,44 @@ def train_math_part(device: torch.device, sizes: dict) -> None:
 
 # -- update ---------------------------------------------------------------------------------------------
 def update_part(device: torch.device, sizes: dict) -> None:
+    """Forward and backward of the README recipe's micro-batch, chunked LM head against full logits, with
+    and without gradient checkpointing, at 512 and 1024 new tokens (--quick and --dry-run: their own
+    sizes and twice them): peak memory, tokens/s and model FLOP utilisation against a bf16 product
+    measured here."""
     torch.manual_seed(0)
     model = random_model(sizes["shape"], torch.float32).to(device).train()
-    rows, prompt, new = sizes["update_rows"], sizes["prompt"], sizes["new"]
+    rate = matmul_rate(device)
+    rows, prompt = sizes["update_rows"], sizes["prompt"]
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    print(
+        f"forward + backward of {rows} rows, prompt {prompt}, fp32 weights, bf16 autocast on GPU; "
+        f"a large {precision} product runs at {rate / 1e12:.1f} TFLOP/s here"
+    )
+    print("| new tokens | LM head | gradient checkpointing | peak allocated GiB | tokens/s | MFU |")
+    print("|---:|---|---|---:|---:|---:|")
+    paths = {"chunked (token_logprobs)": token_logprobs, "full logits": full_vocabulary_logprobs}
+    for new in (sizes["new"], 2 * sizes["new"]):
+        batch = random_batch(model, rows, prompt, new, device)
+        for checkpointing in (False, True):
+            model.gradient_checkpointing = checkpointing
+            for name, logprobs_of in paths.items():
+                seconds, peak = update_step_seconds(model, batch, logprobs_of, device)
+                mfu = model_flops(model, rows, prompt + new) / seconds / rate
+                tokens = rows * (prompt + new)
+                print(
+                    f"| {new} | {name} | {'on' if checkpointing else 'off'} | {peak:.2f} | "
+                    f"{tokens / seconds:,.0f} | {mfu:.0%} |"
+                )
+                if new == sizes["new"]:  # the targets read the recipe's own shape
+                    key = f"update_{'ckpt' if checkpointing else name.split()[0]}"
+                    if not checkpointing or name.startswith("chunked"):
+                        MEASURED[f"{key}_s"], MEASURED[f"{key}_gib"] = seconds, peak
+                        MEASURED[f"{key}_mfu"] = mfu
+    model.gradient_checkpointing = False
+
+
+def random_batch(model, rows: int, prompt: int, new: int, device: torch.device):
+    """A micro-batch of `rows` random prompts and completions, advantages +-1."""
     rollouts = [
         Rollout(
             prompt_ids=torch.randint(0, model.config.vocab_size, (prompt,)).tolist(),
@@ -346,27 +381,44 @@ def update_part(device: torch.device, sizes: dict) -> None:
         )
         for i in range(rows)
     ]
-    batch = collate(rollouts, 0, device)
-    print(f"forward + backward of {rows} x ({prompt} + {new}) tokens, fp32 weights, bf16 autocast on GPU")
-    print("| LM head | peak allocated GiB | tokens/s |")
-    print("|---|---:|---:|")
-    paths = {"chunked (token_logprobs)": token_logprobs, "full logits": full_vocabulary_logprobs}
-    for name, logprobs_of in paths.items():
+    return collate(rollouts, 0, device)
 
-        def step(logprobs_of=logprobs_of):
-            with _autocast(device):
-                logprobs, _ = logprobs_of(
-                    model, batch.input_ids, batch.attention_mask, batch.completion_start, 1.0
-                )
-            (logprobs * batch.advantages).sum().backward()
-            model.zero_grad(set_to_none=True)
 
-        step()  # warm-up
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        seconds, _ = timed(device, step)
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-        print(f"| {name} | {peak:.2f} | {rows * (prompt + new) / seconds:,.0f} |")
+def update_step_seconds(model, batch, logprobs_of, device: torch.device) -> tuple[float, float]:
+    """Seconds of one forward and backward after a warm-up, and its peak allocated GiB (nan on CPU)."""
+
+    def step():
+        with _autocast(device):
+            logprobs, _ = logprobs_of(
+                model, batch.input_ids, batch.attention_mask, batch.completion_start, 1.0
+            )
+        (logprobs * batch.advantages).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds, _ = timed(device, step)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    return seconds, peak
+
+
+def model_flops(model, rows: int, length: int) -> float:
+    """A forward and backward's FLOPs: 6 per parameter per token (the tied head counted once, as the one
+    product it is), plus causal attention's 6 x length^2 x heads x head_dim per layer and row."""
+    c = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    attention = 6 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * length**2
+    return rows * (6 * parameters * length + attention)
+
+
+def matmul_rate(device: torch.device) -> float:
+    """FLOP/s of a large product in the update's precision (bf16 on a GPU, fp32 on CPU), best of 5."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up
+    best = min(timed(device, lambda: a @ b)[0] for _ in range(5))
+    return 2 * n**3 / best
 
 
 def _autocast(device: torch.device):
@@ -625,6 +677,27 @@ TARGETS = [
     ("train_math.py: <= 0.1 s per step", ["train_math_s"], "{:.3f} s", lambda v: v <= 0.1),
     ("train_math.py: graphs' warm-up <= 60 s", ["train_math_warmup_s"], "{:.1f} s", lambda v: v <= 60),
     ("the whole report <= 8 minutes", ["report_s"], "{:.0f} s", lambda v: v <= 480),
+    # issue 36, the update: at 512 new tokens (the report's first update rows)
+    (
+        "update: chunked head >= 0.95x full logits' speed",
+        ["update_full_s", "update_chunked_s"],
+        "{:.2f}x",
+        lambda v: v >= 0.95,
+    ),
+    (
+        "update: chunked head <= 60% of full logits' peak",
+        ["update_chunked_gib", "update_full_gib"],
+        "{:.0%}",
+        lambda v: v <= 0.6,
+    ),
+    ("update: model FLOP utilisation >= 35%", ["update_chunked_mfu"], "{:.0%}", lambda v: v >= 0.35),
+    ("update: checkpointing fits 24 GiB", ["update_ckpt_gib"], "{:.1f} GiB", lambda v: v <= 24),
+    (
+        "update: checkpointing <= 1.35x the time",
+        ["update_ckpt_s", "update_chunked_s"],
+        "{:.2f}x",
+        lambda v: v <= 1.35,
+    ),
 ]
 
 
