@@ -23,6 +23,9 @@ The parts:
   grpo      10 GRPO steps on random 0.6B-shape weights with a synthetic reward: seconds per stage, and the
             sampler-trainer mismatch (mismatch/*) with bf16 sampling against an fp32 update, and with both
             in bf16
+  trl       the grpo part's job under TRL's GRPOTrainer (use_vllm=False, transformers' generate) and under
+            minigrpo, each with its own defaults otherwise: seconds per step and per stage; skipped with a
+            note where trl is not installed
   nccl      2 steps under torchrun on 2 GPUs (NCCL) against one process: the same weights, as the gloo test
             holds on CPU; skipped with a note on one GPU (--dry-run runs it on gloo)
 On a machine without CUDA it stops at once with one line, unless --dry-run.
@@ -62,6 +65,7 @@ SIZES = {
         nano_rows=256,
         nano_lengths=(100, 1024),
         train_math=[],
+        trl_steps=3,
     ),
     "quick": dict(
         shape="0.6b",
@@ -74,6 +78,7 @@ SIZES = {
         nano_rows=64,
         nano_lengths=(100, 256),
         train_math=["--steps", "100"],
+        trl_steps=2,
     ),
     "dry-run": dict(
         shape="tiny",
@@ -86,6 +91,7 @@ SIZES = {
         nano_rows=4,
         nano_lengths=(4, 12),
         train_math=["--steps", "2", "--eval_count", "8", "--batch_size", "16", "--micro_batch_size", "16"],
+        trl_steps=1,
     ),
 }
 SAMPLING = dict(temperature=1.0, top_p=1.0, seed=0)
@@ -101,7 +107,9 @@ def main() -> None:
         "--dry-run", action="store_true", help="CPU, tiny shapes: checks that every part runs"
     )
     parser.add_argument(
-        "--parts", default="sampler,nanovllm,grpo,train_math,update,nccl", help="comma-separated parts to run"
+        "--parts",
+        default="sampler,nanovllm,grpo,train_math,update,trl,nccl",
+        help="comma-separated parts to run",
     )
     parser.add_argument("--nccl-worker", help=argparse.SUPPRESS)  # one process of the nccl part
     args = parser.parse_args()
@@ -122,6 +130,7 @@ def main() -> None:
         "train_math": train_math_part,
         "update": update_part,
         "grpo": grpo_part,
+        "trl": trl_part,
         "nccl": nccl_part,
     }
     for name in args.parts.split(","):
@@ -487,13 +496,10 @@ def grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, output_dir) -> t
     """The first step's stats (it warms up), and the median per-step stats of `steps` GRPO steps (the
     first left out when there are more)."""
     model = random_model(sizes["shape"], dtype).to(device)
-    rows = [
-        {"prompt": " ".join(f"w{random.Random(i).randrange(2, 999)}" for _ in range(32))} for i in range(64)
-    ]
     trainer = Trainer(
         model,
         tokenizer,
-        Task(rows, [RewardSpec("gpu_check_even")]),
+        Task(job_rows(), [RewardSpec("gpu_check_even")]),
         GRPOConfig(
             num_generations=8,
             max_completion_length=sizes["grpo_new"],
@@ -515,6 +521,124 @@ def grpo_steps(device, sizes, tokenizer, dtype, sampling_dtype, output_dir) -> t
     # time/warmup is logged only by steps that captured graphs
     keys = {key for s in measured for key in s}
     return steps[0], {key: sorted(s.get(key, 0.0) for s in measured)[len(measured) // 2] for key in keys}
+
+
+# -- TRL ------------------------------------------------------------------------------------------------
+def trl_part(device: torch.device, sizes: dict) -> None:
+    """The grpo part's job (random weights in its shape, 64 prompts, G = 8, 8 prompts a step, the synthetic
+    reward) under TRL's GRPOTrainer and under minigrpo, fp32 weights with bf16 autocast on a GPU: the
+    median seconds per stage of steps 2 .. trl_steps (the first warms up)."""
+    try:
+        import trl  # noqa: F401
+        from datasets import Dataset  # noqa: F401
+    except ImportError:
+        print("skipped: trl and datasets are not installed here (pip install -e '.[bench]', or carry wheels)")
+        return
+    steps = sizes["trl_steps"]
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = numbered_tokenizer(SHAPES[sizes["shape"]]["vocab_size"], scratch)
+        checkpoint = os.path.join(scratch, "policy")
+        minigrpo.save_pretrained(random_model(sizes["shape"]), tokenizer, checkpoint)
+        theirs = trl_steps(device, sizes, checkpoint, steps, os.path.join(scratch, "trl"))
+        model = minigrpo.load_pretrained(checkpoint, device=device, dtype=torch.float32)[0]
+        ours = minigrpo_steps(device, sizes, tokenizer, model, steps, os.path.join(scratch, "minigrpo"))
+    print(
+        f"{steps} steps of 8 prompts x 8 completions of up to {sizes['grpo_new']} tokens; median of steps 2.."
+    )
+    print("| trainer | sample s | verify s | update s | step s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, stages in (("TRL GRPOTrainer", theirs), ("minigrpo", ours)):
+        print(f"| {name} | " + " | ".join(f"{stages[stage]:.2f}" for stage in STAGES) + " |")
+    print(f"(minigrpo's step: {theirs['step'] / ours['step']:.1f}x TRL's speed)")
+    MEASURED["trl_x"] = theirs["step"] / ours["step"]
+
+
+STAGES = ("sample", "verify", "update", "step")
+
+
+def job_rows() -> list[dict]:
+    """The grpo and trl parts' 64 prompts of 32 numbered words."""
+    return [
+        {"prompt": " ".join(f"w{random.Random(i).randrange(2, 999)}" for _ in range(32))} for i in range(64)
+    ]
+
+
+def trl_steps(device: torch.device, sizes: dict, checkpoint: str, steps: int, output_dir: str) -> dict:
+    """Median seconds per stage of TRL's steps after the first (bench_trl.StageTimer's stages)."""
+    import trl
+    from bench_trl import StageTimer
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+
+    config = trl.GRPOConfig(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=64,
+        num_generations=8,
+        max_completion_length=sizes["grpo_new"],
+        learning_rate=1e-6,
+        beta=0.0,
+        loss_type="grpo",
+        temperature=1.0,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        use_cpu=device.type != "cuda",
+        bf16=device.type == "cuda",
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = trl.GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32),
+        reward_funcs=lambda completions, **_: even_words(completions),
+        args=config,
+        train_dataset=Dataset.from_list(job_rows()),
+        processing_class=AutoTokenizer.from_pretrained(checkpoint, padding_side="left"),
+    )
+    timer = StageTimer()
+    trainer._generate = timer.timed("sample", trainer._generate)
+    trainer._calculate_rewards = timer.timed("verify", trainer._calculate_rewards)
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            timer.begin()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            synchronize(device)
+            timer.end()
+
+    trainer.add_callback(Steps())
+    trainer.remove_callback(PrinterCallback)
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    return {stage: median(timer.per_step[stage][1:] or timer.per_step[stage]) for stage in STAGES}
+
+
+def minigrpo_steps(device, sizes, tokenizer, model, steps: int, output_dir: str) -> dict:
+    """Median seconds per stage of minigrpo's steps after the first, with its own defaults otherwise."""
+    trainer = Trainer(
+        model,
+        tokenizer,
+        Task(job_rows(), [RewardSpec("gpu_check_even")]),
+        GRPOConfig(num_generations=8, max_completion_length=sizes["grpo_new"]),
+        TrainConfig(
+            output_dir=output_dir,
+            max_steps=steps,
+            batch_size=64,
+            learning_rate=1e-6,
+            progress_bar=False,
+            log_completions_every=0,
+        ),
+    )
+    measured = [trainer.train_step()[0] for _ in range(steps)]
+    measured = measured[1:] or measured  # the first warms up, when there are more
+    return {stage: median([s[f"time/{stage}"] for s in measured]) for stage in STAGES}
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 # -- NCCL -----------------------------------------------------------------------------------------------
@@ -677,6 +801,7 @@ TARGETS = [
     ("train_math.py: <= 0.1 s per step", ["train_math_s"], "{:.3f} s", lambda v: v <= 0.1),
     ("train_math.py: graphs' warm-up <= 60 s", ["train_math_warmup_s"], "{:.1f} s", lambda v: v <= 60),
     ("the whole report <= 8 minutes", ["report_s"], "{:.0f} s", lambda v: v <= 480),
+    ("GRPO step >= 5x TRL's on the same GPU and job", ["trl_x"], "{:.1f}x", lambda v: v >= 5),
     # issue 36, the update: at 512 new tokens (the report's first update rows)
     (
         "update: chunked head >= 0.95x full logits' speed",

@@ -206,11 +206,13 @@ def test_gpu_check_dry_run_runs_every_part_on_cpu(runs):
         "## train_math",
         "## update",
         "## grpo",
+        "## trl",
         "## nccl",
         "## targets",
     ):
         assert part in stdout, stdout[-3000:]
-    assert "| chunked (token_logprobs) |" in stdout and "| bf16 sampling, fp32 update |" in stdout
+    assert "| chunked (token_logprobs) | on |" in stdout and "| bf16 sampling, fp32 update |" in stdout
+    assert "| TRL GRPOTrainer |" in stdout and "| minigrpo |" in stdout
     assert "(gloo)" in stdout and ": equal (within 1% of the update)" in stdout
 
 
