@@ -58,10 +58,18 @@ DEFAULTS = dict(
 )
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, whose errors (a bad choice, a value of the wrong type) are one line, as this script's own
+    are, not its usage of some fifty lines and then the error."""
+
+    def error(self, message: str):
+        sys.exit(f"train_math.py: {message}")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
     """This script's own flags, then one per field of GRPOConfig and TrainConfig (its name; its comment is
     the help); and the flags a --config file may set, by name."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument(
@@ -416,8 +424,12 @@ if __name__ == "__main__":
     main = trainer.dist.is_main
     if not synthetic and not args.eval_data:
         trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
-    try:  # what the accuracy is measured on must stay the same from start to end
+    try:  # what the accuracy is measured on must stay the same from start to end, tools included
         measured_on = {"eval_data": eval_source, "eval_count": len(eval_problems)}
+        if grpo.tool_names:
+            measured_on.update(
+                tools=grpo.tools, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls
+            )
         initial = initial_evaluation(trainer, held_out, measured_on)
     except (ValueError, checkpoint.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")

@@ -114,6 +114,7 @@ class GRPOConfig:
             f"process_samples must be a positive integer, got {self.process_samples!r}",
         )
         check_tools(self.tool_names, self.tool_format, self.max_tool_calls)
+        self._check_process_settings()
         _require(
             isinstance(self.num_iterations, int) and self.num_iterations >= 1,
             f"num_iterations must be a positive integer, got {self.num_iterations!r}",
@@ -124,6 +125,27 @@ class GRPOConfig:
         _require(
             0 <= self.overlong_buffer < self.max_completion_length,
             f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}",
+        )
+
+    def _check_process_settings(self) -> None:
+        """Process settings that would do nothing, or value steps unlike the rollouts they come from."""
+        _require(
+            not (self.process_rewards == "monte_carlo" and self.tool_names),
+            f"process_rewards='monte_carlo' cannot be combined with tools ({self.tools}): its continuations "
+            "are sampled without them, so a step that a tool call follows is valued without the call; use "
+            "process_rewards='steps' with tools, or tools='none'",
+        )
+        _require(
+            not (self.process_rewards == "monte_carlo" and self.advantage_type == "outcome"),
+            "process_rewards='monte_carlo' values steps for process advantages, which advantage_type="
+            "'outcome' never reads (its continuations would be sampled for nothing): use advantage_type="
+            "'process' or 'outcome+process'",
+        )
+        unchanged = self.process_samples == _default(GRPOConfig, "process_samples")
+        _require(
+            unchanged or self.process_rewards == "monte_carlo",
+            f"process_samples={self.process_samples} is read only by process_rewards='monte_carlo' (its "
+            f"continuations per step); with process_rewards={self.process_rewards!r} it does nothing",
         )
 
     @property
@@ -266,6 +288,10 @@ def changed_settings(saved: dict, current: dict) -> list[str]:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _default(config_class, name: str):
+    return next(field.default for field in fields(config_class) if field.name == name)
 
 
 def _require_finite(config) -> None:

@@ -121,8 +121,8 @@ def initial_evaluation(trainer: Trainer, measure, measured_on: dict) -> dict:
         was = _described(saved["held_out"]) if saved.get("held_out") else "problems not recorded"
         raise ValueError(
             f"this run's accuracy before GRPO was measured on {was}, not on "
-            f"{_described(measured_on)}: resume with the same held-out problems (or start a "
-            "new output_dir), so that before and after count the same problems"
+            f"{_described(measured_on)}: resume with the same held-out problems and tools (or start "
+            "a new output_dir), so that before and after measure the same thing"
         )
     stats = measure()
     initial = {

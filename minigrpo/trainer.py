@@ -22,6 +22,10 @@ also under process supervision, whose step rewards might still differ. An observ
 the rollouts after stage 3 and the update's stats after stage 4; `train_step` returns the stats with
 the first completion of a few groups and their rewards.
 
+Before any step, every row's inputs to every reward are checked (RewardSpec.check_inputs): a bad
+row is named when the trainer is built, not at the step that samples it. An exception in `train`
+leaves the last completed step checkpointed (in one process), not nothing.
+
 With num_iterations = 1 the old log-probs are the current ones detached: the ratio is exactly 1,
 the clipped surrogate reduces to the advantage, and since advantages are centred within each
 group the loss reads about 0 with clip fraction 0 (its gradient is not 0). This matches TRL.
@@ -101,6 +105,7 @@ class Trainer:
                     "rewards": repr(task.rewards),
                 }
             )
+        _check_rewards(task)  # every row, before anything runs: not at the step that samples a bad one
         self.model = model
         self.tokenizer = tokenizer
         self.task = task
@@ -129,6 +134,7 @@ class Trainer:
         self.optimizer = self.updater.optimizer
         self.stream = PromptStream(len(task.rows), config.seed)
         self.step = 0
+        self.updated_step = 0  # the step whose update the weights hold; None while an update runs
         model.gradient_checkpointing = config.gradient_checkpointing
         self.wall_seconds_before = 0.0  # the run's time in earlier processes, up to the checkpoint resumed
         self.started = time.monotonic()
@@ -138,7 +144,8 @@ class Trainer:
         """Steps up to max_steps (or stop_at_step). on_step(trainer) may return extra stats to log
         with the step, e.g. a held-out evaluation every few steps. The first step is shown to
         `observer` if one is given. `start_stats` (the accuracy before training, say) are logged as
-        step 0 when the run starts from step 0."""
+        step 0 when the run starts from step 0. An exception leaves the last completed step saved
+        (`_save_after_failure`)."""
         if self.dist.is_main:  # rank 0 alone writes; the stats it logs are already reduced over ranks
             logger = MetricsLogger(
                 self.config.output_dir,
@@ -151,10 +158,14 @@ class Trainer:
         else:
             logger = NullLogger()
         first_step = self.step
+        saved = self.step  # the last step a checkpoint holds (or the start)
+        self.updated_step = self.step
         save_every = self.config.save_every
+        data = self.stream.state()
         try:
             last = min(self.config.max_steps, self.config.stop_at_step or self.config.max_steps)
             while self.step < last:
+                data = self.stream.state()  # the prompt stream before this step: a failure goes back to it
                 stats, examples = self.train_step(observer)
                 observer = None
                 if on_step is not None:
@@ -165,10 +176,30 @@ class Trainer:
                     logger.log_completions(self.step, examples)
                 if save_every and self.step % save_every == 0:
                     self.save()
+                    saved = self.step
             if self.step > first_step and (not save_every or self.step % save_every):
                 self.save()  # the last step, unless it was just saved (or this process took none)
+        except Exception as error:
+            self._save_after_failure(error, saved, data)
+            raise
         finally:
             logger.close()
+
+    def _save_after_failure(self, error: Exception, saved: int, data: dict) -> None:
+        """After an exception in `train`: a checkpoint of the last step whose update completed, so that a
+        resume goes on from there, unless one holds it already. Not after a failure inside an update (its
+        weights are neither step's, or NaN), nor a full disk, nor under torchrun, where the other ranks
+        may not have failed and a save waits for all of them. A failure in stages 1-3 of a step leaves
+        the weights of the step before: the step and the prompt stream (`data`) go back to it."""
+        updated = self.updated_step
+        if updated is None or updated == saved or isinstance(error, checkpoint.DiskFull):
+            return
+        if self.dist.world_size > 1:  # (a rank that saves alone would wait for the others for ever)
+            return
+        if updated < self.step:
+            self.step = updated
+            self.stream.load_state(data)
+        self.save()
 
     def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
         """One step of the module docstring's stages: (stats to log, a few completions with rewards)."""
@@ -191,8 +222,10 @@ class Trainer:
         self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
             observer.rollouts(self, batch.sampled)
+        self.updated_step = None  # until it ends, the weights are neither this step's nor the last's
         with clock("update"):
             update = self.update(batch.trained)  # 4. update: num_iterations AdamW steps
+        self.updated_step = self.step
         if observer is not None:
             observer.updated(self, update)
         stats = self.metrics(batch, update, clock)  # 5. metrics
@@ -497,6 +530,22 @@ class StepRollouts:
         for g, is_flat in enumerate(flat):
             if not (self.drop_flat and is_flat):
                 self.trained += rollouts[g * G : (g + 1) * G]
+
+
+def _check_rewards(task: Task) -> None:
+    """Each reward named once (its component is logged by name, its weights would add up), and every row's
+    inputs to every reward (RewardSpec.check_inputs); a ValueError names the reward and the row."""
+    names = [spec.name for spec in task.rewards]
+    for name in dict.fromkeys(names):
+        if names.count(name) > 1:
+            raise ValueError(
+                f"the reward {name!r} is named {names.count(name)} times: its weights would add up under "
+                "one logged component; name it once, with the sum of its weights"
+            )
+    columns = task.columns(task.rows, 1)  # one value per row
+    rows = [task.where(i) for i in range(len(task.rows))]
+    for spec in task.rewards:
+        spec.check_inputs(columns, rows)
 
 
 def _frozen_copy(model):

@@ -382,6 +382,75 @@ CASES += [
         "--stop_accuracy must be a finite number, got nan",
     ),
 ]
+# Red-team findings 6, 7, 11 and 13: a reward's inputs are checked on every row before any work (not at the
+# step that samples a bad one); argparse's own errors are one line too; settings that would do nothing, or
+# value steps without the run's tools, are refused.
+SMALL_RUN = ["--model", "{ckpt}", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "4"]
+CASES += [
+    (
+        "train_math.py",
+        "rewards_length_without_a_band",
+        [*SMALL_RUN, "--rewards", "accuracy:1,length:0.1"],
+        "row 1: length reward: soft must be a number > 0",
+    ),
+    (
+        "train_math.py",
+        "rewards_sql_without_its_columns",
+        [*SMALL_RUN, "--rewards", "accuracy:1,sql:1"],
+        "reward 'sql' needs the column(s) database, gold_sql; the task has answer",
+    ),
+    (
+        "train_math.py",
+        "rewards_code_without_its_columns",
+        [*SMALL_RUN, "--rewards", "accuracy:1,code:1"],
+        "reward 'code' needs the column(s) tests; the task has answer",
+    ),
+    (
+        "train_math.py",
+        "rewards_named_twice",
+        [*SMALL_RUN, "--rewards", "accuracy:1,accuracy:1"],
+        "the reward 'accuracy' is named 2 times",
+    ),
+    (
+        "train_math.py",
+        "advantage_type_unknown",
+        ["--model", "{ckpt}", "--advantage_type", "bogus"],
+        "argument --advantage_type: invalid choice: 'bogus'",
+    ),
+    (
+        "train_math.py",
+        "process_rewards_unknown",
+        ["--model", "{ckpt}", "--process_rewards", "bogus"],
+        "argument --process_rewards: invalid choice: 'bogus'",
+    ),
+    (
+        "train_math.py",
+        "sampling_dtype_unknown",
+        ["--model", "{ckpt}", "--sampling_dtype", "int8"],
+        "argument --sampling_dtype: invalid choice: 'int8'",
+    ),
+    (
+        "train_math.py",
+        "monte_carlo_with_tools",
+        [
+            *SMALL_RUN,
+            *("--advantage_type", "process", "--process_rewards", "monte_carlo", "--tools", "calculator"),
+        ],
+        "process_rewards='monte_carlo' cannot be combined with tools (calculator)",
+    ),
+    (
+        "train_math.py",
+        "monte_carlo_with_outcome_advantages",
+        [*SMALL_RUN, "--process_rewards", "monte_carlo"],
+        "process_rewards='monte_carlo' values steps for process advantages, which advantage_type='outcome'",
+    ),
+    (
+        "train_math.py",
+        "process_samples_without_monte_carlo",
+        [*SMALL_RUN, "--process_samples", "8"],
+        "process_samples=8 is read only by process_rewards='monte_carlo'",
+    ),
+]
 # Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case,
 # arguments, note).
 NOTED = [

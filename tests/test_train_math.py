@@ -177,8 +177,32 @@ def test_the_calc_model_brings_its_task_and_its_checkpoints_keep_it(examples_ser
     assert "[1 tool]   calculator('" in printed  # the trace's group made calls
     step = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][1]
     assert step["tools/calls_per_completion"] > 0 and "tools/calculator/error_frac" in step
+    # A resume with the tools off would compare accuracy with the calculator before GRPO against accuracy
+    # without it after: refused in one line, before any step.
+    code, _, err = train_math(
+        examples_server,
+        tmp_path,
+        *(
+            "--model",
+            CALC_MODEL,
+            "--output_dir",
+            out,
+            "--resume",
+            "--tools",
+            "none",
+            *small[:1],
+            "2",
+            *small[2:],
+        ),
+        succeed=False,
+    )
+    assert code != 0 and "Traceback" not in err and err.count("\n") == 1, err
+    assert (
+        "measured on eval_data calc, eval_count 8, tools calculator, " in err
+        and "not on eval_data calc, eval_count 8:" in err
+    )
     checkpoint = latest_checkpoint(out)
-    assert read_task(checkpoint) == read_task(CALC_MODEL)
+    assert checkpoint.endswith("step-000001") and read_task(checkpoint) == read_task(CALC_MODEL)
     for tools in ("calculator", "none"):
         results = str(tmp_path / f"eval-{tools}.jsonl")
         last = eval_math("--model", checkpoint, "--tools", tools, "--count", "8", "--output", results)

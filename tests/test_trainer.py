@@ -15,6 +15,7 @@ import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.checkpoint import latest_checkpoint, load_state
 from minigrpo.run import initial_evaluation
+from minigrpo.tasks import PromptStream
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
@@ -325,6 +326,20 @@ def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings
         (lambda: TrainConfig(lr_schedule="linear"), "lr_schedule must be one of constant, cosine"),
         (lambda: TrainConfig(micro_batch_size=0), "micro_batch_size must be a positive integer"),
         (lambda: TrainConfig(micro_batch_tokens=-1), "micro_batch_tokens must be an integer >= 0"),
+        # the continuations of Math-Shepherd's values are sampled without tools
+        (
+            lambda: GRPOConfig(advantage_type="process", process_rewards="monte_carlo", tools="calculator"),
+            "process_rewards='monte_carlo' cannot be combined with tools",
+        ),
+        # settings that would do nothing
+        (
+            lambda: GRPOConfig(process_rewards="monte_carlo"),
+            "values steps for process advantages, which advantage_type='outcome' never reads",
+        ),
+        (
+            lambda: GRPOConfig(process_samples=8),
+            "process_samples=8 is read only by process_rewards='monte_carlo'",
+        ),
     ],
 )
 def test_bad_configuration_fails_with_a_clear_message(make, message):
@@ -668,3 +683,111 @@ def test_sampling_dtype_is_checked_and_refused_with_fsdp():
         GRPOConfig(sampling_dtype="int8")
     with pytest.raises(ValueError, match="sampling_dtype cannot be combined with fsdp"):
         TrainConfig(fsdp=True).check_against(GRPOConfig(sampling_dtype="bfloat16"))
+
+
+def reward_rows(column: str, good, bad) -> list[dict]:
+    """ROWS with `column`: `bad` in row 3 (counted from 1, as errors name it), `good` in the others."""
+    return [{**row, column: bad if i == 2 else good} for i, row in enumerate(ROWS)]
+
+
+SHOP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "data")
+# (rows, rewards, what the refusal says): each found as the trainer is built, not at the step sampling it
+BAD_REWARD_INPUTS = {
+    "json_schema": (
+        reward_rows("schema", {"type": "object"}, {"type": "object", "patern": "x"}),
+        [RewardSpec("json")],
+        "row 3: json reward: unknown schema keyword 'patern' in schema",
+    ),
+    "length_bound": (
+        reward_rows("max_length", 5, -1),
+        [RewardSpec("length", options={"soft": 2})],
+        "row 3: length reward: max must be a number >= 0, got -1",
+    ),
+    "length_option": (
+        ROWS,
+        [RewardSpec("length", options={"unit": "lines", "max": 5, "soft": 2})],
+        "row 1: length reward: unknown unit 'lines'",
+    ),
+    "code_test": (
+        reward_rows("tests", ["assert True"], ["assert ("]),
+        [RewardSpec("code")],
+        "row 3: code reward: test 0 is not valid Python",
+    ),
+    "sql_gold_query": (
+        [
+            {**row, "database": "shop.sqlite"}
+            for row in reward_rows("gold_sql", "SELECT 1", "SELECT * FROM nowhere")
+        ],
+        [RewardSpec("sql", options={"database_dir": SHOP})],
+        "row 3: sql reward: the gold query 'SELECT * FROM nowhere' fails",
+    ),
+    "sql_columns_missing": (
+        ROWS,
+        [RewardSpec("test_count_x"), RewardSpec("sql")],
+        "reward 'sql' needs the column(s) database, gold_sql; the task has answer",
+    ),
+    "accuracy_gold_not_text": (
+        reward_rows("answer", "3", 3),
+        [RewardSpec("accuracy")],
+        "row 3: accuracy reward: the gold answer must be text, got 3",
+    ),
+    "countdown_target": (
+        [{**row, "numbers": [1, 2]} for row in reward_rows("answer", "3", "three")],
+        [RewardSpec("countdown")],
+        "row 3: countdown reward: the target (answer) must be an integer, got 'three'",
+    ),
+    "named_twice": (
+        ROWS,
+        [RewardSpec("test_count_x"), RewardSpec("test_count_x", 0.5)],
+        "the reward 'test_count_x' is named 2 times",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REWARD_INPUTS)
+def test_every_rows_reward_inputs_are_checked_when_the_trainer_is_built(checkpoint, tmp_path, case):
+    """A reward's inputs (its columns, each row's values, the spec's options) are checked on every row before
+    anything runs: a bad schema in row k once raised out of Trainer.train at the step that sampled it."""
+    rows, rewards, message = BAD_REWARD_INPUTS[case]
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
+    with pytest.raises(ValueError) as refused:
+        grpo = GRPOConfig(num_generations=4, max_completion_length=12)
+        Trainer(model, tokenizer, Task(rows, rewards), grpo, config)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("fails_in, saved", [("verify", 1), ("on_step", 2), ("update", None)])
+def test_an_exception_mid_run_leaves_the_last_completed_step_saved(checkpoint, tmp_path, fails_in, saved):
+    """With save_every=0 an exception at step 2 once lost step 1. Now the last completed step is saved before
+    the exception goes on: a failure in stage 1-3 leaves the weights of step 1 (saved as step 1, with the
+    prompt stream where step 1 left it), one after the update those of step 2. A failure inside the
+    update leaves weights of neither step (or NaN): nothing is saved."""
+    trainer = make_trainer(checkpoint, tmp_path, max_steps=3)
+
+    def fail_at_step_2(stage):
+        def run(*args, **kwargs):
+            if trainer.step == 2:
+                raise RuntimeError(f"{fails_in} failed")
+            return stage(*args, **kwargs)
+
+        return run
+
+    stages = {"verify": trainer.verify, "update": trainer.update, "on_step": lambda trainer: {}}
+    stages[fails_in] = fail_at_step_2(stages[fails_in])
+    trainer.verify, trainer.update = stages["verify"], stages["update"]
+    with pytest.raises(RuntimeError, match=f"{fails_in} failed"):
+        trainer.train(stages["on_step"])
+    latest = latest_checkpoint(trainer.config.output_dir)
+    if saved is None:
+        assert latest is None
+        return
+    assert latest is not None and latest.endswith(f"step-{saved:06d}"), latest
+    state = load_state(latest)
+    assert state["step"] == saved
+    stream = PromptStream(len(ROWS), trainer.config.seed)  # where `saved` steps of 2 prompts leave it
+    for _ in range(saved):
+        stream.next(2)
+    assert state["data"] == stream.state()  # a resume asks the prompts of the step after
+    on_disk = minigrpo.load_pretrained(latest)[0].state_dict()
+    assert all(torch.equal(on_disk[k], v) for k, v in trainer.model.state_dict().items())
