@@ -339,8 +339,11 @@ class Engine:
             span = self.span()
             if self.compiled:
                 span = span_bucket(span, self.cache.max_len)
+            # a paused row feeds its last token again, into that token's own slot: its logits stay the
+            # ones after that token, which it samples from if its call answers with no observation
+            self.cache.lengths -= self.held.long()
             self.logits = self.step_fn(self.model, self.token, self.cache, span)  # (b, V)
-            self.cache.lengths -= (self.done | self.held).long()  # done and paused rows stay where they are
+            self.cache.lengths -= self.done.long()  # done rows stay where they are
             self.decode_steps += 1
 
     def choose(self, logits: torch.Tensor, which=slice(None)) -> None:

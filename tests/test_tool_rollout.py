@@ -182,6 +182,20 @@ def test_an_eos_inside_an_observation_with_budget_to_spare_ends_nothing():
     assert samples.generated == [[True, False, False, False] * 2 + [True, False]]
 
 
+def test_an_empty_observation_resumes_a_row_whenever_it_arrives(model):
+    """A call answered with no tokens: the row samples on from where it paused, so its completion is the
+    same whether the answer came at once or polls later (it once sampled from a paused step's logits),
+    and the same as the reference sampler's."""
+    runs = []
+    for delay in (0, 2):
+        hook = Hook(GREEDY_MARKER, delay=delay, observation=lambda request, completion: [])
+        runs.append(minigrpo.generate(model, PROMPTS, tools=hook, **GREEDY).tokens)
+    reference = Hook(GREEDY_MARKER, observation=lambda request, completion: [])
+    tokens, _, _ = naive_generate_with_tools(model, PROMPTS, reference, **GREEDY)
+    assert runs[0] == runs[1] == tokens
+    assert len(reference.calls) >= 3
+
+
 def test_a_marker_inside_an_observation_starts_no_call():
     """An observation holding the end marker (7, then 4) is context: only the sampled markers call."""
     always = fixed_logits_model(torch.tensor([0.0] * 7 + [9.0]))
