@@ -14,44 +14,43 @@ Two formats (`FORMATS`):
 The call's end marker must be one token of the tokenizer: the sampler watches for that id.
 
 Two tools are registered (`register_tool` adds yours, as `register_reward` does rewards):
-  calculator  exact arithmetic through the verifier's bounded parser (verifier/parse.py), never eval:
-              an integer or reduced fraction, or 15 significant digits for an irrational value.
+  calculator  exact arithmetic through the verifier's bounded parser, never eval (calculator.py: its
+              budget, and the worker processes it runs in): an integer or reduced fraction, or 15
+              significant digits for an irrational value.
   python      the code in the verifier's sandbox (verifier/code.py, all its guarantees), its stdout
               (truncated) or its error's last line.
 A bad call (a parse error, an unknown tool, malformed JSON) is answered with "error: ..." as its
-observation, never an exception: the policy learns from its mistakes in context.
+observation, never an exception: the policy learns from its mistakes in context. So is anything a tool
+raises, SystemExit and KeyboardInterrupt included; a tool that bounds its own time raises TimeoutError,
+and its call counts as timed out (`ToolCall.timed_out`, logged as tools/timeout_frac).
 
-Each call runs in a thread of the runner's pool (WORKERS threads, made as calls need them and
-reused) while the other rows decode. Its time limit counts from when a thread starts it, so a call
+Each call runs in one of the process's reused daemon threads (at most WORKERS, made as calls need them)
+while the other rows decode. Its time limit counts from when a thread starts running it, so a call
 waiting for a free thread is not charged for the wait; only past WORKERS calls at once does a queued
 call's limit count from when it was made, so that tools that hang cannot hold the others forever. The
-limit is enforced where the engine polls for it: past it the row gets "error: timed out" and goes on.
-A Python function cannot be killed, so a tool that never returns keeps its thread; the python tool's
-process is killed by the sandbox's own timeout, set to the tool's limit.
+limit is enforced where the engine polls for it: past it the row gets "error: timed out" and goes on. A
+Python function cannot be killed, so a tool that never returns keeps its thread, but a daemon thread
+does not keep the process from exiting. The tools that can run for long run elsewhere and stop
+themselves: the calculator in its worker processes, the python tool in the sandbox, each killed at its
+own limit.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import sympy
-
+from .calculator import CalculatorError, calculate
 from .verifier.code import SandboxConfig, run_cases
-from .verifier.parse import parse
-from .verifier.values import Unsupported
 
 MAX_CALL_CHARS = 2_000  # a call's text longer than this is refused unread
-MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
-MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
-WORKERS = 64  # threads a runner may run calls in at once; more calls wait for one
+WORKERS = 64  # threads the process runs calls in at once; more calls wait for one
 MAX_RESPONSE_CHARS = 1_000  # a response is cut here, with TRUNCATED after it
 TRUNCATED = " ...[truncated]"
-_SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3"
 
 
 # --- formats --------------------------------------------------------------------------------------
@@ -83,7 +82,8 @@ FORMATS = {
 
 # --- tools ----------------------------------------------------------------------------------------
 class ToolError(ValueError):
-    """A call a tool cannot answer; its message becomes the observation "error: <message>"."""
+    """A call a tool cannot answer; its message becomes the observation "error: <message>". (A tool that
+    stops itself at its own time limit raises TimeoutError instead: the call then counts as timed out.)"""
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Tool:
 
     name: str  # what a call names it by
     run: Callable[[str], str]  # the call's input -> the response text; raises ToolError for a bad call
-    time_limit: float = 5.0  # seconds before the call is answered "error: timed out"
+    time_limit: float = 5.0  # seconds, from when its thread starts it, before it is answered "timed out"
     argument: str = "input"  # in a JSON call, the argument that holds the input
 
     def parse(self, arguments) -> str:
@@ -121,37 +121,16 @@ def register_tool(name: str, time_limit: float = 5.0, argument: str = "input"):
     return register
 
 
-@register_tool("calculator", time_limit=2.0, argument="expression")
+# The calculator times its calls itself, from when one of its worker processes takes one (a TimeoutError
+# after calculator.CPU_LIMIT of computing); the runner's limit is a backstop for a call that waits long
+# for a free worker while the others are busy.
+@register_tool("calculator", time_limit=30.0, argument="expression")
 def calculator(expression: str) -> str:
     """The exact value of an arithmetic expression: 19432, 7/2, or 1.41421356237310 for sqrt(2)."""
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
-    text = expression.strip().replace("×", "*").replace("÷", "/")
-    if not text:
-        raise ToolError("empty expression")
-    if _SIDE_BY_SIDE.search(text):  # the parser would multiply them: "1 2" is 2, "1..2" is 1/5
-        raise ToolError("two numbers side by side: write an operator between them")
     try:
-        value = parse(text).value
-    except (Unsupported, RecursionError) as error:
-        raise ToolError(_calculator_error(str(error))) from None
-    if not isinstance(value, sympy.Expr) or not value.is_number or value.has(sympy.zoo, sympy.nan):
-        raise ToolError("not an arithmetic expression")
-    if not value.is_real:
-        raise ToolError("not a real number")
-    exact = str(value) if value.is_Rational else ""  # sympy writes 19432, and a fraction reduced, 7/2
-    if exact and len(exact) <= MAX_RESULT_CHARS:
-        return exact
-    return str(sympy.N(value, 15))  # irrational, or too long to read: 15 significant digits
-
-
-def _calculator_error(reason: str) -> str:
-    """The parser's reason, as a short observation."""
-    if "division by zero" in reason:
-        return "division by zero"
-    if "too large" in reason:
-        return "result too large"
-    return f"not an arithmetic expression ({reason[:60]})"
+        return calculate(expression)
+    except CalculatorError as error:
+        raise ToolError(str(error)) from None
 
 
 @register_tool("python", time_limit=5.0, argument="code")
@@ -161,7 +140,7 @@ def python(code: str) -> str:
     config = SandboxConfig(timeout=limit, cpu_seconds=max(1, int(limit)), max_output_bytes=64 << 10)
     (result,) = run_cases(code, [{"input": "", "output": ""}], config)
     if result.timed_out:
-        raise ToolError(f"timed out after {limit:g} s")
+        raise TimeoutError(f"timed out after {limit:g} s")
     if result.exit_code != 0:  # the error's own line: not a traceback's header or frames
         lines = [line for line in result.stderr.splitlines() if line.strip() and not _traceback_line(line)]
         raise ToolError(lines[-1] if lines else f"exited with code {result.exit_code}")
@@ -189,17 +168,63 @@ class ToolCall:
 
 @dataclass
 class _Pending:
+    """A call being answered: what its thread and the engine's polls share."""
+
     call: ToolCall
-    future: Future | None  # None: answered at once (a call refused before it ran)
-    time_limit: float  # seconds it may run, from when a thread starts it
-    began: list = field(default_factory=list)  # [time.monotonic()] once a thread has started it
+    time_limit: float  # seconds it may run, from when its thread starts running it
     started: float = field(default_factory=time.monotonic)  # when the call was made
+    began: float | None = None  # when its thread started running it; None while it waits for a slot
+    answer: tuple[str, bool, bool] | None = None  # (response, error, timed_out) once it has one
+    abandoned: bool = False  # answered "timed out", or the runner closed: its thread must not run it
+
+
+def _run(pending: _Pending, tool: Tool, argument: str) -> None:
+    """A call, in a thread of THREADS: the tool's answer, unless the call was abandoned while it waited
+    (a queued call is answered "timed out" at its limit, counted from when it was made)."""
+    if not pending.abandoned:
+        pending.began = time.monotonic()
+        pending.answer = _answer(tool, argument)
+
+
+class Threads:
+    """Up to WORKERS daemon threads, made as calls need them and reused. Reused: a thread started per call
+    cost about twice as much per call (benchmarks/README.md). Daemon threads: the interpreter does not
+    wait for them at exit, so a tool that never returns cannot keep the process alive (a
+    ThreadPoolExecutor's threads are joined at exit)."""
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.threads = 0  # started so far
+        self.idle = 0  # waiting for a job
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self.lock:
+            start = self.idle <= 0 and self.threads < WORKERS
+            if start:
+                self.threads += 1
+            else:
+                self.idle -= 1  # the job is an idle thread's (or waits for the first that is free)
+        if start:
+            threading.Thread(target=self._work, args=(job,), name="minigrpo-tool", daemon=True).start()
+        else:
+            self.jobs.put(job)
+
+    def _work(self, job: Callable[[], None]) -> None:
+        while True:
+            job()
+            with self.lock:
+                self.idle += 1
+            job = self.jobs.get()
+
+
+THREADS = Threads()  # the process's tool threads, shared by every runner
 
 
 class ToolRunner:
-    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread pool,
+    """The sampler's ToolHook for one generate() call: it reads each call, runs it in a thread of its own,
     and answers with the observation's token ids. Requests are that call's rows, so make a runner per
-    generate() call; as a context manager it shuts its pool down."""
+    generate() call; as a context manager it abandons the calls still running when it closes."""
 
     def __init__(self, tokenizer, format: str | ToolFormat, tools: list[str], max_tool_calls: int):
         check_tools(tools, format, max_tool_calls)
@@ -207,7 +232,6 @@ class ToolRunner:
         self.format = FORMATS[format] if isinstance(format, str) else format
         self.tools = {name: TOOLS[name] for name in tools}
         self.max_tool_calls = max_tool_calls
-        self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="minigrpo-tool")
         self.start_token_id = self._one_token(self.format.call_start)
         self.end_token_id = self._one_token(self.format.call_end)
         # what a response may not spell: the markers, and every special token (an EOS would end the row)
@@ -232,27 +256,25 @@ class ToolRunner:
         try:
             tool, argument = self._read_call(completion, call)
         except ToolError as error:
-            call.response, call.error = f"error: {error}", True
-            self.pending[request] = _Pending(call, None, 0.0)
+            self.pending[request] = _Pending(call, 0.0, answer=(f"error: {error}", True, False))
             return
-        pending = _Pending(call, None, tool.time_limit)
-        pending.future = self.pool.submit(_answer, tool, argument, pending.began)
+        pending = _Pending(call, tool.time_limit)
         self.pending[request] = pending
+        THREADS.submit(lambda: _run(pending, tool, argument))
 
     def poll(self, request: int) -> list[int] | None:
         """The observation's token ids once the call has answered or run out of time; None until then."""
         pending = self.pending[request]
         call = pending.call
-        if pending.future is not None:
-            if pending.future.done():
-                response, call.error = pending.future.result()
-                call.response = _cut(response)
-            elif time.monotonic() >= (pending.began or [pending.started])[0] + pending.time_limit:
-                # abandoned: a Python function cannot be stopped; its thread ends when it returns
-                limit = self.tools[call.tool].time_limit
-                call.response, call.error, call.timed_out = f"error: timed out after {limit:g} s", True, True
-            else:
-                return None
+        if pending.answer is not None:
+            response, call.error, call.timed_out = pending.answer
+            call.response = _cut(response)
+        elif time.monotonic() >= (pending.began or pending.started) + pending.time_limit:
+            pending.abandoned = True  # a Python function cannot be stopped; its thread ends when it returns
+            limit = pending.time_limit
+            call.response, call.error, call.timed_out = f"error: timed out after {limit:g} s", True, True
+        else:
+            return None
         call.seconds = time.monotonic() - pending.started
         del self.pending[request]
         return self._observation(call.response)
@@ -264,8 +286,9 @@ class ToolRunner:
     def close(self) -> None:
         """Abandon the calls still queued or running (a running tool's thread ends when it returns); the
         calls made stay readable."""
+        for pending in self.pending.values():
+            pending.abandoned = True
         self.pending.clear()
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> ToolRunner:
         return self
@@ -339,16 +362,30 @@ class ToolRunner:
         return [token.content for token in added if token.content]
 
 
-def _answer(tool: Tool, argument: str, began: list) -> tuple[str, bool]:
-    """(response, error) of one run of a tool, noting in `began` when it started; anything it raises is
-    an error observation."""
-    began.append(time.monotonic())
+def _answer(tool: Tool, argument: str) -> tuple[str, bool, bool]:
+    """(response, error, timed_out) of one run of a tool. Anything it raises is an error observation,
+    SystemExit and KeyboardInterrupt too: raised by a tool in its own thread, they stop nothing else."""
     try:
-        return str(tool.run(argument)), False
-    except ToolError as error:
-        return f"error: {error}", True
-    except Exception as error:  # a user's tool failing: the completion sees why, the run goes on
-        return f"error: {type(error).__name__}: {error}"[:200], True
+        response, error, timed_out = str(tool.run(argument)), False, False
+    except ToolError as failure:
+        response, error, timed_out = f"error: {failure}", True, False
+    except TimeoutError as failure:  # a tool that stopped itself at its own limit
+        response, error, timed_out = f"error: {failure}", True, True
+    except BaseException as failure:  # a user's tool failing: the completion sees why, the run goes on
+        response, error, timed_out = f"error: {_described(failure)}"[:200], True, False
+    return _encodable(response), error, timed_out
+
+
+def _described(failure: BaseException) -> str:
+    """The failure as "RuntimeError: boom", or as "KeyboardInterrupt" when it has no message."""
+    message = str(failure)
+    return f"{type(failure).__name__}: {message}" if message else type(failure).__name__
+
+
+def _encodable(text: str) -> str:
+    """`text` as UTF-8 can hold it: a lone surrogate (half of a UTF-16 pair, such as "\\ud800"), which no
+    tokenizer encodes, becomes "?"."""
+    return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
 def _cut(response: str) -> str:
@@ -385,13 +422,15 @@ def check_tools(names: list[str], tool_format: str | ToolFormat, max_tool_calls:
 # --- metrics --------------------------------------------------------------------------------------
 def tool_stats(rollouts, names: list[str]) -> dict[str, float]:
     """The logger's tool stats over a step's rollouts, overall and per tool: calls per completion, the
-    share of calls answered with an error, the share of completions ended by the call limit, and the
-    seconds the calls took (summed: they overlap with decoding and with each other)."""
+    share of calls answered with an error, the share that timed out (the one part of a tool's answer
+    that can depend on the machine's load rather than on the call), the share of completions ended by
+    the call limit, and the seconds the calls took (summed: they overlap with decoding and each other)."""
     calls = [call for r in rollouts for call in r.tool_calls]
     count = max(len(rollouts), 1)
     stats = {
         "tools/calls_per_completion": len(calls) / count,
         "tools/error_frac": sum(c.error for c in calls) / max(len(calls), 1),
+        "tools/timeout_frac": sum(c.timed_out for c in calls) / max(len(calls), 1),
         "tools/limit_frac": sum(r.finish_reason == "tool_limit" for r in rollouts) / count,
         "tools/seconds": sum(c.seconds for c in calls),
     }
@@ -399,5 +438,6 @@ def tool_stats(rollouts, names: list[str]) -> dict[str, float]:
         mine = [c for c in calls if c.tool == name]
         stats[f"tools/{name}/calls_per_completion"] = len(mine) / count
         stats[f"tools/{name}/error_frac"] = sum(c.error for c in mine) / max(len(mine), 1)
+        stats[f"tools/{name}/timeout_frac"] = sum(c.timed_out for c in mine) / max(len(mine), 1)
         stats[f"tools/{name}/seconds"] = sum(c.seconds for c in mine)
     return stats

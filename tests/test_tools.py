@@ -2,13 +2,17 @@
 
 import dataclasses
 import json
+import sys
 import time
+from types import SimpleNamespace
 
 import pytest
-from helpers import tiny_tokenizer
+import torch
+from helpers import fixed_logits_model, tiny_tokenizer
 
+import minigrpo
 from minigrpo import tools
-from minigrpo.tools import TOOLS, ToolRunner, calculator, register_tool
+from minigrpo.tools import TOOLS, Tool, ToolCall, ToolRunner, calculator, register_tool
 
 MARKERS = (
     "<calc>",
@@ -75,6 +79,7 @@ def test_the_calculator_is_exact(expression, value):
     ids=lambda value: value if len(value) < 40 else f"{value[:10]}... ({len(value)} characters)",
 )
 def test_hostile_calculator_calls_are_answered_with_an_error_at_once(tokenizer, expression, error):
+    calculator("1")  # a calculator worker started: the limit below times the call, not sympy's import
     completion = tokenizer.encode(f"<calc>{expression}</calc>")
     with ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=4) as runner:
         started = time.monotonic()
@@ -300,3 +305,131 @@ def test_a_custom_json_format_takes_any_registered_tool(tokenizer):
 def test_numbers_side_by_side_are_refused_not_multiplied(expression):
     with pytest.raises(tools.ToolError, match="two numbers side by side"):
         calculator(expression)
+
+
+def _raise(error: BaseException):
+    raise error
+
+
+# Tools that fail in ways a Python function can: each is answered with an observation, and the runner
+# goes on. A lone surrogate (half of a UTF-16 pair) is text no tokenizer can encode.
+MISBEHAVING = {
+    "test_exits": (lambda text: sys.exit(3), "error: SystemExit: 3"),
+    "test_interrupts": (lambda text: _raise(KeyboardInterrupt()), "error: KeyboardInterrupt"),
+    "test_fails": (lambda text: _raise(RuntimeError("boom")), "error: RuntimeError: boom"),
+    "test_half_surrogate": (lambda text: "a\ud800b", "a?b"),
+}
+for _name, (_run, _) in MISBEHAVING.items():
+    register_tool(_name, time_limit=1.0, argument="text")(_run)
+
+
+@pytest.mark.parametrize("name", list(MISBEHAVING))
+def test_a_misbehaving_tool_is_answered_with_an_observation_and_the_runner_goes_on(tokenizer, name):
+    call = f'<tool_call>{{"name": "{name}", "arguments": {{"text": ""}}}}</tool_call>'
+    with ToolRunner(tokenizer, "qwen3", [name], max_tool_calls=4) as runner:
+        first = answer(runner, 0, call, tokenizer)
+        second = answer(runner, 1, call, tokenizer)
+        records = runner.calls(0) + runner.calls(1)
+    format = runner.format
+    expected = MISBEHAVING[name][1]
+    assert first == second == format.response_start + expected + format.response_end
+    assert [record.response for record in records] == [expected] * 2
+    assert [record.timed_out for record in records] == [False] * 2
+
+
+def test_generation_goes_on_past_tools_that_misbehave(tokenizer):
+    """A model that samples only the calc markers, so that it makes call after call, each answered by a
+    tool that fails in the next way of MISBEHAVING: the completion runs to its end, every call answered."""
+    start, end = tokenizer.encode("<calc>")[0], tokenizer.encode("</calc>")[0]
+    logits = torch.full((tokenizer.vocab_size,), -20.0)
+    logits[start], logits[end] = 6.4, 5.0  # 4 to 1: most call ends close an opened call
+    behaviours = [run for run, _ in MISBEHAVING.values()]
+    made = []
+
+    def misbehave(text):
+        made.append(text)
+        return behaviours[(len(made) - 1) % len(behaviours)](text)
+
+    with ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=40) as runner:
+        runner.tools["calculator"] = Tool("calculator", misbehave, time_limit=1.0)
+        samples = minigrpo.generate(
+            fixed_logits_model(logits), [[start]], tools=runner, max_new_tokens=120, seed=0
+        )
+        ran = [call.response for call in runner.calls(0) if call.tool]  # the calls that ran the tool
+    assert samples.finish_reasons == ["length"] and len(ran) == len(made) >= len(behaviours)
+    expected = [response for _, response in MISBEHAVING.values()]
+    assert ran == [expected[i % len(expected)] for i in range(len(ran))]
+
+
+def test_a_tool_that_times_itself_out_is_counted_as_timed_out(tokenizer):
+    """A tool that bounds its own time (the calculator, the python tool) raises TimeoutError: its message
+    is the observation, and the call counts as timed out (tools/timeout_frac)."""
+
+    @register_tool("test_self_timed", argument="text")
+    def self_timed(text):
+        raise TimeoutError("timed out after 1 s of its own")
+
+    call = '<tool_call>{"name": "test_self_timed", "arguments": {"text": ""}}</tool_call>'
+    with ToolRunner(tokenizer, "qwen3", ["test_self_timed"], max_tool_calls=4) as runner:
+        observed = answer(runner, 0, call, tokenizer)
+        (record,) = runner.calls(0)
+    assert "<tool_response>\nerror: timed out after 1 s of its own\n" in observed, observed
+    assert record.timed_out and record.error
+
+
+def test_tool_stats_give_the_share_of_calls_that_timed_out():
+    calls = [
+        ToolCall("calculator", "1+1", "2"),
+        ToolCall("calculator", "9^9^9", "error: timed out after 2 s", error=True, timed_out=True),
+        ToolCall("python", "1/0", "error: ZeroDivisionError: division by zero", error=True),
+        ToolCall("python", "while 1: pass", "error: timed out after 5 s", error=True, timed_out=True),
+    ]
+    rollouts = [
+        SimpleNamespace(tool_calls=calls[:1], finish_reason="stop"),
+        SimpleNamespace(tool_calls=calls[1:], finish_reason="tool_limit"),
+    ]
+    stats = tools.tool_stats(rollouts, ["calculator", "python"])
+    assert (stats["tools/timeout_frac"], stats["tools/error_frac"]) == (0.5, 0.75)
+    assert (stats["tools/calculator/timeout_frac"], stats["tools/python/timeout_frac"]) == (0.5, 0.5)
+    assert stats["tools/calls_per_completion"] == 2.0 and stats["tools/limit_frac"] == 0.5
+
+
+def test_the_python_tool_answers_with_the_last_line_of_its_error(quick_python):
+    """A program that writes to stderr and then fails: the error's own line, not the first line."""
+    with pytest.raises(tools.ToolError) as raised:
+        tools.python("import sys\nprint('a warning first', file=sys.stderr)\n1 / 0")
+    assert str(raised.value) == "ZeroDivisionError: division by zero"
+
+
+def test_a_queued_call_is_timed_from_when_it_starts_not_when_it_was_made(tokenizer, monkeypatch):
+    """One call at a time: the second of two 0.6 s calls (limit 1 s) waits 0.6 s for the first, then runs
+    0.6 s. That is 1.2 s after it was made, but 0.6 s after it started: it is answered, not timed out."""
+    monkeypatch.setattr(tools, "WORKERS", 1)
+    monkeypatch.setattr(
+        tools, "THREADS", tools.Threads()
+    )  # none of the process's threads idle: one at a time
+
+    @register_tool("test_queued", time_limit=1.0, argument="text")
+    def queued(text):
+        time.sleep(0.6)
+        return "ok"
+
+    call = '<tool_call>{"name": "test_queued", "arguments": {"text": ""}}</tool_call>'
+    with ToolRunner(tokenizer, "qwen3", ["test_queued"], max_tool_calls=4) as runner:
+        for request in range(2):
+            runner.start(request, tokenizer.encode(call))
+        answered = set()
+        while len(answered) < 2:
+            answered |= {r for r in {0, 1} - answered if runner.poll(r) is not None}
+            time.sleep(0.01)
+        responses = [runner.calls(r)[0].response for r in range(2)]
+    assert responses == ["ok", "ok"]
+
+
+def test_a_call_nested_too_deep_for_the_json_parser_is_an_error_not_a_crash(tokenizer):
+    """1,500 '[' fit within the call's length limit but not within Python's recursion limit."""
+    with ToolRunner(tokenizer, "qwen3", ["calculator"], max_tool_calls=4) as runner:
+        observed = answer(runner, 0, "<tool_call>" + "[" * 1500 + "</tool_call>", tokenizer)
+        (record,) = runner.calls(0)
+    assert '<tool_response>\nerror: a call is a JSON object {"name": ...' in observed, observed[:200]
+    assert record.error and record.tool == ""

@@ -1,0 +1,202 @@
+"""The calculator tool: exact arithmetic under a deterministic budget, in worker processes that a call
+running too long is stopped in, so that its answer depends on the call alone and no call can stall the
+trainer or keep it from exiting."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from helpers import ROOT, tiny_tokenizer
+
+from minigrpo import calculator as calculator_module
+from minigrpo.tokenizer import Tokenizer
+from minigrpo.tools import ToolError, ToolRunner, calculator
+
+CALC_MARKERS = ("<calc>", "</calc>", "<out>", "</out>")
+BENIGN = {
+    "347*56": "19432",
+    r"\sum_{k=1}^{100} k": "5050",
+    r"\prod_{k=1}^{5} k": "120",
+    "1/3+1/6": "1/2",
+    "sqrt(2)": "1.41421356237310",
+    "2^10": "1024",
+    r"\sum_{k=1}^{10} \frac{1}{k}": "7381/2520",
+    "3-5*2": "-7",
+}
+HOSTILE = [
+    r"\sum_{k=1}^{10^9} \sin k",
+    r"\sum_{k=0}^{60} 2^{2^k}",
+    r"\prod_{k=1}^{10^9} k",
+    r"\sum_{k=1}^{10^{9}} \frac{1}{k^2}",
+    r"\prod_{k=1}^{300} 3^{1000}",
+    r"\sum_{m=1}^{1000}\sum_{n=1}^{1000} \sin(mn)",
+    r"\sum_{k=1}^{200} \frac{1}{10^{20}+k}",
+    r"\sqrt{10^{5000}+1}",  # sympy's root of a 5,000-digit number: seconds inside the parser
+]
+RUN_CALLS = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a runaway call may not take the machine
+from minigrpo.tokenizer import Tokenizer
+from minigrpo.tools import ToolRunner
+
+tokenizer = Tokenizer.from_directory(sys.argv[1])
+expressions = json.loads(sys.argv[2])
+runner = ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=4)
+started = time.monotonic()
+for request, expression in enumerate(expressions):
+    runner.start(request, tokenizer.encode(f"<calc>{expression}</calc>"))
+answers = {}
+while len(answers) < len(expressions) and time.monotonic() - started < 30:
+    for request in set(range(len(expressions))) - set(answers):
+        if runner.poll(request) is not None:
+            answers[request] = [runner.calls(request)[0].response, time.monotonic() - started]
+    time.sleep(0.01)
+runner.start(len(expressions), tokenizer.encode("<calc>" + sys.argv[3] + "</calc>"))  # running at exit
+print(json.dumps({"answers": answers, "exiting": time.time()}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer_directory(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("calc-tokenizer"))
+    tiny_tokenizer(directory, CALC_MARKERS)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_directory):
+    tokenizer = Tokenizer.from_directory(tokenizer_directory)
+    calculator("1")  # a worker started: the tests below time calls, not sympy's import
+    return tokenizer
+
+
+def observations(tokenizer, expressions: list[str], patience: float = 30.0) -> list[str]:
+    """The observation of each expression as its own calc call, all made at once, as text."""
+    with ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=4) as runner:
+        for request, expression in enumerate(expressions):
+            runner.start(request, tokenizer.encode(f"<calc>{expression}</calc>"))
+        answered, deadline = {}, time.monotonic() + patience
+        while len(answered) < len(expressions):
+            assert time.monotonic() < deadline, "some calls were never answered"
+            for request in set(range(len(expressions))) - set(answered):
+                observation = runner.poll(request)
+                if observation is not None:
+                    answered[request] = tokenizer.decode(observation)
+            time.sleep(0.005)
+    return [answered[request] for request in range(len(expressions))]
+
+
+def test_hostile_calls_beside_benign_ones_are_bounded_and_the_interpreter_exits(tokenizer_directory):
+    """Eight hostile calls among eight benign ones, in a trainer-like process: the benign are answered
+    exactly, the hostile with an error in bounded time, and the process exits at once with a hostile
+    call still running (its worker killed, no thread of it waited for)."""
+    expressions = [e for pair in zip(BENIGN, HOSTILE) for e in pair]  # interleaved
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_CALLS, tokenizer_directory, json.dumps(expressions), HOSTILE[-1] + "+2"],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    exited = time.time()
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    answers = {expressions[int(request)]: answer for request, answer in report["answers"].items()}
+    assert {e: answers[e][0] for e in BENIGN} == BENIGN
+    assert all(answers[e][0].startswith("error: ") for e in HOSTILE), {e: answers[e][0] for e in HOSTILE}
+    assert answers[HOSTILE[-1]][0].startswith("error: timed out")
+    assert max(seconds for _, seconds in answers.values()) < 15
+    # the interpreter's exit, its workers' included (they hold its stderr): less than a worker's CPU limit
+    # of 2 s, so the worker computing at exit was killed, not left to time out
+    assert exited - report["exiting"] < 1.5
+
+
+@pytest.mark.parametrize(
+    "expression, error",
+    [
+        (r"\sum_{k=1}^{10^9} \sin k", "more than 500 operations in sums and products"),
+        (r"\sum_{k=1}^{501} k", "more than 500 operations in sums and products"),
+        (r"\sum_{k=1}^{300} (\sqrt{k}+1)", "more than 500 operations"),  # two operations a term
+        (r"\sum_{m=1}^{30}\sum_{n=1}^{30} mn", "more than 500 operations"),  # nested: 30 x 30 terms
+        (r"\sum_{k=0}^{60} 2^{2^k}", "result too large"),  # a term's power, estimated as the parser does
+        (r"\prod_{k=1}^{300} 3^{1000}", "result too large"),  # the partial product, as it grows
+        (r"\sum_{k=1}^{200} \frac{1}{10^{20}+k}", "result too large"),  # its denominator, as it grows
+        (r"\sum_{k=1}^{n} k", "a sum or product needs whole numbers as its bounds"),
+        (r"\sum_{k=1}^{\sum_{j=1}^{3} j} k", "a sum or product in the bounds of another"),
+        (r"\sin(10^{1000})", "a number of more than 300 digits in sin"),
+    ],
+)
+def test_a_call_over_the_budget_is_refused_before_it_is_computed(tokenizer, expression, error):
+    started = time.monotonic()
+    (observed,) = observations(tokenizer, [expression])
+    assert observed.startswith(f"<out>error: {error}"), observed
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        (r"\sum_{k=1}^{100} k", "5050"),
+        (r"\sum_{k=1}^{500} k", "125250"),  # 500 operations: the budget, not past it
+        (r"\sum_{k=1}^9 k", "45"),  # a bound of one digit, as LaTeX reads it
+        (r"\sum_{k=1}^{10} \frac{1}{k}", "7381/2520"),
+        (r"\prod_{k=1}^{5} k", "120"),
+        (r"\sum_{m=1}^{3}\sum_{n=1}^{m} mn", "25"),  # an inner bound that is the outer index
+        (r"\sum_{k=-2}^{2} |k|", "6"),
+        (r"\sum_{k=1}^{0} k", "0"),  # no terms
+        (r"2^{\sum_{k=1}^{10} k}", "36028797018963968"),  # a sum inside a power: 2^55
+        (r"\sum_{k=1}^{300} \sqrt{k}", "3472.55638857641"),
+        ("10^{5000}+1", "1.00000000000000e+5000"),  # an exact value too long to write, however long
+    ],
+)
+def test_sums_products_and_long_values_are_exact(expression, value):
+    assert calculator(expression) == value
+
+
+def test_an_expensive_call_gets_the_same_answer_among_many_and_alone(tokenizer):
+    """The same call 32 at once beside a thread keeping the CPU busy, alone, and 8 at once: one answer.
+    The call is near the budget (80 terms of 6 operations: 480 of 500) and new to sympy's caches when
+    the 32 are made. A call over the budget (a red team's sum of 2,500 terms) is refused every time."""
+    expensive = r"\sum_{k=1}^{80} \sqrt{\sqrt{\sqrt{k+1}+1}+1}"
+    value, refusal = (
+        "<out>152.307419959715</out>",
+        "<out>error: more than 500 operations in sums and products</out>",
+    )
+    over = r"\sum_{k=1}^{2500} \sqrt{k}"
+    busy = threading.Event()
+
+    def spin():
+        while not busy.is_set():
+            sum(range(1000))
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        crowded = observations(tokenizer, [expensive] * 32 + [over] * 8)
+    finally:
+        busy.set()
+    assert crowded == [value] * 32 + [refusal] * 8
+    assert observations(tokenizer, [expensive, over]) == [value, refusal]
+    assert observations(tokenizer, [expensive] * 8) == [value] * 8
+
+
+def test_a_worker_past_its_wall_time_is_killed_and_replaced(monkeypatch):
+    """A call that has not answered KILL_AFTER seconds after its worker took it is answered "timed out"
+    (TimeoutError: the runner counts it as such), its worker killed; the next call gets a fresh one."""
+    calculator("1")
+    monkeypatch.setattr(calculator_module, "KILL_AFTER", 0.2)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="timed out"):
+        calculator(r"\sqrt{10^{5000}+1}")  # seconds of sympy's root-taking: past 0.2 s
+    assert time.monotonic() - started < 1.0
+    monkeypatch.undo()
+    assert calculator("6*7") == "42"
+
+
+def test_a_refusal_is_a_tool_error():
+    with pytest.raises(ToolError, match="more than 500 operations"):
+        calculator(r"\prod_{k=1}^{501} k")
