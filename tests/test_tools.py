@@ -433,3 +433,21 @@ def test_a_call_nested_too_deep_for_the_json_parser_is_an_error_not_a_crash(toke
         (record,) = runner.calls(0)
     assert '<tool_response>\nerror: a call is a JSON object {"name": ...' in observed, observed[:200]
     assert record.error and record.tool == ""
+
+
+def test_a_call_of_few_tokens_but_too_many_characters_is_refused(tokenizer):
+    """Tokens of several characters each: under MAX_CALL_CHARS tokens, over MAX_CALL_CHARS characters."""
+    body = "answer " * 400
+    assert len(tokenizer.encode(body)) < tools.MAX_CALL_CHARS < len(body)
+    with ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=4) as runner:
+        observed = answer(runner, 0, "<calc>" + body + "</calc>", tokenizer)
+    assert f"error: call longer than {tools.MAX_CALL_CHARS} characters" in observed
+
+
+def test_a_registered_tool_this_run_does_not_use_is_an_unknown_tool(tokenizer):
+    """python is registered, but this runner has the calculator alone: a call to python is not run."""
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>'
+    with ToolRunner(tokenizer, "qwen3", ["calculator"], max_tool_calls=4) as runner:
+        observed = answer(runner, 0, call, tokenizer)
+        (record,) = runner.calls(0)
+    assert "error: unknown tool 'python'; this run has calculator" in observed and record.tool == ""
