@@ -67,7 +67,7 @@ from .step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_s
 from .tasks import PromptStream, Task
 from .tools import ToolRunner, tool_stats
 from .update import Updater
-from .verifier import Rewards, compute_rewards
+from .verifier import Rewards, compute_rewards, sandbox_stats
 
 
 class Trainer:
@@ -400,6 +400,7 @@ class Trainer:
         if self.grpo.tool_names:
             stats.update(tool_stats(batch.sampled, self.grpo.tool_names))
         stats.update(self._sampling_stats(batch, clock))
+        stats.update(sandbox_stats())  # tool calls' and code rewards' sandboxes, once any has run
         stats.update(update)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         stats.update(clock.stats())

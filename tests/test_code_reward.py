@@ -1045,3 +1045,13 @@ def test_a_bad_memory_budget_is_a_clear_error():
         SandboxConfig(memory_budget_bytes=0)
     with pytest.raises(ValueError, match="unisolated must be True or False"):
         SandboxConfig(unisolated="yes")
+
+
+def test_the_admission_rules_peak_is_reported_once_a_sandbox_has_run(monkeypatch):
+    admission = code_module.Admission()
+    monkeypatch.setattr(code_module, "ADMISSION", admission)
+    assert code_module.sandbox_stats() == {}
+    run_cases("print(1)", [{"input": "", "output": "1"}], FAST)
+    stats = code_module.sandbox_stats()
+    assert stats["sandbox/peak_running"] == 1.0
+    assert stats["sandbox/peak_reserved_gib"] == FAST.reserved_bytes / 2**30

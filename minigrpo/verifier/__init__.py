@@ -17,7 +17,7 @@ the constraints json_schema, length and sql (constraint_inputs: what they read a
 """
 
 from .bounded import TIME_LIMIT, VerifierError, is_equivalent, math_reward, math_rewards
-from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_tests
+from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_tests, sandbox_stats
 from .countdown import countdown_reward
 from .extract import extract_answer
 from .format import FormatConfig, format_reward
@@ -48,6 +48,7 @@ __all__ = [
     "math_rewards",
     "register_reward",
     "run_tests",
+    "sandbox_stats",
     "sql_reward",
     "sql_rewards",
 ]

@@ -301,6 +301,17 @@ def default_memory_budget() -> int:
 ADMISSION = Admission()  # the process's one admission rule
 
 
+def sandbox_stats() -> dict[str, float]:
+    """The logger's sandbox stats, once any sandbox has run in this process: the most that ran at once,
+    and the most memory they reserved together (GiB), against the admission rule's budget."""
+    if ADMISSION.peak_running == 0:
+        return {}
+    return {
+        "sandbox/peak_running": float(ADMISSION.peak_running),
+        "sandbox/peak_reserved_gib": ADMISSION.peak_reserved_bytes / 2**30,
+    }
+
+
 @contextmanager
 def _sandbox_uid(config: SandboxConfig):
     """(uid, lock): a uid no other sandbox on this machine is using and the descriptor of its lock; (None,
