@@ -5,9 +5,10 @@ In: scored rollouts (stage 2 has decoded them and summed their outcome rewards),
 one's problem, and for Monte-Carlo values the policy, the sampler's settings and the task's rewards.
 Out: each rollout's `step_rewards` and `step_ends`, which stage 3 turns into per-token advantages
 (advantages.process_advantages). Steps are the `expression = number` steps the verifier's checker
-finds (verifier/steps.py), and then its final answer: the last step of every completion runs to its
-last token and is worth the completion's outcome reward (a completion with no arithmetic step has
-that one step).
+finds (verifier/steps.py) in what the policy wrote, and then its final answer: the last step of every
+completion runs to its last token and is worth the completion's outcome reward (a completion with no
+arithmetic step has that one step). A tool's output (the rollout's observation tokens) holds no step,
+and its numbers make no step relevant: the policy earns nothing for what a tool printed.
 
 Two sources of a step's reward:
 
@@ -32,6 +33,7 @@ step rewards of the GRPO step itself, as DeepSeekMath's process supervision uses
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import replace
 
@@ -40,16 +42,47 @@ from .sampler import SamplingConfig, generate
 from .verifier import compute_rewards
 from .verifier.steps import check_steps
 
+# tokens decoded before each one in token_ends: a character's bytes before its last token are at most 3
+# (UTF-8 spells one in at most 4), so they lie in at most 3 tokens
+CONTEXT_TOKENS = 3
+
 
 def checked_step_rewards(rollouts: list[Rollout], problems: list[str], tokenizer) -> None:
-    """Each rollout's steps, checked against its problem's text: the checker's step rewards, on the
-    token where each step ends, then the answer step (the outcome reward, on the last token)."""
+    """Each rollout's steps in the text the policy wrote, checked against its problem's text: the
+    checker's step rewards, on the token where each step ends, then the answer step (the outcome
+    reward, on the last token)."""
     for r, problem in zip(rollouts, problems, strict=True):
-        steps = check_steps(r.text, problem)
+        ends = token_ends(tokenizer, list(r.completion_ids))  # (Tc,) characters spelled through each token
+        steps = check_steps(r.text, problem, unwritten=_observation_spans(ends, r.generated))
         r.step_rewards = [step.reward for step in steps]
-        r.step_ends = tokenizer.token_at(r.completion_ids, [step.end for step in steps])
+        # each step on its last character's token: the first whose decoded prefix reaches the step's end
+        r.step_ends = [bisect.bisect_left(ends, step.end) for step in steps]
         r.step_rewards.append(r.reward)  # the answer step (a step cut at the budget may share its token)
         r.step_ends.append(len(r.completion_ids) - 1)
+
+
+def token_ends(tokenizer, ids: list[int]) -> list[int]:
+    """len(tokenizer.decode(ids[: k + 1])) for each token k, in one pass: a token adds the characters it
+    adds to the CONTEXT_TOKENS tokens before it (a character split across tokens shows on its first,
+    as a replacement character, as in the decoded prefix). Where those do not add up to the whole text
+    (a decoder that cleans up across tokens), every prefix is decoded, slowly but exactly."""
+    ends = []  # (T,)
+    spelled = 0
+    for k in range(len(ids)):
+        context = ids[max(0, k - CONTEXT_TOKENS) : k]
+        spelled += len(tokenizer.decode(context + [ids[k]])) - len(tokenizer.decode(context))
+        ends.append(spelled)
+    if ends and ends[-1] != len(tokenizer.decode(ids)):
+        return [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
+    return ends
+
+
+def _observation_spans(ends: list[int], generated: list[bool] | None) -> list[tuple[int, int]]:
+    """The character spans of the tokens a tool wrote (`generated` False), given each token's end."""
+    if generated is None:
+        return []
+    starts = [0] + ends[:-1]
+    return [(start, end) for start, end, own in zip(starts, ends, generated, strict=True) if not own]
 
 
 def monte_carlo_step_rewards(

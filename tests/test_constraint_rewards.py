@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from minigrpo.verifier import RewardSpec, compute_rewards
+from minigrpo.verifier.length import length_rewards
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 FAST = 3.0  # seconds a refusal may take: far above what it needs, for a loaded machine
@@ -80,6 +81,7 @@ def test_json_example_task_scores_good_and_bad_completions():
         ('{"a": 1}', {"required": ["a", "b"]}, 0.0),
         ("```json\n[1, 2]", None, 0.0),  # cut off inside the fence
         ('{"a": 1}', '{"type": "object", "properties": {"a": {"type": "integer"}}}', 1.0),  # a JSON string
+        ("1e400", {"maximum": 10**300}, 0.0),  # Python reads 1e400 as inf: above any finite bound
     ],
 )
 def test_json_schema_subset(completion, schema, expected):
@@ -148,6 +150,43 @@ def test_json_bad_schema_is_a_value_error_naming_the_problem(schema, message):
         score("json", ['"x"'], {"schema": [schema]})
 
 
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (
+            {"minimum": 10**400},
+            "schema.minimum must be a finite number within a float's range .*, got an integer of 1329 bits",
+        ),
+        ('{"maximum": ' + "9" * 400 + "}", "schema.maximum must be a finite number within a float's range"),
+        ({"exclusiveMinimum": -(10**5000)}, "schema.exclusiveMinimum must be a finite number within"),
+        ({"maxItems": -(10**5000)}, "schema.maxItems must be an integer >= 0, got an integer of 16610 bits"),
+        ('{"minimum": ' + "9" * 5000 + "}", "the schema is not JSON .*Exceeds the limit .*digits"),
+        (
+            '{"description": "' + "x" * 1_000_000 + '"}',
+            "the schema is 1,000,019 characters of JSON, more than",
+        ),
+        ('{"a": [' * 300 + "]}" * 300, "the schema is JSON nested deeper than 256 brackets"),
+    ],
+    ids=["int-bound", "text-bound", "negative-bound", "huge-count", "text-digits", "long-text", "deep-text"],
+)
+def test_json_schema_refused_for_what_is_wrong_with_it_in_one_line(schema, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        score("json", ['"x"'], {"schema": [schema]})
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "completion, schema, expected",
+    [
+        ('{"a": 1, "b": 2}', {"type": "object", "properties": {"a": {"type": "integer"}}}, 1.0),
+        ('{"a": 1, "b": 2}', {"properties": {"a": {}}, "additionalProperties": False}, 0.0),
+    ],
+)
+def test_json_additional_properties_are_allowed_unless_refused(completion, schema, expected):
+    """additionalProperties is true unless a schema says false, as JSON Schema has it."""
+    assert score("json", [completion], {"schema": [schema]}) == [expected]
+
+
 # --- length -----------------------------------------------------------------------------------------------
 
 
@@ -169,6 +208,11 @@ def test_length_options_chars_and_a_ramp_on_both_sides():
 def test_length_in_tokens_reads_the_completion_tokens_column():
     columns = {"completion_tokens": [[1, 2, 3], 8, [4] * 12]}  # token ids, or a count
     assert score("length", ["", "", ""], columns, unit="tokens", min=4, max=8, soft=4) == [0.75, 1.0, 0.0]
+
+
+def test_length_band_of_one_length():
+    assert length_rewards(["a b", "a", "a b c"], "words", low=2, high=2, soft=1) == [1.0, 0.0, 0.0]
+    assert score("length", ["a b"], {"min_length": [2], "max_length": [2]}, soft=1) == [1.0]
 
 
 @pytest.mark.parametrize(

@@ -239,6 +239,31 @@ def test_masked_tokens_whose_ratio_overflows_change_nothing(advantage):
     assert logprobs.grad.tolist() == [[-advantage, 0.0]]
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
+@pytest.mark.parametrize("garbage", [math.nan, math.inf, -math.inf])
+def test_advantages_on_padding_change_nothing_whatever_they_hold(loss_type, garbage):
+    """NaN or inf advantages on masked tokens (per token), or on a row with no token in the loss (per
+    completion): the loss, the stats and the gradient are those of zeros there."""
+    pad = MASK == 0
+    per_token = ADV.unsqueeze(1).expand(3, 4)  # (B, T): each row's advantage on every token
+    with_a_dropped_row = MASK * torch.tensor([[1], [1], [0]])  # the third row in no token of the loss
+    cases = [
+        (MASK, per_token.masked_fill(pad, 0.0), per_token.masked_fill(pad, garbage)),
+        (with_a_dropped_row, torch.tensor([1.0, -0.5, 0.0]), torch.tensor([1.0, -0.5, garbage])),
+    ]
+    for mask, clean, dirty in cases:
+        results = []
+        for advantages in (clean, dirty):
+            logprobs = policy(OLD, RATIOS)
+            loss, stats = grpo_loss(logprobs, OLD, advantages, mask, loss_type=loss_type)
+            loss.backward()
+            results.append((loss, stats, logprobs.grad))
+        (loss, stats, grad), (dirty_loss, dirty_stats, dirty_grad) = results
+        assert torch.isfinite(dirty_loss) and torch.equal(loss, dirty_loss)
+        assert stats == dirty_stats
+        assert torch.equal(grad, dirty_grad)
+
+
 # Gradient accumulation: 4 sequences of lengths 4, 3, 1, 2 (10 tokens), as 2 micro-batches of 2
 # (7 tokens, then 3). Ratios include clipped ones.
 ACC_MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]])

@@ -54,6 +54,17 @@ def test_flat_groups_and_groups_of_fewer_than_two_step_rewards_get_zero():
         assert torch.equal(a, torch.zeros(n, dtype=torch.float64))
 
 
+def test_a_group_of_equal_step_rewards_that_floats_cannot_average_exactly_gets_exactly_zero():
+    # the mean of these 0.1s is not 0.1 in float64: without the check for a flat group, each token would
+    # get its rounding error over the (as tiny) std plus EPS, about 1e-13
+    step_rewards = [[0.1, 0.1], [0.1]]
+    pooled = torch.tensor([r for rewards in step_rewards for r in rewards], dtype=torch.float64)
+    assert pooled.mean() != 0.1
+    advantages = process_advantages(step_rewards, [[0, 2], [1]], [3, 2], 2)
+    for a, n in zip(advantages, [3, 2]):
+        assert torch.equal(a, torch.zeros(n, dtype=torch.float64))
+
+
 def reference(step_rewards, step_ends, num_tokens, group_size):
     """DeepSeekMath 4.1.3 in plain Python: normalise every step reward of a group by the group's mean
     and (unbiased) std, then A_t = sum of the normalised r_j over the steps j with index(j) >= t."""

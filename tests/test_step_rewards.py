@@ -1,6 +1,7 @@
 """Step rewards for process supervision: the checker's verdicts land on the tokens where their steps
-end (Tokenizer.token_at against a brute-force search), and Math-Shepherd's Monte-Carlo values are
-the mean outcome reward of N continuations from each step's end, with the budget each has left."""
+end (token_ends, one pass over the tokens, against every prefix decoded), only the policy's own tokens
+hold steps (never a tool's output), and Math-Shepherd's Monte-Carlo values are the mean outcome reward
+of N continuations from each step's end, with the budget each has left."""
 
 import random
 
@@ -9,14 +10,15 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo import step_rewards
+from minigrpo.advantages import process_advantages
 from minigrpo.evaluate import evaluate, summarize
 from minigrpo.rollout import Rollout
 from minigrpo.sampler import Samples, SamplingConfig
-from minigrpo.step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_stats
+from minigrpo.step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_stats, token_ends
 from minigrpo.tasks import Problem
 from minigrpo.tasks.prompts import template
 from minigrpo.verifier import RewardSpec
-from minigrpo.verifier.steps import check_steps
+from minigrpo.verifier.steps import MAX_DEPTH, MAX_DIGITS, check_steps
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,127 @@ def rollout(tokenizer, prompt: str, completion: str, reward: float = 0.0) -> Rol
     r = Rollout(prompt_ids=tokenizer.encode(prompt), completion_ids=ids, finish_reason="stop", reward=reward)
     r.text = tokenizer.decode_completion(ids)
     return r
+
+
+def slow_token_ends(tokenizer, ids: list[int]) -> list[int]:
+    """The reference for token_ends: every prefix decoded whole (quadratic in the completion's length)."""
+    return [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
+
+
+class Counted:
+    """A tokenizer that counts its decode calls and the tokens they decode."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.calls = 0
+        self.tokens = 0
+
+    def decode(self, ids):
+        self.calls += 1
+        self.tokens += len(ids)
+        return self.tokenizer.decode(ids)
+
+
+def test_token_ends_equal_the_lengths_of_the_decoded_prefixes(tokenizer):
+    """Texts with characters of 2 to 4 bytes that the tiny vocabulary splits across tokens, and token ids
+    drawn at random (bytes that never make a character, special tokens): equal, and in one pass (two
+    small decodes a token and the whole once, never every prefix)."""
+    rng = random.Random(0)
+    for _ in range(60):
+        text = "".join(
+            rng.choice("0123456789+*=; What is\\boxed{}é€😀中×÷−\n") for _ in range(rng.randint(1, 40))
+        )
+        drawn = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 40))]
+        for ids in (tokenizer.encode(text) + [tokenizer.eos_token_ids[0]], drawn):
+            counted = Counted(tokenizer)
+            assert token_ends(counted, ids) == slow_token_ends(tokenizer, ids), ids
+            assert counted.calls == 2 * len(ids) + 1, ids
+    assert token_ends(tokenizer, []) == []
+
+
+class SquareDecoder:
+    """A decoder whose text is not its tokens' texts side by side: n tokens decode to n * n characters."""
+
+    def decode(self, ids):
+        return "x" * len(ids) ** 2
+
+
+def test_token_ends_decode_every_prefix_when_the_windows_do_not_add_up():
+    assert token_ends(SquareDecoder(), list(range(7))) == [1, 4, 9, 16, 25, 36, 49]
+
+
+def test_step_ends_are_found_in_one_pass_over_the_tokens(tokenizer):
+    """200 steps of a long completion: the tokens decoded stay a few times the completion's length (a
+    search of decoded prefixes per step decodes hundreds of times as many), and the ends are the first
+    token whose decoded prefix reaches each step's end."""
+    r = rollout(tokenizer, "What is 1+1?", "So 1+1=2; " * 200 + "####2")
+    counted = Counted(tokenizer)
+    checked_step_rewards([r], ["What is 1+1?"], counted)
+    assert counted.tokens <= 10 * len(r.completion_ids)
+    prefixes = slow_token_ends(tokenizer, r.completion_ids)
+    ends = [step.end for step in check_steps(r.text, "What is 1+1?")]
+    assert len(ends) == 200
+    assert r.step_ends[:-1] == [next(k for k, n in enumerate(prefixes) if n >= end) for end in ends]
+
+
+def tool_rollout(tokenizer, pieces: list[tuple[str, bool]], reward: float) -> Rollout:
+    """A scripted completion: each piece's tokens, the policy's (True) or a tool's (False), then EOS."""
+    ids = []
+    generated = []
+    for text, by_policy in pieces:
+        tokens = tokenizer.encode(text)
+        ids += tokens
+        generated += [by_policy] * len(tokens)
+    ids.append(tokenizer.eos_token_ids[0])
+    generated.append(True)
+    r = Rollout(tokenizer.encode("What is 2+3?"), ids, "stop", generated=generated, reward=reward)
+    r.text = tokenizer.decode_completion(ids)
+    return r
+
+
+def test_steps_a_tool_printed_earn_nothing(tokenizer):
+    """A python call that printed 40 right steps: the completion's step rewards, and so its first token's
+    advantage, are those of the same tokens of the policy with a silent tool."""
+    problem = "What is 2+3?"
+    loud = tool_rollout(tokenizer, [("2+3=5; <run>", True), ("2+3=5;" * 40, False), ("####5", True)], 1.0)
+    silent = tool_rollout(tokenizer, [("2+3=5; <run>", True), ("####5", True)], 1.0)
+    wrong = tool_rollout(tokenizer, [("2+3=6; ####6", True)], 0.0)
+    checked_step_rewards([loud, silent, wrong], [problem] * 3, tokenizer)
+    assert loud.step_rewards == silent.step_rewards == [1.0, 1.0]
+    assert loud.step_ends[0] == silent.step_ends[0]  # both on the 5 of 2+3=5
+    first = []
+    for r in (loud, silent):
+        group = [r, wrong]
+        advantages = process_advantages(
+            [g.step_rewards for g in group],
+            [g.step_ends for g in group],
+            [len(g.completion_ids) for g in group],
+            2,
+        )
+        first.append(float(advantages[0][0]))
+    assert first[0] == first[1] > 0
+
+
+def test_no_step_runs_into_a_tools_output_and_its_numbers_are_not_known(tokenizer):
+    """7*6= written by the policy and 42 by the tool is no step; results the tool printed do not make the
+    policy's steps relevant (printing them would buy every step's reward); the policy's own steps around
+    an observation are read as if the observation were a line break."""
+    pieces = [("7*6=", True), ("42; 1+6=7; 2+6=8\n", False), ("So 7+8=15", True), ("0", False)]
+    r = tool_rollout(tokenizer, pieces + [(" and 2+3=5", True)], 0.0)
+    checked_step_rewards([r], ["What is 2+3?"], tokenizer)
+    assert r.step_rewards == [0.0, 1.0, 0.0]  # 7+8=15 (not 7+8=150) irrelevant; 2+3=5 right; the answer
+    assert tokenizer.decode(r.completion_ids[: r.step_ends[1] + 1]).endswith("2+3=5")
+
+
+def test_the_checker_counts_digits_not_the_decimal_point():
+    (step,) = check_steps("1." + "0" * (MAX_DIGITS - 1) + "*2=2", "")  # MAX_DIGITS digits and a point
+    assert step.correct
+
+
+def test_the_checker_counts_depth_not_brackets():
+    groups = MAX_DEPTH + 1  # each group is one deep: never deeper than MAX_DEPTH, however many
+    (step,) = check_steps("+".join(["(1)"] * groups) + f"={groups}", "")
+    assert step.correct
 
 
 def test_checked_step_rewards_sit_on_the_last_token_of_each_step(tokenizer):
@@ -100,6 +223,29 @@ def test_monte_carlo_values_are_the_mean_outcome_of_continuations_from_each_step
     assert [r.step_continuations for r in rollouts] == [8, 4]
     assert step_stats(rollouts)["process/continuations"] == 12
     assert len(ends) == 5  # two arithmetic steps and an answer, one arithmetic step and an answer
+
+
+def test_a_length_reward_in_tokens_scores_each_continuation_with_its_prefix(tokenizer, monkeypatch):
+    """A continuation stands for the whole completion it ends: prefix and continuation. The sampler stands
+    in here, writing "####5" from every prefix; the reward, 1 - tokens / 1000, tells the length it saw."""
+    continuation = tokenizer.encode("####5")
+
+    def fake_generate(model, prompts, config, seed):
+        indices = [p for p in range(len(prompts)) for _ in range(config.num_samples)]
+        return Samples(
+            tokens=[continuation] * len(indices), logprobs=[], finish_reasons=[], prompt_indices=indices
+        )
+
+    monkeypatch.setattr(step_rewards, "generate", fake_generate)
+    r = rollout(tokenizer, "What is 2+3?", "2+3=5; then 3+2=5; ####5", reward=1.0)
+    checked_step_rewards([r], ["What is 2+3?"], tokenizer)
+    length = RewardSpec("length", options={"unit": "tokens", "max": 0, "soft": 1000})
+    columns = {"completion_tokens": [len(r.completion_ids)]}  # as the trainer gives it: the sampled one's
+    sampling = SamplingConfig(max_new_tokens=40, eos_token_ids=tuple(tokenizer.eos_token_ids))
+    monte_carlo_step_rewards(None, tokenizer, [r], columns, [length], sampling, 2, "s")
+    assert len(r.step_ends) == 3
+    for value, end in zip(r.step_rewards[:-1], r.step_ends[:-1]):
+        assert value == pytest.approx(1 - (end + 1 + len(continuation)) / 1000, abs=1e-12)
 
 
 def test_a_step_that_ends_the_completion_is_worth_the_completions_own_reward(tokenizer, monkeypatch):

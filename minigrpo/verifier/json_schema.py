@@ -17,11 +17,13 @@ import itertools
 import json
 import math
 import re
+import sys
 
 from .constraint_inputs import answer_text, is_integer, is_number, shown
 
 MAX_TEXT_CHARS = 1_000_000  # a longer JSON text (completion or schema) scores 0 / is refused, unparsed
 MAX_DEPTH = 64  # deepest nesting of a document (deeper scores 0) and of a schema (deeper is refused)
+MAX_SCHEMA_BRACKETS = 4 * MAX_DEPTH  # a schema's JSON text nested deeper is refused: a level takes up to 4
 MAX_VALIDATION_STEPS = 100_000  # values, keys and names checked per completion; a document needing more: 0
 
 TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
@@ -74,15 +76,28 @@ def load_schema(schema: dict | str | None) -> dict | None:
     """A schema as a checked dict (parsed first if a JSON string); None stays None. ValueError outside the
     subset."""
     if isinstance(schema, str):
-        text = schema
-        schema = _parse_json(text, 4 * MAX_DEPTH)  # a schema level takes up to 4 brackets of text
-        if schema is _INVALID:
-            raise ValueError(
-                f"json reward: the schema is not JSON nested at most {MAX_DEPTH} deep: {shown(text)}"
-            )
+        schema = _schema_json(schema)
     if schema is not None:
         check_schema(schema)
     return schema
+
+
+def _schema_json(text: str):
+    """A schema's JSON text parsed; a ValueError names why it cannot be: too long, too deep, or not JSON."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(
+            f"json reward: the schema is {len(text):,} characters of JSON, more than {MAX_TEXT_CHARS:,}"
+        )
+    if _nesting_depth(text) > MAX_SCHEMA_BRACKETS:  # found before parsing: json.loads recurses per level
+        raise ValueError(
+            f"json reward: the schema is JSON nested deeper than {MAX_SCHEMA_BRACKETS} brackets: "
+            f"{shown(text)}"
+        )
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as error:  # not JSON, NaN or Infinity, or an integer of over 4300 digits
+        cause = str(error).splitlines()[0]
+        raise ValueError(f"json reward: the schema is not JSON ({cause}): {shown(text)}") from None
 
 
 def check_schema(schema, depth: int = 0, where: str = "schema") -> None:
@@ -104,7 +119,7 @@ def _check_keyword(keyword: str, value, depth: int, where: str) -> None:
     names = value if isinstance(value, list) else [value]
     if keyword == "type" and not (names and all(isinstance(n, str) and n in TYPES for n in names)):
         raise ValueError(
-            f"json reward: {where} must be one of {sorted(TYPES)} or a list of them, got {shown(value)}"
+            f"json reward: {where} must be one of {sorted(TYPES)} or a list of them, got {_shown(value)}"
         )
     if keyword == "properties":
         if not isinstance(value, dict):
@@ -114,24 +129,39 @@ def _check_keyword(keyword: str, value, depth: int, where: str) -> None:
     if keyword == "items":
         check_schema(value, depth + 1, where)
     if keyword == "required" and not (isinstance(value, list) and all(isinstance(n, str) for n in value)):
-        raise ValueError(f"json reward: {where} must be a list of names, got {shown(value)}")
+        raise ValueError(f"json reward: {where} must be a list of names, got {_shown(value)}")
     if keyword == "additionalProperties" and not isinstance(value, bool):
-        raise ValueError(f"json reward: {where} must be true or false in this subset, got {shown(value)}")
+        raise ValueError(f"json reward: {where} must be true or false in this subset, got {_shown(value)}")
     if keyword == "enum" and not (isinstance(value, list) and value):
-        raise ValueError(f"json reward: {where} must be a non-empty list, got {shown(value)}")
+        raise ValueError(f"json reward: {where} must be a non-empty list, got {_shown(value)}")
     if keyword in ("minItems", "maxItems", "minLength", "maxLength") and not (
         is_integer(value) and value >= 0
     ):
-        raise ValueError(f"json reward: {where} must be an integer >= 0, got {shown(value)}")
+        raise ValueError(f"json reward: {where} must be an integer >= 0, got {_shown(value)}")
     if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and not (
-        is_number(value) and math.isfinite(value)
+        is_number(value) and _in_float_range(value)
     ):
-        raise ValueError(f"json reward: {where} must be a finite number, got {shown(value)}")
+        raise ValueError(
+            f"json reward: {where} must be a finite number within a float's range "
+            f"(±{sys.float_info.max:.1e}), got {_shown(value)}"
+        )
+
+
+def _in_float_range(value) -> bool:
+    """Whether a number is finite and no larger than a float can be (math.isfinite overflows on such ints)."""
+    return abs(value) <= sys.float_info.max if is_integer(value) else math.isfinite(value)
+
+
+def _shown(value) -> str:
+    """shown(value), but a long integer by its size: Python refuses to write one of over 4300 digits."""
+    if is_integer(value) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return shown(value)
 
 
 def _parse_json(text: str, max_depth: int):
-    """The JSON value of `text`, or _INVALID: too long, nested deeper than `max_depth`, or not JSON (NaN and
-    Infinity are not JSON). Depth is found before parsing: json.loads recurses once per level."""
+    """The JSON value of a document's `text`, or _INVALID: too long, nested deeper than `max_depth`, or
+    not JSON (NaN and Infinity are not JSON). Depth is found before parsing: json.loads recurses per level."""
     if len(text) > MAX_TEXT_CHARS or _nesting_depth(text) > max_depth:
         return _INVALID
     try:

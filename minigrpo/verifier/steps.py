@@ -1,9 +1,10 @@
 """Stage 2 of the loop, reward: the arithmetic steps of a completion, each checked exactly.
 
-In: a completion and the problem text it answers. Out: its `expression = number` steps in order, each with
-offsets, exact correctness (a small recursive-descent parser over Fractions: nothing of the text is run),
-relevance (every number it uses is the problem's or an earlier result) and a reward. It knows strings,
-not tokens: mapping a step's character offsets to token positions is the caller's.
+In: a completion, the spans of it that its author did not write (a tool's output), and the problem text it
+answers. Out: its `expression = number` steps in order, each with offsets, exact correctness (a small
+recursive-descent parser over Fractions: nothing of the text is run), relevance (every number it uses is
+the problem's or an earlier result) and a reward. It knows strings, not tokens: mapping a step's character
+offsets to token positions, and tokens to who wrote them, is the caller's.
 Departures from DeepSeekMath §4.1.3: step rewards come from this check, not from a learned process reward
 model, and only arithmetic is judged: text that is not arithmetic is no step and earns nothing.
 """
@@ -11,6 +12,7 @@ model, and only arithmetic is judged: text that is not arithmetic is no step and
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
@@ -35,8 +37,12 @@ class Step:
     reward: float  # STEP_REWARDS: correct and relevant 1.0, correct but irrelevant 0.0, wrong -1.0
 
 
-def check_steps(completion: str, problem: str) -> list[Step]:
+def check_steps(completion: str, problem: str, unwritten: Sequence[tuple[int, int]] = ()) -> list[Step]:
     """Every `expression = number` step of `completion`, in order, checked exactly.
+
+    `unwritten`: (start, end) character spans of the completion that its author did not write (a tool's
+    output). They read as line breaks: no step lies in one or runs across one, and their numbers are
+    not known (a tool that prints numbers makes no step relevant).
 
     A step is an `=` with arithmetic on its left (numbers; + - * / and × ÷ − · \\cdot \\times \\div;
     parentheses, braces, \\frac{}{}; unary minus) and a number on its right (an integer, a decimal,
@@ -48,7 +54,7 @@ def check_steps(completion: str, problem: str) -> list[Step]:
     a chain's middle is a fraction (`1+2=6/2=3`). Relevance compares magnitudes (a sign is an operation),
     and a fraction p/q of two literals counts when its value or both p and q are known.
     """
-    text = completion[:MAX_SCAN_CHARS]
+    text = _blank(completion[:MAX_SCAN_CHARS], unwritten)
     # a step ending near a cut may have lost the rest of its number, or what shows that it goes on
     last_end = len(text) if len(completion) <= MAX_SCAN_CHARS else MAX_SCAN_CHARS - MAX_EXPRESSION_CHARS
     tokens = _tokenize(text)
@@ -65,6 +71,16 @@ def check_steps(completion: str, problem: str) -> list[Step]:
         if len(steps) == MAX_STEPS:
             break
     return steps
+
+
+def _blank(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """`text` with each span's characters replaced by line breaks: every offset stays where it was."""
+    if not spans:
+        return text
+    characters = list(text)
+    for start, end in spans:
+        characters[start:end] = "\n" * len(characters[start:end])
+    return "".join(characters)
 
 
 # -- tokens ---------------------------------------------------------------------------------------------
