@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from minigrpo.verifier import RewardSpec, compute_rewards
+from minigrpo.verifier import sql as sql_module
 from minigrpo.verifier.length import length_rewards
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
@@ -422,3 +423,15 @@ def test_sql_bad_spec_is_a_value_error_naming_the_problem(shop, database, gold_s
     columns = {"database": [database], "gold_sql": [gold_sql]}
     with pytest.raises(ValueError, match=message):
         score("sql", ["SELECT 1"], columns, database_dir=str(shop.parent))
+
+
+def test_the_sql_authorizer_denies_code_loading_functions_and_pragmas_that_are_not_schema_reads():
+    """Defence in depth beside a read-only connection without extensions: load_extension and the other
+    denied functions are refused by name, and of the pragmas only the schema-reading ones pass."""
+    deny, ok = sqlite3.SQLITE_DENY, sqlite3.SQLITE_OK
+    for function in ("load_extension", "LOAD_EXTENSION", "fts3_tokenizer", "printf", "format"):
+        assert sql_module._authorize(sqlite3.SQLITE_FUNCTION, None, function, None, None) == deny
+    assert sql_module._authorize(sqlite3.SQLITE_FUNCTION, None, "upper", None, None) == ok
+    for pragma in ("database_list", "journal_mode", "writable_schema", "query_only"):
+        assert sql_module._authorize(sqlite3.SQLITE_PRAGMA, pragma, None, None, None) == deny
+    assert sql_module._authorize(sqlite3.SQLITE_PRAGMA, "table_info", "t", None, None) == ok
