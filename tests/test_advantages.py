@@ -97,3 +97,13 @@ def test_an_all_flat_batch_is_all_zero_not_nan(scale):
 def test_bad_input_is_refused_with_a_message(rewards, group_size, scale, message):
     with pytest.raises(ValueError, match=message):
         group_advantages(rewards, group_size, scale)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_a_flat_group_that_floats_cannot_average_exactly_gets_exactly_zero(scale):
+    """Three rewards of 0.9: their fp32 mean is not 0.9, so without the flat-group rule each advantage
+    would be rounding noise (over the eps-sized std), not 0."""
+    rewards = torch.tensor([0.9, 0.9, 0.9, 1.0, 0.0, 0.5])
+    groups = rewards.float().view(-1, 3)
+    assert not torch.equal(groups[0] - groups[0].mean(), torch.zeros(3))  # the premise
+    assert torch.equal(group_advantages(rewards, 3, scale)[:3], torch.zeros(3))

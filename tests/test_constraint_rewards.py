@@ -12,6 +12,7 @@ import pytest
 
 from minigrpo.verifier import RewardSpec, compute_rewards
 from minigrpo.verifier import sql as sql_module
+from minigrpo.verifier.json_schema import json_rewards
 from minigrpo.verifier.length import length_rewards
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
@@ -435,3 +436,9 @@ def test_the_sql_authorizer_denies_code_loading_functions_and_pragmas_that_are_n
     for pragma in ("database_list", "journal_mode", "writable_schema", "query_only"):
         assert sql_module._authorize(sqlite3.SQLITE_PRAGMA, pragma, None, None, None) == deny
     assert sql_module._authorize(sqlite3.SQLITE_PRAGMA, "table_info", "t", None, None) == ok
+
+
+def test_json_string_lengths_are_held_to_the_schema():
+    schema = {"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 3}}}
+    completions = ['{"code": "ab"}', '{"code": "abcd"}', '{"code": "a"}', '{"code": "abc"}']
+    assert json_rewards(completions, schema) == [1.0, 0.0, 0.0, 1.0]

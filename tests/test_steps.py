@@ -254,3 +254,9 @@ def test_never_raises_and_offsets_are_ordered(text, problem):
         assert step.reward == STEP_REWARDS[kind]
     for before, after in zip(steps, steps[1:]):
         assert before.start < after.start and before.end < after.end
+
+
+def test_two_unary_minuses_make_a_plus():
+    """`--3` is 3: the signs of a run of unary minuses cancel in pairs."""
+    (step,) = check_steps("--3+5=8", "5 and 3")
+    assert step.correct and step.claimed == 8
