@@ -29,7 +29,7 @@ import tempfile
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed
-from minigrpo.config import add_fields, from_args
+from minigrpo.flags import add_fields, from_args
 from minigrpo.plots import plot_curves
 from minigrpo.run import build_trainer, initial_evaluation
 from minigrpo.tasks import load_problems, sources_of, to_task

@@ -16,7 +16,7 @@ _EXPORTS = {
     "Qwen3": "qwen3",
     "Qwen3Config": "qwen3",
     "Samples": "sampler",
-    "SamplingConfig": "sampler",
+    "SamplingConfig": "config",
     "generate": "sampler",
     "Tokenizer": "tokenizer",
     "ToolRunner": "tools",

@@ -33,8 +33,8 @@ import math
 
 import torch
 
-SCALES = ("group", "batch", "none")
-ADVANTAGE_TYPES = ("outcome", "process", "outcome+process")
+from .config import check_scale
+
 EPS = 1e-4  # added to the std, as in TRL
 
 
@@ -98,14 +98,6 @@ def _normalised_group(rewards: list[torch.Tensor]) -> list[torch.Tensor]:
     return [(r - mean) / (std + EPS) for r in rewards]
 
 
-def check_advantage_type(advantage_type: str) -> None:
-    """The one check of advantage_type, for GRPOConfig and the trainer alike."""
-    if advantage_type not in ADVANTAGE_TYPES:
-        raise ValueError(
-            f"advantage_type must be one of {', '.join(ADVANTAGE_TYPES)}, got {advantage_type!r}"
-        )
-
-
 def _check_steps(step_rewards, step_ends, num_tokens, group_size: int) -> None:
     if group_size < 2:
         raise ValueError(f"group_size must be at least 2, got {group_size}")
@@ -123,12 +115,6 @@ def _check_steps(step_rewards, step_ends, num_tokens, group_size: int) -> None:
             raise ValueError(f"completion {i}: a step ends outside its {length} tokens: {list(ends)}")
         if not all(math.isfinite(r) for r in rewards):
             raise ValueError(f"completion {i}: step rewards must be finite numbers")
-
-
-def check_scale(scale: str) -> None:
-    """The one check of scale_rewards, for group_advantages and GRPOConfig alike."""
-    if scale not in SCALES:
-        raise ValueError(f"scale_rewards must be one of {', '.join(SCALES)}, got {scale!r}")
 
 
 def _check(rewards: torch.Tensor, group_size: int, scale: str) -> None:

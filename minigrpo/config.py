@@ -1,48 +1,94 @@
 """Before the loop: the settings of a GRPO run, one dataclass per concern, each checked once, in
 __post_init__, before any work. In: values (from code, flags or a --config file). Out: checked
-dataclasses, and the flags made from them. It knows settings and their ranges, not what the stages do
-with them.
+dataclasses. It knows settings, their ranges and the choices each offers, not what the stages do with
+them: it imports no stage, and the stages import their choices from here (loss types, advantage types,
+sampler corrections, tool formats, where metrics go).
 
-GRPOConfig: the rollout and the objective (TRL's names: num_generations, max_completion_length,
-beta, epsilon, loss_type, scale_rewards, num_iterations, ...); it hands the sampler its
-SamplingConfig (sampler.py). TrainConfig: the optimizer, the loop, logging and checkpoints. The
-model's own settings are Qwen3Config (qwen3.py). Each field's default and one-line comment are
-also its command-line flag: `add_fields` makes the flags (examples/train_math.py, whose --config
-file takes the same names), `from_args` builds the dataclass back.
+SamplingConfig: how completions are drawn, the sampler's one configuration. GRPOConfig: the rollout and
+the objective (TRL's names: num_generations, max_completion_length, beta, epsilon, loss_type,
+scale_rewards, num_iterations, ...); it hands the sampler a SamplingConfig. TrainConfig: the optimizer,
+the loop, logging and checkpoints. The model's own settings are Qwen3Config (qwen3.py). Each field's
+default and one-line comment are also its command-line flag (flags.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
-import io
+import importlib.util
 import math
-import tokenize
-import typing
 from dataclasses import asdict, dataclass, fields
 
-from .advantages import ADVANTAGE_TYPES, SCALES, check_advantage_type, check_scale
-from .loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLER_CORRECTIONS, check_objective
-from .metrics import REPORT_TO, check_report_to
-from .sampler import SamplingConfig
-from .tools import FORMATS, check_tools
+# -- the choices the settings offer; the stage named beside each implements them ----------------------
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")  # loss.py
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # loss.py
+# loss.py: sampler_correction's weights
+SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+SCALES = ("group", "batch", "none")  # advantages.py: what the centred reward is divided by
+ADVANTAGE_TYPES = ("outcome", "process", "outcome+process")  # advantages.py
+PROCESS_REWARDS = ("steps", "monte_carlo")  # step_rewards.py
+TOOL_FORMATS = ("calc", "qwen3")  # tools.py's FORMATS
+REPORT_TO = ("none", "tensorboard", "wandb")  # metrics.py's REPORTERS
+SCHEDULES = ("constant", "cosine")  # TrainConfig.learning_rate_at
+SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (trainer.py)
 
-SCHEDULES = ("constant", "cosine")
-SAMPLING_DTYPES = ("float32", "bfloat16", "float16")
-PROCESS_REWARDS = ("steps", "monte_carlo")
-# flags' choices
-CHOICES = {
-    "loss_type": LOSS_TYPES,
-    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
-    "scale_rewards": SCALES,
-    "advantage_type": ADVANTAGE_TYPES,
-    "process_rewards": PROCESS_REWARDS,
-    "tool_format": tuple(FORMATS),
-    "sampling_dtype": SAMPLING_DTYPES,
-    "sampler_correction": SAMPLER_CORRECTIONS,
-    "lr_schedule": SCHEDULES,
-    "report_to": REPORT_TO,
-}
+
+@dataclass
+class SamplingConfig:
+    """How completions are drawn; checked once, before any work."""
+
+    # completion budget per sample, EOS counted; or a list, one budget per prompt (for each of its samples)
+    max_new_tokens: int | list[int] = 256
+    temperature: float = 1.0  # logits are divided by this; 0 means greedy
+    top_p: float = 1.0  # nucleus: keep the most likely tokens up to this probability mass, in (0, 1]
+    top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
+    num_samples: int = 1  # completions per prompt (GRPO's group size G)
+    eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
+    seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
+    max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every row
+    # decode steps replayed from graphs: "auto" = CUDA graphs on a GPU, eager on CPU; True = graphs on CPU
+    # too (torch.compile's, seconds each to build); False = eager everywhere (the reference path)
+    compile: bool | str = "auto"
+    check_every: int | None = None  # decode steps between host syncs; None: 1 on CPU, 8 on GPU
+    compact: bool = True  # drop finished rows from the batch once they are half of it
+
+    def __post_init__(self):
+        self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
+        if isinstance(self.max_new_tokens, tuple):
+            self.max_new_tokens = list(self.max_new_tokens)
+        budgets = self.max_new_tokens if isinstance(self.max_new_tokens, list) else [self.max_new_tokens]
+        if not budgets or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in budgets):
+            raise ValueError(
+                "max_new_tokens must be a positive integer, or a list of them (one per prompt), "
+                f"got {self.max_new_tokens!r}"
+            )
+        # inf would make every token equally likely; nan fails too
+        if not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
+        if not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {self.num_samples!r}")
+        if self.max_batch_rows is not None and (
+            not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1
+        ):
+            raise ValueError(
+                "max_batch_rows must be a positive integer (or None for no limit), "
+                f"got {self.max_batch_rows!r}"
+            )
+        if not (isinstance(self.compile, bool) or self.compile == "auto"):
+            raise ValueError(
+                'compile must be "auto" (graphs on a GPU, eager on CPU), True (graphs) or False (eager), '
+                f"got {self.compile!r}"
+            )
+        if self.check_every is not None and self.check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {self.check_every}")
+
+    def budgets(self, prompts: int) -> list[int]:
+        """Each of `prompts` prompts' max_new_tokens."""
+        if isinstance(self.max_new_tokens, int):
+            return [self.max_new_tokens] * prompts
+        return list(self.max_new_tokens)
 
 
 @dataclass
@@ -113,7 +159,7 @@ class GRPOConfig:
             isinstance(self.process_samples, int) and self.process_samples >= 1,
             f"process_samples must be a positive integer, got {self.process_samples!r}",
         )
-        check_tools(self.tool_names, self.tool_format, self.max_tool_calls)
+        check_tool_settings(self.tool_format, self.max_tool_calls)
         self._check_process_settings()
         _require(
             isinstance(self.num_iterations, int) and self.num_iterations >= 1,
@@ -257,34 +303,6 @@ class TrainConfig:
         return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def changed_settings(saved: dict, current: dict) -> list[str]:
-    """What a resumed run changed from its checkpoint's settings (as_dict of both), a note each: allowed
-    (a longer run, say) but never silent. Settings of the process rather than of the training are skipped."""
-    ignored = {
-        "resume",
-        "stop_at_step",
-        "progress_bar",
-        "log_completions_every",
-        "save_every",
-        "output_dir",
-        "report_to",
-    }
-    notes = []
-    for section, values in current.items():
-        for key, value in values.items():
-            old = saved.get(section, {}).get(key, value)
-            if (
-                key not in ignored
-                and old != value
-                and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value))
-            ):
-                notes.append(
-                    f"note: resuming with {section}.{key} = {value!r}; "
-                    f"the checkpoint was trained with {old!r}"
-                )
-    return notes
-
-
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -311,46 +329,68 @@ def as_dict(*configs) -> dict:
     return {type(c).__name__: asdict(c) for c in configs}
 
 
-# -- the same fields as command-line flags and config-file keys -------------------------------------
-def add_fields(
-    parser: argparse.ArgumentParser, config_class, aliases: dict | None = None
-) -> dict[str, argparse.Action]:
-    """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name]
-    too), its help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that
-    many values; X | None: an X, default None), its choices CHOICES'. The flags' actions by field name."""
-    hints, comments = typing.get_type_hints(config_class), field_comments(config_class)
-    group, actions = parser.add_argument_group(config_class.__name__), {}
-    for field in fields(config_class):
-        kind = hints[field.name]
-        if type(None) in typing.get_args(kind):  # X | None
-            kind = next(k for k in typing.get_args(kind) if k is not type(None))
-        if kind is bool:
-            typed = dict(action=argparse.BooleanOptionalAction)
-        elif typing.get_origin(kind) is tuple:
-            typed = dict(type=typing.get_args(kind)[0], nargs=len(typing.get_args(kind)))
-        else:
-            typed = dict(type=kind, choices=CHOICES.get(field.name))
-        actions[field.name] = group.add_argument(
-            f"--{field.name}",
-            *(aliases or {}).get(field.name, ()),
-            default=field.default,
-            help=comments[field.name].replace("%", "%%"),
-            **typed,
+# -- the checks a stage shares with the settings: one place for each message ---------------------------
+def check_objective(
+    loss_type,
+    epsilon,
+    epsilon_high,
+    beta,
+    importance_sampling_level="token",
+    sampler_correction="none",
+    sampler_correction_cap=3.0,
+) -> None:
+    """The objective's settings, checked once here for grpo_loss and GRPOConfig alike."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    if not epsilon > 0 or (epsilon_high is not None and not epsilon_high > 0):
+        raise ValueError(f"epsilon and epsilon_high must be > 0, got {epsilon} and {epsilon_high}")
+    if not beta >= 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
+            f"got {importance_sampling_level!r}"
         )
-    return actions
+    if sampler_correction not in SAMPLER_CORRECTIONS:
+        raise ValueError(
+            f"sampler_correction must be one of {', '.join(SAMPLER_CORRECTIONS)}, got {sampler_correction!r}"
+        )
+    if not sampler_correction_cap > 1:
+        raise ValueError(
+            "sampler_correction_cap must be > 1 (weights are kept within [1/cap, cap]), "
+            f"got {sampler_correction_cap}"
+        )
 
 
-def field_comments(config_class) -> dict[str, str]:
-    """Each field's trailing comment in the class's source, by name: the help of its flag."""
-    comments, first_name = {}, {}  # first_name: source row -> the first name on it
-    for token in tokenize.generate_tokens(io.StringIO(inspect.getsource(config_class)).readline):
-        if token.type == tokenize.NAME:
-            first_name.setdefault(token.start[0], token.string)
-        elif token.type == tokenize.COMMENT and token.start[0] in first_name:
-            comments.setdefault(first_name[token.start[0]], token.string.lstrip("#").strip())
-    return {field.name: comments.get(field.name, "") for field in fields(config_class)}
+def check_scale(scale: str) -> None:
+    """The one check of scale_rewards, for group_advantages and GRPOConfig alike."""
+    if scale not in SCALES:
+        raise ValueError(f"scale_rewards must be one of {', '.join(SCALES)}, got {scale!r}")
 
 
-def from_args(config_class, args: argparse.Namespace):
-    """The dataclass of parsed flags (add_fields'); its __post_init__ checks the values."""
-    return config_class(**{field.name: getattr(args, field.name) for field in fields(config_class)})
+def check_advantage_type(advantage_type: str) -> None:
+    """The one check of advantage_type, for GRPOConfig and the trainer alike."""
+    if advantage_type not in ADVANTAGE_TYPES:
+        raise ValueError(
+            f"advantage_type must be one of {', '.join(ADVANTAGE_TYPES)}, got {advantage_type!r}"
+        )
+
+
+def check_report_to(report_to: str) -> None:
+    """Before any work: a known destination, whose package is installed."""
+    if report_to not in REPORT_TO:
+        raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
+    if report_to != "none" and importlib.util.find_spec(report_to) is None:
+        raise ValueError(
+            f"report_to={report_to} needs the {report_to} package: pip install {report_to} "
+            f"(or pip install 'minigrpo[{report_to}]')"
+        )
+
+
+def check_tool_settings(tool_format: str, max_tool_calls: int) -> None:
+    """The tool format and call limit; which tools exist is the tools stage's to say (tools.check_tools,
+    run when the trainer or an evaluation builds its tool runner)."""
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
+    if not isinstance(max_tool_calls, int) or isinstance(max_tool_calls, bool) or max_tool_calls < 0:
+        raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")

@@ -56,9 +56,8 @@ import math
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+from .config import check_objective
+
 CISPO_EPSILON_HIGH = 4.0  # cispo's default epsilon_high: the weight is capped at 5 (see the docstring)
 
 
@@ -222,38 +221,6 @@ def _stats(
         if entropies is not None:
             stats["entropy"] = mean(entropies)
     return stats
-
-
-def check_objective(
-    loss_type,
-    epsilon,
-    epsilon_high,
-    beta,
-    importance_sampling_level="token",
-    sampler_correction="none",
-    sampler_correction_cap=3.0,
-) -> None:
-    """The objective's settings, checked once here for grpo_loss and GRPOConfig alike."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
-    if not epsilon > 0 or (epsilon_high is not None and not epsilon_high > 0):
-        raise ValueError(f"epsilon and epsilon_high must be > 0, got {epsilon} and {epsilon_high}")
-    if not beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
-            f"got {importance_sampling_level!r}"
-        )
-    if sampler_correction not in SAMPLER_CORRECTIONS:
-        raise ValueError(
-            f"sampler_correction must be one of {', '.join(SAMPLER_CORRECTIONS)}, got {sampler_correction!r}"
-        )
-    if not sampler_correction_cap > 1:
-        raise ValueError(
-            "sampler_correction_cap must be > 1 (weights are kept within [1/cap, cap]), "
-            f"got {sampler_correction_cap}"
-        )
 
 
 def _check(

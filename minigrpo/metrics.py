@@ -10,7 +10,6 @@ unchanged, and knows nothing of how the numbers were made (but for `Clock`, whic
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import time
@@ -18,6 +17,7 @@ import time
 from tqdm import tqdm
 
 from .checkpoint import disk_full_named, replaced_whole
+from .config import check_report_to
 
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
@@ -134,18 +134,6 @@ class Wandb:
 
 
 REPORTERS = {"tensorboard": TensorBoard, "wandb": Wandb}
-REPORT_TO = ("none", *REPORTERS)
-
-
-def check_report_to(report_to: str) -> None:
-    """Before any work: a known destination, whose package is installed."""
-    if report_to not in REPORT_TO:
-        raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
-    if report_to != "none" and importlib.util.find_spec(report_to) is None:
-        raise ValueError(
-            f"report_to={report_to} needs the {report_to} package: pip install {report_to} "
-            f"(or pip install 'minigrpo[{report_to}]')"
-        )
 
 
 class Clock:

@@ -10,12 +10,10 @@ top-p is drawn by rejection, exactly, instead of sorting the whole vocabulary.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .sampler import SamplingConfig
+from .config import SamplingConfig
 
 TRIES = 8  # draws per token that top-p by rejection may use before it sorts
 

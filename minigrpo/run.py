@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from . import checkpoint, distributed
-from .config import GRPOConfig, TrainConfig, as_dict, changed_settings
+from .config import GRPOConfig, TrainConfig, as_dict
 from .tasks import Task
 from .trainer import Trainer
 from .weights import load_pretrained, parse_device
@@ -191,3 +191,31 @@ def _check_same_start(saved_model: str, model_path: str, resume_from: str, note)
 
 def _described(settings: dict) -> str:
     return ", ".join(f"{key} {value}" for key, value in settings.items())
+
+
+def changed_settings(saved: dict, current: dict) -> list[str]:
+    """What a resumed run changed from its checkpoint's settings (as_dict of both), a note each: allowed
+    (a longer run, say) but never silent. Settings of the process rather than of the training are skipped."""
+    ignored = {
+        "resume",
+        "stop_at_step",
+        "progress_bar",
+        "log_completions_every",
+        "save_every",
+        "output_dir",
+        "report_to",
+    }
+    notes = []
+    for section, values in current.items():
+        for key, value in values.items():
+            old = saved.get(section, {}).get(key, value)
+            if (
+                key not in ignored
+                and old != value
+                and not (isinstance(old, (list, tuple)) and tuple(old) == tuple(value))
+            ):
+                notes.append(
+                    f"note: resuming with {section}.{key} = {value!r}; "
+                    f"the checkpoint was trained with {old!r}"
+                )
+    return notes

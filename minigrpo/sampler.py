@@ -47,6 +47,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import decode_graphs
+from .config import SamplingConfig
 from .next_token import draw_counters, row_keys, sample, uniform
 from .qwen3 import KVCache, Qwen3
 
@@ -56,66 +57,6 @@ POLL_SECONDS = 0.001  # how often a batch with every row waiting on a tool call 
 # one (decode steps: a mask over each row's slots), never cuDNN's, which builds a plan for every new
 # shape: eager decoding reads one more slot each step, so it paid that plan at every step of a first call.
 GPU_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-@dataclass
-class SamplingConfig:
-    """How completions are drawn; checked once, before any work."""
-
-    # completion budget per sample, EOS counted; or a list, one budget per prompt (for each of its samples)
-    max_new_tokens: int | list[int] = 256
-    temperature: float = 1.0  # logits are divided by this; 0 means greedy
-    top_p: float = 1.0  # nucleus: keep the most likely tokens up to this probability mass, in (0, 1]
-    top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
-    num_samples: int = 1  # completions per prompt (GRPO's group size G)
-    eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
-    seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
-    max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every row
-    # decode steps replayed from graphs: "auto" = CUDA graphs on a GPU, eager on CPU; True = graphs on CPU
-    # too (torch.compile's, seconds each to build); False = eager everywhere (the reference path)
-    compile: bool | str = "auto"
-    check_every: int | None = None  # decode steps between host syncs; None: 1 on CPU, 8 on GPU
-    compact: bool = True  # drop finished rows from the batch once they are half of it
-
-    def __post_init__(self):
-        self.eos_token_ids = tuple(int(i) for i in self.eos_token_ids)
-        if isinstance(self.max_new_tokens, tuple):
-            self.max_new_tokens = list(self.max_new_tokens)
-        budgets = self.max_new_tokens if isinstance(self.max_new_tokens, list) else [self.max_new_tokens]
-        if not budgets or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in budgets):
-            raise ValueError(
-                "max_new_tokens must be a positive integer, or a list of them (one per prompt), "
-                f"got {self.max_new_tokens!r}"
-            )
-        # inf would make every token equally likely; nan fails too
-        if not 0 <= self.temperature < float("inf"):
-            raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
-        if not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ValueError(f"num_samples must be a positive integer, got {self.num_samples!r}")
-        if self.max_batch_rows is not None and (
-            not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1
-        ):
-            raise ValueError(
-                "max_batch_rows must be a positive integer (or None for no limit), "
-                f"got {self.max_batch_rows!r}"
-            )
-        if not (isinstance(self.compile, bool) or self.compile == "auto"):
-            raise ValueError(
-                'compile must be "auto" (graphs on a GPU, eager on CPU), True (graphs) or False (eager), '
-                f"got {self.compile!r}"
-            )
-        if self.check_every is not None and self.check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {self.check_every}")
-
-    def budgets(self, prompts: int) -> list[int]:
-        """Each of `prompts` prompts' max_new_tokens."""
-        if isinstance(self.max_new_tokens, int):
-            return [self.max_new_tokens] * prompts
-        return list(self.max_new_tokens)
 
 
 @dataclass

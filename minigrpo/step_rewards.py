@@ -37,8 +37,9 @@ import bisect
 import random
 from dataclasses import replace
 
+from .config import SamplingConfig
 from .rollout import Rollout
-from .sampler import SamplingConfig, generate
+from .sampler import generate
 from .verifier import compute_rewards
 from .verifier.steps import check_steps
 

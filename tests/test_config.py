@@ -15,7 +15,7 @@ from helpers import tiny_model
 
 import minigrpo.metrics
 from minigrpo import GRPOConfig, SamplingConfig, TrainConfig, generate
-from minigrpo.config import CHOICES, field_comments, from_args
+from minigrpo.flags import CHOICES, field_comments, from_args
 from minigrpo.metrics import MetricsLogger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,7 +222,7 @@ def test_report_to_wandb_writes_an_offline_run(tmp_path):
 
 
 def test_a_reporter_whose_package_is_missing_is_refused_before_any_work(monkeypatch):
-    monkeypatch.setattr(minigrpo.metrics.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(minigrpo.config.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"report_to=wandb needs the wandb package: pip install wandb"):
         TrainConfig(report_to="wandb")
     with pytest.raises(ValueError, match="report_to must be one of none, tensorboard, wandb, got 'mlflow'"):
@@ -249,3 +249,11 @@ def test_every_float_setting_must_be_finite(cls, name, bad):
 def test_the_sampler_refuses_a_temperature_that_is_not_finite(bad):
     with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
         SamplingConfig(temperature=bad)
+
+
+def test_the_choices_config_declares_are_the_ones_the_stages_implement():
+    """config.py names each choice without importing a stage; each stage's table must hold exactly those."""
+    from minigrpo import config, metrics, tools
+
+    assert tuple(tools.FORMATS) == config.TOOL_FORMATS
+    assert ("none", *metrics.REPORTERS) == config.REPORT_TO

@@ -10,7 +10,8 @@ import torch
 from helpers import tiny_model
 
 from minigrpo import GRPOConfig
-from minigrpo.loss import SAMPLER_CORRECTIONS, grpo_loss, sampler_mismatch
+from minigrpo.config import SAMPLER_CORRECTIONS
+from minigrpo.loss import grpo_loss, sampler_mismatch
 from minigrpo.rollout import Rollout, collate
 from minigrpo.sampler import generate
 from minigrpo.token_logprobs import token_logprobs

@@ -1,0 +1,84 @@
+"""Before the loop: the settings as command-line flags and config-file keys. In: a config dataclass
+(config.py). Out: one argparse flag per field, whose help is the field's comment, and the dataclass
+built back from parsed flags. It knows argparse and the dataclasses' source, not what a setting does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import io
+import tokenize
+import typing
+from dataclasses import fields
+
+from .config import (
+    ADVANTAGE_TYPES,
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    PROCESS_REWARDS,
+    REPORT_TO,
+    SAMPLER_CORRECTIONS,
+    SAMPLING_DTYPES,
+    SCALES,
+    SCHEDULES,
+    TOOL_FORMATS,
+)
+
+# flags' choices
+CHOICES = {
+    "loss_type": LOSS_TYPES,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "scale_rewards": SCALES,
+    "advantage_type": ADVANTAGE_TYPES,
+    "process_rewards": PROCESS_REWARDS,
+    "tool_format": TOOL_FORMATS,
+    "sampling_dtype": SAMPLING_DTYPES,
+    "sampler_correction": SAMPLER_CORRECTIONS,
+    "lr_schedule": SCHEDULES,
+    "report_to": REPORT_TO,
+}
+
+
+def add_fields(
+    parser: argparse.ArgumentParser, config_class, aliases: dict | None = None
+) -> dict[str, argparse.Action]:
+    """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name]
+    too), its help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that
+    many values; X | None: an X, default None), its choices CHOICES'. The flags' actions by field name."""
+    hints, comments = typing.get_type_hints(config_class), field_comments(config_class)
+    group, actions = parser.add_argument_group(config_class.__name__), {}
+    for field in fields(config_class):
+        kind = hints[field.name]
+        if type(None) in typing.get_args(kind):  # X | None
+            kind = next(k for k in typing.get_args(kind) if k is not type(None))
+        if kind is bool:
+            typed = dict(action=argparse.BooleanOptionalAction)
+        elif typing.get_origin(kind) is tuple:
+            typed = dict(type=typing.get_args(kind)[0], nargs=len(typing.get_args(kind)))
+        else:
+            typed = dict(type=kind, choices=CHOICES.get(field.name))
+        actions[field.name] = group.add_argument(
+            f"--{field.name}",
+            *(aliases or {}).get(field.name, ()),
+            default=field.default,
+            help=comments[field.name].replace("%", "%%"),
+            **typed,
+        )
+    return actions
+
+
+def field_comments(config_class) -> dict[str, str]:
+    """Each field's trailing comment in the class's source, by name: the help of its flag."""
+    comments, first_name = {}, {}  # first_name: source row -> the first name on it
+    for token in tokenize.generate_tokens(io.StringIO(inspect.getsource(config_class)).readline):
+        if token.type == tokenize.NAME:
+            first_name.setdefault(token.start[0], token.string)
+        elif token.type == tokenize.COMMENT and token.start[0] in first_name:
+            comments.setdefault(first_name[token.start[0]], token.string.lstrip("#").strip())
+    return {field.name: comments.get(field.name, "") for field in fields(config_class)}
+
+
+def from_args(config_class, args: argparse.Namespace):
+    """The dataclass of parsed flags (add_fields'); its __post_init__ checks the values."""
+    return config_class(**{field.name: getattr(args, field.name) for field in fields(config_class)})
