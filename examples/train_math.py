@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed
+from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed, files
 from minigrpo.flags import add_fields, from_args
 from minigrpo.plots import plot_curves
 from minigrpo.run import build_trainer, initial_evaluation
@@ -431,7 +431,7 @@ if __name__ == "__main__":
                 tools=grpo.tools, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls
             )
         initial = initial_evaluation(trainer, held_out, measured_on)
-    except (ValueError, checkpoint.DiskFull) as error:
+    except (ValueError, files.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
     trainer.dist.print(
         f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} "
@@ -448,7 +448,7 @@ if __name__ == "__main__":
             observer=trace,
             start_stats=initial.get("initial_stats", {"eval/accuracy": initial["initial_accuracy"]}),
         )
-    except (NonFiniteWeights, checkpoint.DiskFull) as error:
+    except (NonFiniteWeights, files.DiskFull) as error:
         sys.exit(f"train_math.py: {error}")
 
     # After: the same evaluation, and a summary to compare runs by.
@@ -474,10 +474,10 @@ if __name__ == "__main__":
         "args": vars(args),
     }
     try:
-        checkpoint.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
+        files.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
         # the run's total, as a record: a later --resume adds on to the checkpoint's (Trainer.wall_seconds)
         checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
-    except checkpoint.DiskFull as error:
+    except files.DiskFull as error:
         sys.exit(f"train_math.py: {error}")
     plotted = plot_curves(
         os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png")

@@ -18,8 +18,6 @@ It knows files and state dicts, not how they are used.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -32,18 +30,14 @@ import tempfile
 import numpy as np
 import torch
 
-from .tokenizer import read_json_object
-from .weights import check_tensors, read_tokenizer, replace_dir, write_files
+from .files import disk_full_named, fsync, fsync_tree, read_json_object, replace_dir, replace_json
+from .weights import check_tensors, read_tokenizer, write_files
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 CHECKSUMS = "checksums.json"  # in each checkpoint, written last: {"sha256": {file name: hex digest}}
 INITIAL_EVALUATION = "initial_eval.json"  # in output_dir: the starting policy's score, kept across resumes
 _STEP_DIR = re.compile(r"step-(\d+)")
-
-
-class DiskFull(OSError):
-    """The disk (or a quota) ran out while writing; the message names the path and the space left."""
 
 
 def save_checkpoint(
@@ -62,55 +56,16 @@ def save_checkpoint(
                 torch.save(state, f)
             write_checksums(tmp)  # last: it covers every file above
             # on disk before it is published: a power cut cannot leave a renamed, empty checkpoint
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             # the same step saved again: the old copy goes only once the new one is in place
             replace_dir(tmp, final)
-            _fsync(parent)
+            fsync(parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     _prune(parent, keep)
     remove_leftovers(output_dir)
     return final
-
-
-@contextlib.contextmanager
-def disk_full_named(path: str):
-    """Running out of space inside the block (ENOSPC or EDQUOT anywhere in an error's chain: torch and
-    safetensors wrap it in errors of their own) becomes one DiskFull line naming `path` and the space
-    left on its file system. The block's own cleanup has run by then."""
-    try:
-        yield
-    except Exception as error:
-        if isinstance(error, DiskFull) or not _out_of_space(error):  # a DiskFull already names its path
-            raise
-        raise DiskFull(
-            f"no space left on the device to write {path} ({_free_space(path)} free there); "
-            "what was being written is not kept, earlier files are as they were"
-        ) from None
-
-
-def _out_of_space(error: BaseException | None) -> bool:
-    """Whether `error`, or one it was raised from or during, is a disk or a quota running out."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        # Rust's I/O errors, known by their message
-        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _free_space(path: str) -> str:
-    """The free space on the file system of `path` (or of its nearest existing parent), in words."""
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    free = shutil.disk_usage(existing).free
-    if free < 2**20:
-        return f"{free} bytes"
-    return f"{free / 2**20:.1f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
 
 
 def write_checksums(directory: str) -> None:
@@ -218,33 +173,6 @@ def save_initial_evaluation(output_dir: str, record: dict) -> None:
     replace_json(os.path.join(output_dir, INITIAL_EVALUATION), record)
 
 
-def replace_json(path: str, data: dict) -> None:
-    """`data` as JSON in `path`, replaced whole."""
-    with replaced_whole(path) as f:
-        json.dump(data, f, indent=1)
-
-
-@contextlib.contextmanager
-def replaced_whole(path: str):
-    """A text file to write `path`'s new contents into: path.tmp, fsynced and renamed over `path` once
-    the block ends, so that a kill mid-write leaves the old file or the new one, never one cut short.
-    An error removes path.tmp (a full disk is then a DiskFull); a kill leaves it, and the next write of
-    `path` replaces it."""
-    tmp = path + ".tmp"
-    with disk_full_named(path):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-
-
 def rng_states() -> dict:
     """This process's RNG states, as tensors and plain data (see load_state); for CUDA, its current
     GPU's (a process uses one, and asking for all of them would open a CUDA context on every GPU)."""
@@ -276,21 +204,6 @@ def set_rng_states(states: dict) -> None:
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda)
-
-
-def _fsync(path: str) -> None:
-    """Flush a file, or a directory's entries, to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(directory: str) -> None:
-    for name in os.listdir(directory):
-        _fsync(os.path.join(directory, name))
-    _fsync(directory)
 
 
 def _checkpoints(parent: str) -> list[tuple[int, str]]:

@@ -16,8 +16,8 @@ import time
 
 from tqdm import tqdm
 
-from .checkpoint import disk_full_named, replaced_whole
 from .config import check_report_to
+from .files import disk_full_named, replaced_whole
 
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
@@ -190,7 +190,7 @@ def console_line(step: int, stats: dict[str, float]) -> str:
 def _drop_lines_after(path: str, step: int) -> None:
     """Keep the lines of steps <= `step`; a line that is not a step's record (cut short by a crash, or
     not a JSON object with an integer step) is named and dropped. The file is replaced whole
-    (checkpoint.replaced_whole), never truncated in place: a kill at any moment leaves the old or the new
+    (files.replaced_whole), never truncated in place: a kill at any moment leaves the old or the new
     one."""
     if os.path.exists(path + ".tmp"):  # the temporary file of a trim killed before its rename
         os.remove(path + ".tmp")

@@ -8,12 +8,13 @@ tokenizer_config.json) and Qwen3's chat format. It knows strings and ids, not te
 from __future__ import annotations
 
 import functools
-import json
 import os
 import unicodedata
 from collections import Counter
 
 from tokenizers import Tokenizer as _HFTokenizer
+
+from .files import read_json_object, write_json
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -211,27 +212,3 @@ class Tokenizer:
 
 def _read_json_if_exists(path: str) -> dict:
     return read_json_object(path, "the tokenizer's settings") if os.path.exists(path) else {}
-
-
-def read_json_object(path: str, holding: str) -> dict:
-    """The JSON object in `path`; anything else (bad JSON, null, a list) is a ValueError naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        shown = json.dumps(value)
-        raise ValueError(
-            f"{path} holds {shown if len(shown) <= 40 else shown[:37] + '...'}, "
-            f"not a JSON object with {holding}"
-        )
-    return value
-
-
-def write_json(path: str, data: dict) -> None:
-    """Not atomic, unlike checkpoint.replace_json: a save makes its files atomic by renaming their
-    directory."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")

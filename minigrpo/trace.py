@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from .checkpoint import replaced_whole
+from .files import replaced_whole
 from .rollout import collate
 from .token_logprobs import token_logprobs
 from .verifier import extract_answer

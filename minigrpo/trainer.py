@@ -56,7 +56,7 @@ from dataclasses import replace
 
 import torch
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, files
 from .advantages import group_advantages, process_advantages, zero_variance_groups
 from .config import GRPOConfig, TrainConfig, as_dict
 from .evaluate import Evaluation, evaluate, summarize
@@ -192,7 +192,7 @@ class Trainer:
         may not have failed and a save waits for all of them. A failure in stages 1-3 of a step leaves
         the weights of the step before: the step and the prompt stream (`data`) go back to it."""
         updated = self.updated_step
-        if updated is None or updated == saved or isinstance(error, checkpoint.DiskFull):
+        if updated is None or updated == saved or isinstance(error, files.DiskFull):
             return
         if self.dist.world_size > 1:  # (a rank that saves alone would wait for the others for ever)
             return

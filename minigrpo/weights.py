@@ -20,8 +20,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .files import read_json_object, replace_dir, write_json
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
-from .tokenizer import Tokenizer, read_json_object, write_json
+from .tokenizer import Tokenizer
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # the files a checkpoint needs, the only ones fetched from the Hub
@@ -354,14 +355,3 @@ def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: 
     write_json(
         os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map}
     )
-
-
-def replace_dir(new: str, target: str) -> None:
-    """Move `new` to `target`; an existing target is renamed away first and removed only after."""
-    old = None
-    if os.path.exists(target):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
-        os.rename(target, os.path.join(old, "previous"))
-    os.rename(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -22,12 +22,11 @@ from minigrpo.checkpoint import (
     CHECKPOINTS,
     CHECKSUMS,
     STATE_FILE,
-    DiskFull,
     latest_intact_checkpoint,
-    replace_json,
     save_checkpoint,
     write_checksums,
 )
+from minigrpo.files import DiskFull, replace_json
 from minigrpo.metrics import MetricsLogger
 from minigrpo.run import STATE_KEYS, build_trainer
 from minigrpo.update import NonFiniteWeights
