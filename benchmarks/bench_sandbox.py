@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine_line  # noqa: E402
 
-from minigrpo.verifier.code import CaseResult, SandboxConfig, run_cases  # noqa: E402
+from minigrpo.verifier import CaseResult, SandboxConfig, run_cases  # noqa: E402
 
 SANDBOX_EXIT = 125  # confine.py's exit status when it could not confine the test (the program never ran)
 NON_GOALS = {  # payload file: why it is not contained, by design (README, "What is guaranteed")

@@ -174,7 +174,7 @@ def hostile_batch(cases, rows: int) -> None:
         responses = [HOSTILE_ANSWER if h else as_response(c) for h, c in zip(hostile, picked)]
         golds = ["2" if h else c["gold"] for h, c in zip(hostile, picked)]
         # started outside the timing
-        verifier.bounded.shared_pool().reserve(verifier.bounded.default_workers())
+        verifier.start_math_workers()
         verifier.math_rewards(responses[:2], golds[:2])
         start = time.perf_counter()
         scores = verifier.math_rewards(responses, golds)

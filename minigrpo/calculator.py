@@ -42,9 +42,13 @@ from functools import reduce
 
 import sympy
 
-from .verifier.arithmetic import add, binomial, factorial, mul, power
-from .verifier.parse import parse
-from .verifier.values import Unsupported
+from .verifier import Unsupported
+from .verifier import checked_add as add
+from .verifier import checked_binomial as binomial
+from .verifier import checked_factorial as factorial
+from .verifier import checked_mul as mul
+from .verifier import checked_power as power
+from .verifier import parse_math as parse
 
 MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
 MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits

@@ -20,9 +20,7 @@ from .sampler import generate
 from .tasks import Problem, to_task
 from .tasks.prompts import Template
 from .tools import ToolRunner
-from .verifier import RewardSpec, compute_rewards, extract_answer
-from .verifier.normalize import normalize
-from .verifier.steps import check_steps
+from .verifier import RewardSpec, check_steps, compute_rewards, extract_answer, normalize
 
 
 @dataclass

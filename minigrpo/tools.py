@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .calculator import CalculatorError, calculate
-from .verifier.code import SandboxConfig, run_cases
+from .verifier import SandboxConfig, run_cases
 
 MAX_CALL_CHARS = 2_000  # a call's text longer than this is refused unread
 WORKERS = 64  # threads the process runs calls in at once; more calls wait for one

@@ -24,8 +24,7 @@ import torch
 from .files import replaced_whole
 from .rollout import collate
 from .token_logprobs import token_logprobs
-from .verifier import extract_answer
-from .verifier.steps import check_steps
+from .verifier import check_steps, extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
 # the update stats shown, in order

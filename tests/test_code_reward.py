@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from minigrpo.verifier import code as code_module
-from minigrpo.verifier.code import (
+from minigrpo.verifier import (
     SandboxConfig,
     code_reward,
     code_rewards,
@@ -26,6 +25,7 @@ from minigrpo.verifier.code import (
     run_cases,
     run_tests,
 )
+from minigrpo.verifier import code as code_module
 
 ROOT = os.geteuid() == 0
 as_root = pytest.mark.skipif(
@@ -445,7 +445,8 @@ def sandbox_with_failing_mount(directory):
     path = directory / "sandbox.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.sandbox.__file__)
-    for sibling in ("confine.py", "cleanup.py"):  # sandbox.py loads them from its own directory
+    # sandbox.py loads them from its own directory
+    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 
@@ -455,7 +456,7 @@ def test_two_processes_sandboxes_do_not_kill_each_others_tests(tmp_path):
     """Each supervisor kills every process of its uid after each test: with one uid block per process, as
     before, one trainer's clean-up killed the other's running tests."""
     script = textwrap.dedent("""
-        from minigrpo.verifier.code import run_tests
+        from minigrpo.verifier import run_tests
         slow = "import time\\ndef add(a, b):\\n    time.sleep(0.3)\\n    return a + b\\n"
         print(run_tests(slow, ["assert add(1, 2) == 3"] * 4))
     """)
@@ -675,7 +676,7 @@ def wait_for(condition, seconds):
 
 
 TRAINER = (  # three tests of a minute each
-    "from minigrpo.verifier.code import SandboxConfig, run_tests\n"
+    "from minigrpo.verifier import SandboxConfig, run_tests\n"
     "run_tests('pass', ['import time\\ntime.sleep(60)'] * 3, SandboxConfig(timeout=60))\n"
 )
 
@@ -997,7 +998,7 @@ def sandbox_without_namespaces(directory):
     path = directory / "sandbox.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.sandbox.__file__)
-    for sibling in ("confine.py", "cleanup.py"):
+    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 

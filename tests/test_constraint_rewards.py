@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minigrpo.verifier import RewardSpec, compute_rewards
+from minigrpo.verifier import RewardSpec, compute_rewards, json_rewards, length_rewards
 from minigrpo.verifier import sql as sql_module
-from minigrpo.verifier.json_schema import json_rewards
-from minigrpo.verifier.length import length_rewards
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 FAST = 3.0  # seconds a refusal may take: far above what it needs, for a loaded machine

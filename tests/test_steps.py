@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minigrpo.tasks.synthetic import generate
-from minigrpo.verifier.steps import MAX_SCAN_CHARS, MAX_STEPS, STEP_REWARDS, check_steps
+from minigrpo.verifier import STEP_REWARDS, check_steps
+from minigrpo.verifier.steps import MAX_SCAN_CHARS, MAX_STEPS
 
 EXAMPLES = settings.default.max_examples / 100  # 1 under conftest's "ci" profile, 10 under "explore"
 

@@ -19,16 +19,16 @@ import minigrpo
 from minigrpo.verifier import (
     TIME_LIMIT,
     VerifierError,
-    bounded,
+    answers_match,
     extract_answer,
     is_equivalent,
     math_reward,
     math_rewards,
+    normalize,
 )
-from minigrpo.verifier.bounded import WorkerPool, shared_pool
+from minigrpo.verifier import worker_pool as bounded
 from minigrpo.verifier.closed_forms import sample_points
-from minigrpo.verifier.equivalence import answers_match
-from minigrpo.verifier.normalize import normalize
+from minigrpo.verifier.worker_pool import WorkerPool, shared_pool
 
 SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
 

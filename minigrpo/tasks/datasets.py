@@ -20,7 +20,7 @@ import os
 import re
 from urllib.parse import unquote
 
-from ..verifier.extract import extract_answer, top_level_boxes
+from ..verifier import extract_answer, top_level_boxes
 from . import Problem, synthetic
 
 FORMATS = ("auto", "gsm8k", "math")
@@ -125,10 +125,8 @@ def gold_verdict(answer: str) -> str:
     """ "parsed", "not parsed" (only an identical answer matches it) or "never right" (nothing matches it)."""
     if _PLAIN_NUMBER.fullmatch(answer):  # every GSM8K gold, most of MATH's: nothing to check
         return "parsed"
-    from ..verifier.equivalence import answers_match  # sympy: imported only once a gold needs it
-    from ..verifier.normalize import normalize
-    from ..verifier.parse import parse
-    from ..verifier.values import Unsupported
+    from ..verifier import Unsupported, answers_match, normalize  # sympy: imported only once a gold needs it
+    from ..verifier import parse_math as parse
 
     try:
         boxed = extract_answer("\\boxed{" + answer + "}")

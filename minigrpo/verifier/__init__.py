@@ -2,38 +2,85 @@
 
 - math: `extract_answer` (final answer of a response), `is_equivalent` (two answers, bounded in
   time by worker processes), `math_reward` / `math_rewards` (a response against a gold answer);
-- `format_reward`: <think>...</think>, then exactly one \\boxed{};
-- `code_reward` / `code_rewards`: run generated Python against tests in a sandbox;
+  `start_math_workers` starts those workers ahead; `normalize` and `answers_match` are the in-process,
+  unbounded steps beneath (`answers_match`, `parse_math` and `Unsupported` import sympy on first use);
+- `format_reward`: <think>...</think>, then exactly one \\boxed{} (`top_level_boxes` finds them);
+- `code_reward` / `code_rewards`: run generated Python against tests in a sandbox (`run_cases`: the same
+  sandbox for any program, one `CaseResult` per test);
 - `countdown_reward`: an expression that reaches a target with the given numbers;
-- `steps.check_steps`: each `expression = number` step of a response, checked exactly (process rewards);
-- constraints, registered as the rewards "json", "length" and "sql": `json_reward` (JSON that parses and fits
-  a JSON-Schema subset), `length_reward` (a length within a soft band), `sql_reward` / `sql_rewards` (a query
+- `check_steps`: each `expression = number` step of a response, checked exactly (process rewards);
+- `checked_add`, `checked_mul`, `checked_power`, `checked_factorial`, `checked_binomial`: exact arithmetic
+  that refuses a result too large before computing it (the calculator tool's);
+- constraints, registered as the rewards "json", "length" and "sql": `json_reward(s)` (JSON that parses and
+  fits a JSON-Schema subset), `length_reward(s)` (a length within a soft band), `sql_reward(s)` (a query
   that returns the gold query's rows on a read-only SQLite database);
-- `compute_rewards`: the named rewards a task asks for, weighted and summed.
+- `compute_rewards`: the named rewards a task asks for, weighted and summed; a batch reward may return
+  `Scores`, which also says which rows failed closed at a time limit.
 The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
 for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
-wrapped by bounded (worker processes running worker.py); format, code (sandbox, confine, cleanup), countdown,
-the constraints json_schema, length and sql (constraint_inputs: what they read alike) and rewards beside them.
+wrapped by math_reward (worker_pool: worker processes running math_worker.py); steps (with step_expression);
+format; code (code_cases, sandbox_config; sandbox, which loads confine, seccomp, cleanup and process_io);
+countdown; the constraints json_schema, length and sql (constraint_inputs: what they read alike); scores and
+rewards beside them. Nothing outside this folder imports from inside it: only the names below.
 """
 
-from .bounded import TIME_LIMIT, VerifierError, is_equivalent, math_reward, math_rewards
-from .code import SandboxConfig, code_reward, code_rewards, extract_code, run_tests, sandbox_stats
+import importlib
+
+from .code import code_reward, code_rewards, extract_code, run_cases, run_tests, sandbox_stats
 from .countdown import countdown_reward
-from .extract import extract_answer
+from .extract import extract_answer, top_level_boxes
 from .format import FormatConfig, format_reward
-from .json_schema import json_reward
-from .length import length_reward
+from .json_schema import json_reward, json_rewards
+from .length import length_reward, length_rewards
+from .math_reward import is_equivalent, math_reward, math_rewards, start_math_workers
+from .normalize import normalize
 from .rewards import REWARD_FUNCTIONS, Rewards, RewardSpec, compute_rewards, register_reward
+from .sandbox_config import CaseResult, SandboxConfig
+from .scores import Scores
 from .sql import sql_reward, sql_rewards
+from .steps import STEP_REWARDS, Step, check_steps
+from .worker_pool import TIME_LIMIT, VerifierError
+
+# public name -> (module, its name there): these modules import sympy (~0.5 s), so only on first use
+_ON_FIRST_USE = {
+    "answers_match": ("equivalence", "answers_match"),
+    "parse_math": ("parse", "parse"),
+    "Unsupported": ("values", "Unsupported"),
+    "checked_add": ("arithmetic", "add"),
+    "checked_mul": ("arithmetic", "mul"),
+    "checked_power": ("arithmetic", "power"),
+    "checked_factorial": ("arithmetic", "factorial"),
+    "checked_binomial": ("arithmetic", "binomial"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _ON_FIRST_USE[name]
+    return getattr(importlib.import_module(f".{module}", __name__), attribute)
+
 
 __all__ = [
     "REWARD_FUNCTIONS",
+    "STEP_REWARDS",
     "TIME_LIMIT",
+    "CaseResult",
     "FormatConfig",
     "RewardSpec",
     "Rewards",
     "SandboxConfig",
+    "Scores",
+    "Step",
+    "Unsupported",
     "VerifierError",
+    "answers_match",
+    "check_steps",
+    "checked_add",
+    "checked_binomial",
+    "checked_factorial",
+    "checked_mul",
+    "checked_power",
     "code_reward",
     "code_rewards",
     "compute_rewards",
@@ -43,12 +90,19 @@ __all__ = [
     "format_reward",
     "is_equivalent",
     "json_reward",
+    "json_rewards",
     "length_reward",
+    "length_rewards",
     "math_reward",
     "math_rewards",
+    "normalize",
+    "parse_math",
     "register_reward",
+    "run_cases",
     "run_tests",
     "sandbox_stats",
     "sql_reward",
     "sql_rewards",
+    "start_math_workers",
+    "top_level_boxes",
 ]

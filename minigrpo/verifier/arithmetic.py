@@ -44,14 +44,16 @@ def add(a, b):
 
 
 def mul(a, b):
-    a, b = scalar(a), scalar(b)
+    a = scalar(a)
+    b = scalar(b)
     if isinstance(a, sympy.MatrixBase) and isinstance(b, sympy.MatrixBase) and a.shape[1] != b.shape[0]:
         raise Unsupported("matrix shapes do not match")
     return _checked(a * b)
 
 
 def div(a, b):
-    a, b = scalar(a), scalar(b)
+    a = scalar(a)
+    b = scalar(b)
     if isinstance(b, sympy.MatrixBase):
         raise Unsupported("division by a matrix")
     if b == 0:
@@ -60,7 +62,8 @@ def div(a, b):
 
 
 def power(base, exponent):
-    base, exponent = scalar(base), scalar(exponent)
+    base = scalar(base)
+    exponent = scalar(exponent)
     if isinstance(exponent, sympy.MatrixBase) or isinstance(base, sympy.MatrixBase):
         raise Unsupported("matrix powers")
     if base.is_number and exponent.is_number and _result_bits(base, exponent) > MAX_BITS:
@@ -104,14 +107,16 @@ def factorial(n):
 
 
 def binomial(n, k):
-    n, k = scalar(n), scalar(k)
+    n = scalar(n)
+    k = scalar(k)
     if n.is_Integer and k.is_Integer and 0 <= k <= n and n > 100_000:
         raise Unsupported("binomial too large")
     return sympy.binomial(n, k)
 
 
 def root(value, index):
-    value, index = scalar(value), scalar(index)
+    value = scalar(value)
+    index = scalar(index)
     if not (index.is_Integer and 2 <= index <= 100):
         raise Unsupported("root index must be a small integer")
     return power(value, sympy.Rational(1, index))

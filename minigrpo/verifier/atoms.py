@@ -222,7 +222,8 @@ class _Atoms:
         if name in ("sum", "prod"):
             return self.big_operator(name)
         if name == "binom":
-            n, k = self.argument(), self.argument()
+            n = self.argument()
+            k = self.argument()
             return binomial(n, k)
         if name == "mathbb":
             if self.argument() != sympy.Symbol("R"):
@@ -262,7 +263,9 @@ class _Atoms:
                 index = self.sum()
                 self.expect("]")
             return root(self.argument(), index)
-        fn, base, exponent = _FUNCTIONS[name], None, None
+        fn = _FUNCTIONS[name]
+        base = None
+        exponent = None
         if name == "log" and self.at("_"):
             self.next()
             base = self.argument()
@@ -270,7 +273,8 @@ class _Atoms:
             self.next()
             exponent = self.exponent()
             if exponent == -1 and fn in _INVERSES:
-                fn, exponent = _INVERSES[fn], None
+                fn = _INVERSES[fn]
+                exponent = None
         arg = self.function_argument()
         value = fn(arg) if base is None else div(sympy.log(arg), sympy.log(base))
         return value if exponent is None else power(value, exponent)
@@ -303,7 +307,8 @@ class _Atoms:
             raise Unsupported(f"unknown environment {env}")
         if env == "array" and self.at("{"):
             self.skip_group()
-        rows, row = [], []
+        rows = []
+        row = []
         while True:
             row.append(scalar(self.sum()))
             if self.at("&"):

@@ -36,9 +36,8 @@ import random
 
 import sympy
 
-MARGIN_DIGITS = (
-    40  # values within 10^-40 of each other, relative to their size and smallest number, are equal
-)
+# values within 10^-40 of each other, relative to their size and smallest number, are equal
+MARGIN_DIGITS = 40
 PRECISION = 60  # digits used to evaluate, beyond those the smallest number in the values needs
 MAX_EXTRA_DIGITS = 1000  # a value with a number below 10^-1000 in it is not evaluated: not equal
 SAMPLE_POINTS = 4  # points at which expressions with variables are compared
@@ -58,7 +57,8 @@ def numbers_match(p, g) -> bool:
     extra = extra_digits(p, g)
     if extra is None:
         return False
-    p_value, g_value = evaluate(p, PRECISION + extra), evaluate(g, PRECISION + extra)
+    p_value = evaluate(p, PRECISION + extra)
+    g_value = evaluate(g, PRECISION + extra)
     return p_value is not None and g_value is not None and close(p_value, g_value, extra)
 
 
@@ -91,7 +91,8 @@ def functions_match(p, g) -> bool:
     """Two expressions with variables: exactly where algebra decides, else by the branch rule at
     seeded sample points. Different variables differ, but a side without any may equal one with
     some (\\sin^2 x + \\cos^2 x ~ 1)."""
-    p_names, g_names = {s.name for s in p.free_symbols}, {s.name for s in g.free_symbols}
+    p_names = {s.name for s in p.free_symbols}
+    g_names = {s.name for s in g.free_symbols}
     if p_names and g_names and p_names != g_names:
         return False
     difference = p - g
@@ -122,7 +123,8 @@ def _rational_function(expr) -> bool:
 
 def _agree(a, b, branches: bool, extra: int):
     """True or False where this point decides, None where the branch rule skips it."""
-    a_real, b_real = is_real(a, extra), is_real(b, extra)
+    a_real = is_real(a, extra)
+    b_real = is_real(b, extra)
     if a_real != b_real:
         return False  # real on one side only: \\sqrt{x^2} against x at x < 0
     if not a_real and branches:
@@ -139,7 +141,8 @@ def values_at_samples(p, g, digits: int = PRECISION) -> list:
     """(p, g) evaluated at the seeded sample points; points where either is undefined skipped."""
     pairs = []
     for point in sample_points(p, g):
-        p_value, g_value = evaluate(p.subs(point), digits), evaluate(g.subs(point), digits)
+        p_value = evaluate(p.subs(point), digits)
+        g_value = evaluate(g.subs(point), digits)
         if p_value is not None and g_value is not None:
             pairs.append((p_value, g_value))
     return pairs

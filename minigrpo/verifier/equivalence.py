@@ -1,8 +1,8 @@
 """Stage 2 of the loop, reward: decide whether a predicted answer equals the gold answer.
 
 In: two extracted answers as strings. Out: True or False, the same every time. This is the
-unguarded reference: it can take long on hostile input, so callers use `bounded`, which runs it
-in a killable worker with a deadline. It knows values, not responses (see `extract`).
+unguarded reference: it can take long on hostile input, so callers use `math_reward`, which runs
+it in a killable worker with a deadline. It knows values, not responses (see `extract`).
 
 The rules, in order:
 - equal after `normalize` -> equal;
@@ -67,13 +67,15 @@ def answers_match(pred: str, gold: str) -> bool:
         return True  # equal before anything costly (normalising long runs of digits is slow)
     if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
         return False
-    p, g = normalize(pred), normalize(gold)
+    p = normalize(pred)
+    g = normalize(gold)
     if not g or not p:
         return False
     if p == g:
         return True
     try:
-        gold_value, pred_value = parse(g), parse(p)
+        gold_value = parse(g)
+        pred_value = parse(p)
     except Unsupported:
         return False
     try:
@@ -87,11 +89,14 @@ def values_match(pred: Parsed, gold: Parsed) -> bool:
 
 
 def _match(p, g, decimals) -> bool:
-    p, g = _result(p), _result(g)
+    p = _result(p)
+    g = _result(g)
     if isinstance(p, Relation) != isinstance(g, Relation):
-        p, g = _drop_name(p), _drop_name(g)
+        p = _drop_name(p)
+        g = _drop_name(g)
     if isinstance(p, Tuple) != isinstance(g, Tuple):
-        p, g = _as_point(p), _as_point(g)
+        p = _as_point(p)
+        g = _as_point(g)
     if isinstance(p, Text) or isinstance(g, Text):
         return isinstance(p, Text) and isinstance(g, Text) and p.words == g.words
     if _interval_like(p, g) or _interval_like(g, p):
@@ -101,7 +106,8 @@ def _match(p, g, decimals) -> bool:
     if isinstance(p, Relation) or isinstance(g, Relation):
         return isinstance(p, Relation) and isinstance(g, Relation) and _relations_match(p, g)
     if isinstance(p, Tuple) or isinstance(g, Tuple):
-        p_items, g_items = _sequence(p), _sequence(g)
+        p_items = _sequence(p)
+        g_items = _sequence(g)
         return p_items is not None and g_items is not None and _ordered_match(p_items, g_items, decimals)
     return _scalars_match(p, g, decimals)
 
@@ -222,7 +228,8 @@ def _inequality_intervals(value):
 
 def _absolute_value_intervals(bounds: Interval):
     """The z with |z| in `bounds`, z real: [-hi, -lo] and [lo, hi], one interval when lo <= 0."""
-    lo, hi = bounds.lo, bounds.hi
+    lo = bounds.lo
+    hi = bounds.hi
     if not (hi.is_extended_positive or (hi.is_zero and bounds.right_closed)):
         return None  # nothing, or a sign sympy cannot decide: not understood
     if lo.is_extended_negative or (lo.is_zero and bounds.left_closed):
@@ -235,22 +242,30 @@ def _absolute_value_intervals(bounds: Interval):
 def _inequality_bounds(value):
     """'x > 2' -> (x, (2, oo)); '1 <= f(x) < 3' (a chain) -> (f(x), [1, 3)); anything else -> None."""
     relations = value.items if isinstance(value, Set) else (value,)
-    lo, hi, lo_closed, hi_closed, names = -sympy.oo, sympy.oo, False, False, set()
+    lo = -sympy.oo
+    hi = sympy.oo
+    lo_closed = False
+    hi_closed = False
+    names = set()
     for rel in relations:
         if not isinstance(rel, Relation) or rel.op not in ("<", "<=", ">", ">="):
             return None
         if not all(isinstance(side, sympy.Expr) for side in (rel.lhs, rel.rhs)):
             return None
-        op, var, bound = rel.op, rel.lhs, rel.rhs
+        op = rel.op
+        var = rel.lhs
+        bound = rel.rhs
         if bound.free_symbols and not var.free_symbols:
             op, var, bound = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op], bound, var
         if not var.free_symbols or bound.free_symbols:
             return None
         names.add(var)
         if op in (">", ">="):
-            lo, lo_closed = bound, op == ">="
+            lo = bound
+            lo_closed = op == ">="
         else:
-            hi, hi_closed = bound, op == "<="
+            hi = bound
+            hi_closed = op == "<="
     return (names.pop(), Interval(lo, hi, lo_closed, hi_closed)) if len(names) == 1 else None
 
 
@@ -291,7 +306,8 @@ def _relations_match(p: Relation, g: Relation) -> bool:
 
 def _one_sided(rel: Relation):
     """('>', lhs - rhs) for lhs > rhs; x < y becomes ('>', y - x); None for non-expressions."""
-    lhs, rhs = rel.lhs, rel.rhs
+    lhs = rel.lhs
+    rhs = rel.rhs
     if not all(isinstance(side, sympy.Expr) for side in (lhs, rhs)) or rel.op == "in":
         return rel.op, None
     if rel.op in _FLIPPED:

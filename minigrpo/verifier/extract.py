@@ -108,7 +108,8 @@ def _find(text: str) -> Found | None:
 
 def top_level_boxes(text: str) -> list[Found]:
     """Every box not nested in another, in order; an unterminated box ends the list (it holds the rest)."""
-    boxes, resume = [], 0
+    boxes = []
+    resume = 0
     for match in _BOX.finditer(text):
         if match.start() < resume:
             continue  # a box nested in the previous one: the outer box is the answer
@@ -164,7 +165,8 @@ def _box_argument(text: str, start: int):
 
 def _matching_brace(text: str, open_at: int) -> int:
     """Index of the '}' closing the '{' at `open_at`, or -1. Escaped braces \\{ \\} do not count."""
-    depth, i = 0, open_at
+    depth = 0
+    i = open_at
     while i < len(text):
         c = text[i]
         if c == "\\":
@@ -277,12 +279,15 @@ def _nonempty(s: str):
 def fenced_block(text: str, languages: tuple[str, ...]) -> tuple[str | None, bool]:
     """(the body of the last closed ``` block whose language is one of `languages`, "" for a bare
     fence, or None; whether the text ends inside an open fence, as a completion cut off does)."""
-    body_start, language, last = None, "", None
+    body_start = None
+    language = ""
+    last = None
     for fence in FENCE.finditer(text):
         info = fence.group(1).lstrip("`").strip()  # "````python" opens a fence too
         if body_start is None:
             if "`" not in info:  # "```x = 1```" on one line is inline code, not a fence
-                body_start, language = fence.end() + 1, (info.split() or [""])[0].lower()
+                body_start = fence.end() + 1
+                language = (info.split() or [""])[0].lower()
         elif not info:  # a closing fence has no info string
             if language in languages:
                 last = text[body_start : fence.start()]

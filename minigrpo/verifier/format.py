@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from .extract import BROKEN, top_level_boxes
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 
 
 @dataclass
@@ -48,7 +49,8 @@ def _final_part(response: str, config: FormatConfig) -> str | None:
     """What follows the thinking block, or None when the thinking block is missing or malformed."""
     if not config.require_thinking:
         return response if THINK_OPEN not in response and THINK_CLOSE not in response else None
-    opens, closes = response.count(THINK_OPEN), response.count(THINK_CLOSE)
+    opens = response.count(THINK_OPEN)
+    closes = response.count(THINK_CLOSE)
     if closes != 1 or opens != (0 if config.thinking_opened_by_prompt else 1):
         return None
     if not config.thinking_opened_by_prompt and not response.lstrip().startswith(THINK_OPEN):

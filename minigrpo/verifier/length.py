@@ -71,7 +71,8 @@ def _band(low, high) -> tuple[float, float]:
     for name, bound in (("min", low), ("max", high)):
         if bound is not None and not (is_number(bound) and 0 <= bound < math.inf):
             raise ValueError(f"length reward: {name} must be a number >= 0, got {shown(bound)}")
-    low, high = low or 0, math.inf if high is None else high
+    low = low or 0
+    high = math.inf if high is None else high
     if low > high:
         raise ValueError(f"length reward: min {low} > max {high}")
     return low, high

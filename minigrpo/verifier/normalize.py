@@ -156,7 +156,8 @@ def _only_units(text: str) -> bool:
 
 def _brace_partners(s: str) -> dict[int, int]:
     """Index of each '{' -> index of the '}' that closes it; braces after a backslash do not count."""
-    partner, open_at = {}, []
+    partner = {}
+    open_at = []
     for match in _BRACE.finditer(s):
         if match.group() == "{":
             open_at.append(match.start())
@@ -226,7 +227,10 @@ def _is_name(s: str) -> bool:
 
 def _split_top_level(s: str, separator: re.Pattern) -> list[str]:
     """s split at the matches of `separator` that are outside all brackets."""
-    parts, depth, start, i = [], 0, 0, 0
+    parts = []
+    depth = 0
+    start = 0
+    i = 0
     while i < len(s):
         c = s[i]
         depth += c in "([{"

@@ -77,7 +77,10 @@ def _is_math_words(s: str) -> bool:
 
 
 def _tokenize(s: str) -> list[tuple[str, str]]:
-    tokens, i, depth, deepest = [], 0, 0, 0
+    tokens = []
+    i = 0
+    depth = 0
+    deepest = 0
     while i < len(s):
         match = _TOKEN.match(s, i)
         if match is None:

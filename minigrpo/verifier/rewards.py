@@ -16,13 +16,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .bounded import math_rewards
 from .code import check_tests, code_rewards
 from .constraint_inputs import is_integer, shown
 from .countdown import countdown_reward
 from .format import FormatConfig, format_reward
 from .json_schema import json_rewards
 from .length import length_rewards
+from .math_reward import math_rewards
 from .sql import sql_rewards
 
 RewardFunction = Callable[..., list]
@@ -181,7 +181,8 @@ class Rewards:
             "reward/timeout_frac": _mean([float(t) for t in self.timed_out]),
         }
         for name, values in self.components.items():
-            out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean(values), _std(values)
+            out[f"reward/{name}/mean"] = _mean(values)
+            out[f"reward/{name}/std"] = _std(values)
         return out
 
 

@@ -2,8 +2,9 @@
 
 Standard library only and importing nothing of minigrpo (isolated mode puts no package on the path):
 it reads one job (program, test inputs, limits) as JSON on stdin and writes one report per test
-as JSON on stdout; judging the reports against expected outputs happens in the trainer. Its two
-siblings it loads by their paths: `confine.py` (the test's process) and `cleanup.py` (`remove_tree`).
+as JSON on stdout; judging the reports against expected outputs happens in the trainer. Its siblings
+it loads by their paths: `confine.py` (the test's process), `seccomp.py` (the filter that process
+installs), `cleanup.py` (`remove_tree`) and `process_io.py` (waits and reads).
 
 How a run is sandboxed. `run_cases` (code.py) starts `python -I sandbox.py` (this file) in a fresh
 temporary directory with a scrubbed environment, handing it the lock of its uid. The supervisor, still
@@ -18,7 +19,7 @@ with its own /proc. Where the OS refuses the namespaces it runs no test, unless 
 so the shared directories are never silently the host's. Per test it forks a process (confine.py) that
 joins a fresh session keyring and a fresh IPC namespace (its segments die with the test; shared memory at
 most scratch_bytes), sets the rlimits, drops to an unprivileged uid, dies with the supervisor, installs
-the seccomp filter (confine.py's docstring lists what it refuses), and runs the program, then the test;
+the seccomp filter (seccomp.py's docstring lists what it refuses), and runs the program, then the test;
 afterwards everything left of the test is killed and reaped, and the directory emptied by `remove_tree`
 (cleanup.py), which no depth, permission or symlink stops. The trainer's own backstop only matters if the
 supervisor falls far behind (SIGTERM, SIGKILL).
@@ -59,7 +60,6 @@ import signal
 import stat
 import sys
 import tempfile
-import time
 import types
 from contextlib import contextmanager
 
@@ -75,9 +75,15 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MOUNT_SETATTR = 442  # mount_setattr(2)'s number, the same on x86_64 and aarch64
-MOUNT_ATTR_RDONLY, AT_RECURSIVE, AT_FDCWD = 0x1, 0x8000, -100
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8  # mount() flags, from <linux/mount.h>
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MOUNT_ATTR_RDONLY = 0x1  # mount_setattr() arguments, from <linux/mount.h> and <fcntl.h>
+AT_RECURSIVE = 0x8000
+AT_FDCWD = -100
+MS_NOSUID = 2  # mount() flags, from <linux/mount.h>
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
 UNISOLATED_REFUSAL = (
     "the OS refuses the sandbox's namespaces here, so model-written code would run beside the trainer "
     "(its /proc, files and /tmp within reach); SandboxConfig(unisolated=True) runs it anyway"
@@ -97,19 +103,20 @@ def _load_sibling(name: str) -> types.ModuleType:
     return module
 
 
-# the forked test process: rlimits, uid, seccomp, then the program and the test
-confine = _load_sibling("confine")
+confine = _load_sibling("confine")  # the forked test process: rlimits, uid, then the program and the test
+seccomp = _load_sibling("seccomp")  # the filter the test process installs last
 cleanup = _load_sibling("cleanup")  # remove_tree, which code.py also runs on the host
+process_io = _load_sibling("process_io")  # waits and reads
 
 
 def main() -> None:
     """Read the job from stdin, run each case in a forked process, write the reports to stdout."""
-    job = json.loads(_read_all(0))
+    job = json.loads(process_io.read_all(0))
     confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGTERM)  # the trainer's death stops us (see _give_up)
     if os.getppid() != job["trainer_pid"]:
         return  # it died before the line above: nobody waits for our reply
     if os.uname().machine not in confine.SYSCALLS:
-        return _reply(
+        return process_io.reply(
             {"error": f"no seccomp filter for {os.uname().machine} (only {', '.join(confine.SYSCALLS)})"}
         )
     # SIGTERM from the trainer's backstop: clean up the running test, then exit
@@ -124,19 +131,19 @@ def main() -> None:
     try:
         job["isolated"] = isolated = _isolate(job)
     except OSError as error:  # fail closed: never run tests in a half-made mount namespace
-        return _reply({"error": f"sandbox isolation failed: {error}"})
+        return process_io.reply({"error": f"sandbox isolation failed: {error}"})
     if not isolated and not job["unisolated"]:
-        return _reply({"error": UNISOLATED_REFUSAL})
+        return process_io.reply({"error": UNISOLATED_REFUSAL})
     job["supervisor_pid"] = os.getpid()  # each test checks that we are still its parent
     if job["uid"] is not None:
         if problem := _check_uid(job["uid"]):
-            return _reply({"error": problem})
+            return process_io.reply({"error": problem})
         _kill_all_as(job["uid"])  # whatever an interrupted earlier run left as this uid
     reports = []
     for case in job["cases"]:
         reports.append(_run_case(job, case))
         cleanup.remove_tree(".", keep_top=True)  # each test starts from an empty working directory
-    _reply({"reports": reports, "isolated": isolated})
+    process_io.reply({"reports": reports, "isolated": isolated})
 
 
 def _give_up(signum, frame):
@@ -172,8 +179,8 @@ def _isolate(job: dict) -> bool:
     if plain_user:
         _read_only_mounts()
     _mount_scratch(job)
-    # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no longer
-    # resolves
+    # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no
+    # longer resolves
     directory = os.open(".", os.O_PATH | os.O_DIRECTORY)
     for shared in SHARED_DIRECTORIES:
         if os.path.isdir(shared):
@@ -190,7 +197,8 @@ def _enter_user_namespace() -> bool:
     """A user namespace in which our uid and gid are mapped to themselves: the supervisor holds every
     capability inside it (mounts, namespaces), a test process inherits them but the seccomp filter refuses
     the calls that would use them, and nothing outside grants us more than before. False if refused."""
-    uid, gid = os.getuid(), os.getgid()
+    uid = os.getuid()
+    gid = os.getgid()
     if not _unshare(CLONE_NEWUSER):
         return False
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
@@ -280,39 +288,28 @@ def _run_case(job: dict, case: dict) -> dict:
     proof_read, proof_write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        confine.case_process(job, case, nonce, files, proof_write)  # never returns
+        confine.case_process(job, case, nonce, files, proof_write, seccomp.install_filter)  # never returns
     os.close(proof_write)
     try:
         with _sigterm_allowed():
-            timed_out = _wait_for_exit(pid, job["timeout"])
+            timed_out = process_io.wait_for_exit(pid, job["timeout"])
     finally:  # on SIGTERM too: nothing of a test outlives the supervisor
         os.kill(pid, signal.SIGKILL)  # no effect if it has exited: it stays a zombie until waitpid
         _kill_leftovers(pid, job["uid"])  # pid is not reaped yet, so its process group id is still the test's
         exit_code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        _reap_children(CLEANUP_SECONDS)
-    out = _read_head(stdout, job["max_output_bytes"] + 1)
+        process_io.reap_children(CLEANUP_SECONDS)
+    out = process_io.read_head(stdout, job["max_output_bytes"] + 1)
     report = {
-        "proof": nonce in _drain(proof_read),
+        "proof": nonce in process_io.drain(proof_read),
         "timed_out": timed_out,
         "exit_code": exit_code,
         "stdout": out[: job["max_output_bytes"]].decode(errors="replace"),
         "stdout_overflow": len(out) > job["max_output_bytes"],
-        "stderr": _read_tail(stderr, STDERR_TAIL_BYTES),
+        "stderr": process_io.read_tail(stderr, STDERR_TAIL_BYTES),
     }
     for file in files:
         file.close()
     return report
-
-
-def _wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait for the process to exit, leaving it unreaped; True if the timeout came first."""
-    deadline, delay = time.monotonic() + timeout, 0.0005
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(delay)
-        delay = min(2 * delay, 0.005)
-    return False
 
 
 def _check_uid(uid: int) -> str | None:
@@ -361,20 +358,6 @@ def _kill_all_as(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def _reap_children(patience: float) -> None:
-    """Reap every child until none is left (as root, all are dying); give up after `patience` seconds."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.001)
-
-
 # ---------------------------------------------------------------- small helpers
 
 
@@ -391,41 +374,6 @@ def _mount(
     if confine.LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"mount {source or '(none)'} on {target}: {os.strerror(code)}")
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _drain(fd: int) -> bytes:
-    """What is in a pipe now (its writers are dead), without blocking."""
-    os.set_blocking(fd, False)
-    chunks = []
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    except BlockingIOError:
-        pass
-    os.close(fd)
-    return b"".join(chunks)
-
-
-def _read_head(file, size: int) -> bytes:
-    file.seek(0)
-    return file.read(size)
-
-
-def _read_tail(file, size: int) -> str:
-    file.seek(max(0, os.fstat(file.fileno()).st_size - size))
-    return file.read().decode(errors="replace")
-
-
-def _reply(message: dict) -> None:
-    sys.stdout.write(json.dumps(message))
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from collections import Counter
 from contextlib import closing
 from urllib.parse import quote
 
-from .bounded import Scores
 from .constraint_inputs import answer_text, shown
+from .scores import Scores
 
 SQL_TIME_LIMIT = 1.0  # wall seconds a completion's query may run; past them it scores 0
 GOLD_TIME_LIMIT = 10.0  # wall seconds a gold query may run; past them the spec is bad
@@ -63,7 +63,8 @@ def sql_rewards(
 ) -> Scores:
     """sql_reward per completion, with which ones ran out of time. Relative `databases` paths are resolved
     against `database_dir`."""
-    values, timed_out = [], []
+    values = []
+    timed_out = []
     for completion, database, gold_sql in zip(completions, databases, gold_sqls):
         path = _database_path(database, database_dir)
         if not isinstance(gold_sql, str):

@@ -1,12 +1,15 @@
-"""Stage 2 of the loop, reward: math checks that always come back within a deadline.
+"""Stage 2 of the loop, reward: the worker processes that bound every math check in time.
 
-In: (answer, gold) or (response, gold) pairs. Out: a bool or a 0/1 reward per pair, never an exception, each
-within `TIME_LIMIT` seconds of wall time whatever the input (a batch within its `batch_budget`), and however
-many threads check at the same time. The checks run in worker processes (`worker.py`, plain subprocesses that
-import sympy but never torch) that are killed and replaced when one runs past its deadline: the answer is then
-"not equal". This is the backstop: `parse` already refuses oversized work from estimates, and a worker stops a
-job itself when the job's time is up (a timer, see `worker`), so only a job stuck in C code costs a kill and a
-restart.
+In: jobs for `math_worker.py`, ("match", answer, gold) or ("reward", response, gold). Out: each job's result,
+or `failed` for one that ran past its deadline, got no worker in time or crashed: never an exception about
+the answer, each within `TIME_LIMIT` seconds of wall time whatever the input (a batch within its
+`batch_budget`), and however many threads check at the same time. It knows processes, pipes and deadlines,
+not answers: what a job computes is `math_worker.py`'s, which jobs a check sends is `math_reward.py`'s.
+
+The workers (`math_worker.py`, plain subprocesses that import sympy but never torch) are killed and replaced
+when one runs past its deadline: the answer is then "not equal". This is the backstop: `parse` already
+refuses oversized work from estimates, and a worker stops a job itself when the job's time is up (a timer,
+see `math_worker`), so only a job stuck in C code costs a kill and a restart.
 
 One pool of workers serves every caller in the process. A check takes a free worker from a shared
 list, starting another while fewer than MAX_WORKERS are alive, and gives it back when done. Its
@@ -15,7 +18,7 @@ so waiting for a worker is part of it: a check that gets no worker in time fails
 ("not equal"), and a worker that a check gets late has only what is left of the deadline. Under
 many concurrent hostile checks this gives up answers to keep the bound, never the other way round.
 
-A batch (`math_rewards`) has one budget for all its rows, `batch_budget`, rather than one
+A batch (`run_batch`, behind `math_rewards`) has one budget for all its rows, `batch_budget`, rather than one
 TIME_LIMIT per row, so that a policy writing slow answers cannot make the batch slow. Every row
 first gets SHORT_LIMIT of CPU time, which is enough for almost every answer. The rows still unfinished
 then share what is left of the budget equally (at most WORK_LIMIT each), and those that do not
@@ -29,7 +32,7 @@ worker's timer runs in its own main thread and stops Python code; the kill stops
 Starting the first worker (once per process, about half a second for importing sympy) is not
 counted against any deadline; a spare starts beside it, and a killed worker's replacement starts
 at once, in the background. Callers that will check from many threads at once can start workers
-ahead with `shared_pool().reserve(n)`.
+ahead with `shared_pool().reserve(n)` (outside this folder: `start_math_workers`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import tempfile
 import threading
 import time
 
-from .worker import OUT_OF_TIME, read_frame, write_frame
+from .math_worker import OUT_OF_TIME, read_frame, write_frame
 
 TIME_LIMIT = 1.0  # seconds of wall time a single check may take, end to end, waiting for a worker included
 WORK_LIMIT = 0.8  # seconds a worker may spend on one check (a batch's slow rows share what is left)
@@ -69,7 +72,7 @@ class _Worker:
         self.stderr = tempfile.TemporaryFile()  # read only to explain a worker that failed to start
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "minigrpo.verifier.worker"],
+                [sys.executable, "-m", "minigrpo.verifier.math_worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
@@ -78,7 +81,7 @@ class _Worker:
             )
         except OSError as error:  # no such interpreter, no processes left
             self.stderr.close()
-            command = f"{sys.executable} -m minigrpo.verifier.worker"
+            command = f"{sys.executable} -m minigrpo.verifier.math_worker"
             raise VerifierError(f"a verifier worker ({command}) did not start: {error}") from None
         self.ready = False
         self.deadline = None  # when the job it holds must be done; None when idle
@@ -93,7 +96,7 @@ class _Worker:
             tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
             self.kill()
             raise VerifierError(
-                f"a verifier worker ({sys.executable} -m minigrpo.verifier.worker) did not start: {tail}"
+                f"a verifier worker ({sys.executable} -m minigrpo.verifier.math_worker) did not start: {tail}"
             )
         self.ready = True
 
@@ -279,7 +282,8 @@ class WorkerPool:
     def _raise_start_error(self) -> None:
         """Raise why a worker failed to start, once (called with `changed` held): the next check tries
         again."""
-        error, self.error = self.error, None
+        error = self.error
+        self.error = None
         if error is not None:
             raise error
 
@@ -305,7 +309,8 @@ class WorkerPool:
         threading.Thread(target=self._bring_up, name="verifier-worker-start", daemon=True).start()
 
     def _bring_up(self) -> None:
-        worker, error = None, None
+        worker = None
+        error = None
         try:
             worker = _Worker()
             worker.wait_ready()
@@ -337,7 +342,9 @@ class WorkerPool:
     def close(self) -> None:
         with self.changed:
             self.closed = True
-            workers, self.every, self.free = list(self.every), set(), []
+            workers = list(self.every)
+            self.every = set()
+            self.free = []
         for worker in workers:
             worker.kill()
 
@@ -348,14 +355,6 @@ def batch_budget(rows: int, in_flight: int) -> float:
     what is in flight has TIME_LIMIT, as a single check has."""
     rounds = -(-rows // in_flight)  # ceil
     return TIME_LIMIT + SHORT_LIMIT * (rounds - 1)
-
-
-class Scores(list):
-    """Rewards, one per row, as a plain list; `timed_out[i]` says row i failed closed at its time limit."""
-
-    def __init__(self, values, timed_out):
-        super().__init__(values)
-        self.timed_out = list(timed_out)
 
 
 _pool: WorkerPool | None = None
@@ -380,30 +379,3 @@ def _close_pool() -> None:
 def default_workers() -> int:
     """One check in flight per CPU, at most 8: checks take milliseconds, and each worker holds sympy."""
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def is_equivalent(pred: str, gold: str) -> bool:
-    """Whether two extracted answers are equal (see `equivalence`); False on time-out or bad input."""
-    if not (isinstance(pred, str) and isinstance(gold, str)):
-        return False
-    return bool(shared_pool().run([("match", pred, gold)], failed=False)[0])
-
-
-def math_reward(response: str, gold: str) -> float:
-    """1.0 when the final answer of `response` equals `gold`, else 0.0 (no answer, time-out, bad input)."""
-    return math_rewards([response], [gold], workers=1)[0]
-
-
-def math_rewards(responses: list[str], golds: list[str], workers: int | None = None) -> Scores:
-    """`math_reward` for many pairs at once, `workers` of them in flight (default: one per CPU, up to 8),
-    within one budget for the batch (`batch_budget`); `.timed_out` says which failed closed at it."""
-    if len(responses) != len(golds):
-        raise ValueError(f"got {len(responses)} responses but {len(golds)} gold answers")
-    jobs = [
-        ("reward", r, g) if isinstance(r, str) and isinstance(g, str) else ("reward", "", "")
-        for r, g in zip(responses, golds)
-    ]
-    if not jobs:
-        return Scores([], [])
-    results, timed_out = shared_pool().run_batch(jobs, failed=0.0, parallel=workers or default_workers())
-    return Scores([float(x) for x in results], timed_out)

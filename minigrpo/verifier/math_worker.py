@@ -1,4 +1,5 @@
-"""The verifier's worker process: `python -m minigrpo.verifier.worker`, driven by `bounded`.
+"""Stage 2 of the loop, reward: the math worker process, `python -m minigrpo.verifier.math_worker`, driven by
+`worker_pool`.
 
 Reads jobs from stdin and writes results to stdout, one length-prefixed pickle frame each: ("match", pred,
 gold, seconds) -> bool, ("reward", response, gold, seconds) -> float, or OUT_OF_TIME once the job has used
@@ -18,8 +19,8 @@ import struct
 import sys
 
 MEMORY_LIMIT_BYTES = 4 << 30  # a check that needs more fails (as not equal) instead of swapping
-# run once before the worker says it is ready: sympy's first polynomial, root and decimal cost ~0.1 s,
-# outside any deadline
+# run once before the worker says it is ready, outside any deadline: sympy's first polynomial, root and
+# decimal cost ~0.1 s
 WARM_UP = [("(x+1)^2", "x^2+2x+1"), (r"\frac{\sqrt{2}}{2}", r"\sin(\pi/4)"), ("0.3333333", r"\frac13")]
 OUT_OF_TIME = "out of time"  # the answer to a job its timer stopped (compared with ==: it is unpickled)
 
@@ -89,7 +90,8 @@ def serve() -> None:
     for pred, gold in WARM_UP:
         equivalence.answers_match(pred, gold)
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin = sys.stdin.buffer
+    stdout = sys.stdout.buffer
     write_frame(stdout, "ready")
     while (job := read_frame(stdin)) is not None:
         write_frame(stdout, run_job(job))
