@@ -12,7 +12,7 @@ _EXPORTS = {
     "load_pretrained": "weights",
     "save_pretrained": "weights",
     "ConfigError": "qwen3",
-    "KVCache": "qwen3",
+    "KVCache": "kv_cache",
     "Qwen3": "qwen3",
     "Qwen3Config": "qwen3",
     "Samples": "sampler",

@@ -1,8 +1,9 @@
 """Stage 1 on a GPU: the sampler's decode step, replayed as CUDA graphs.
 
-In: the model, one token per batch row (B,), the engine's KV cache and the span of slots to read. Out:
-(B, V) fp32 logits, what sampler.decode_step returns for the same inputs. It knows the model's decode
-step and the memory it runs in; not sampling, requests, refills or the loop (sampler.py).
+In: the model (a qwen3.Qwen3, through its decode, logits and new_cache), one token per batch row (B,),
+the engine's KV cache (kv_cache.py) and the span of slots to read. Out: (B, V) fp32 logits, what
+decode_modes.decode_step returns for the same inputs. It knows the model's decode step and the memory it
+runs in; not sampling, requests, refills or the loop (engine.py).
 
 Why: an eager decode step of a 28-layer model launches about a thousand small kernels, one Python call
 each, so the GPU waits on the host. A CUDA graph records a step's launches once and replays them with
@@ -34,13 +35,12 @@ import time
 import weakref
 
 import torch
-
-from .qwen3 import KVCache, Qwen3
+from torch import nn
 
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its GraphedDecoder
 
 
-def decoder_for(model: Qwen3, rows: int, slots: int) -> GraphedDecoder:
+def decoder_for(model: nn.Module, rows: int, slots: int) -> GraphedDecoder:
     """The model's decoder, with a cache of at least `rows` x `slots`: the one kept from an earlier
     call when the weights are where they were and the cache is large enough, else a new one (the old
     one's memory freed first)."""
@@ -49,20 +49,21 @@ def decoder_for(model: Qwen3, rows: int, slots: int) -> GraphedDecoder:
         return old
     if old is not None:  # too small, or the weights moved: its graphs read memory no longer the model's
         old.free()
-        rows, slots = max(rows, old.rows), max(slots, old.slots)
+        rows = max(rows, old.rows)
+        slots = max(slots, old.slots)
     decoder = GraphedDecoder(model, rows, slots)
     _decoders[model] = decoder
     return decoder
 
 
-def release(model: Qwen3) -> None:
+def release(model: nn.Module) -> None:
     """Free the model's graphs, KV cache and buffers (the next graphed call captures anew)."""
     decoder = _decoders.pop(model, None)
     if decoder is not None:
         decoder.free()
 
 
-def weight_addresses(model: Qwen3) -> tuple[int, ...]:
+def weight_addresses(model: nn.Module) -> tuple[int, ...]:
     """Where each parameter's data lies: the graphs read them there."""
     return tuple(p.data_ptr() for p in model.parameters())
 
@@ -70,14 +71,17 @@ def weight_addresses(model: Qwen3) -> tuple[int, ...]:
 class GraphedDecoder:
     """A model's decode graphs and the memory they run in (the module docstring says why it is shaped so)."""
 
-    def __init__(self, model: Qwen3, rows: int, slots: int):
+    def __init__(self, model: nn.Module, rows: int, slots: int):
         self.weights = weight_addresses(model)
-        self.rows, self.slots = rows, slots
+        self.rows = rows
+        self.slots = slots
         self.cache = model.new_cache(rows, slots)  # (rows, kv_heads, slots, D) per layer
-        self.tokens = torch.zeros(rows, dtype=torch.long, device=model.device)  # (rows,): a step's input
+        self.tokens = torch.zeros(
+            rows, dtype=torch.long, device=model.device
+        )  # (rows,): a decode step's input
         precision = torch.float64 if model.dtype == torch.float64 else torch.float32  # as model.logits gives
-        # (rows, V): a step's output
-        self.logits = torch.zeros(rows, model.config.vocab_size, dtype=precision, device=model.device)
+        vocab = model.config.vocab_size
+        self.logits = torch.zeros(rows, vocab, dtype=precision, device=model.device)  # (rows, V): its output
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch rows, span) -> graph
         self.pool = torch.cuda.graph_pool_handle()  # every graph's intermediates
         self.stream = torch.cuda.Stream(model.device)  # warm-up and capture run here, off the default stream
@@ -86,12 +90,12 @@ class GraphedDecoder:
     def fits(self, rows: int, slots: int) -> bool:
         return rows <= self.rows and slots <= self.slots
 
-    def cache_for(self, rows: int) -> KVCache:
+    def cache_for(self, rows: int):
         """The first `rows` rows of the cache, for a new call (prefill sets every row's length)."""
         return self.cache.head(rows)
 
-    def step(self, model: Qwen3, tokens: torch.Tensor, cache: KVCache, span: int) -> torch.Tensor:
-        """sampler.decode_step by replay: (B,) tokens -> (B, V) logits, the buffer the next step
+    def step(self, model: nn.Module, tokens: torch.Tensor, cache, span: int) -> torch.Tensor:
+        """decode_modes.decode_step by replay: (B,) tokens -> (B, V) logits, the buffer the next step
         overwrites. `cache` must be a head view of this decoder's cache (cache_for, keep_rows)."""
         rows = tokens.shape[0]
         if cache.k[0].data_ptr() != self.cache.k[0].data_ptr() or cache.batch_size != rows:
@@ -103,7 +107,7 @@ class GraphedDecoder:
         graph.replay()
         return self.logits[:rows]
 
-    def capture(self, model: Qwen3, cache: KVCache, rows: int, span: int) -> torch.cuda.CUDAGraph:
+    def capture(self, model: nn.Module, cache, rows: int, span: int) -> torch.cuda.CUDAGraph:
         """Record the step of `rows` rows reading `span` slots. One eager run first, on the capture's
         stream (it makes the libraries' handles and workspaces there, outside the graph), with its one
         lasting effect undone: the lengths it advanced. The slot it wrote is the one the step writes."""
@@ -121,11 +125,13 @@ class GraphedDecoder:
         self.capture_seconds += time.perf_counter() - start
         return graph
 
-    def run(self, model: Qwen3, cache: KVCache, rows: int, span: int) -> None:
-        """The step itself, eager, from and into this decoder's buffers."""
+    def run(self, model: nn.Module, cache, rows: int, span: int) -> None:
+        """The decode step itself, eager, from and into this decoder's buffers."""
         hidden = model.decode(self.tokens[:rows], cache, span)  # (rows, hidden)
         self.logits[:rows].copy_(model.logits(hidden))  # (rows, V)
 
     def free(self) -> None:
         self.graphs.clear()  # before the cache: no graph outlives the memory it reads
-        self.cache = self.tokens = self.logits = None
+        self.cache = None
+        self.tokens = None
+        self.logits = None

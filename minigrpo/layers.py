@@ -85,7 +85,8 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: 
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     inv_freq = 1.0 / theta**exponents  # (head_dim/2,)
     angles = positions[..., None].float() * inv_freq  # (..., head_dim/2)
-    cos, sin = angles.cos(), angles.sin()
+    cos = angles.cos()  # (..., head_dim/2)
+    sin = angles.sin()  # (..., head_dim/2)
     # (..., head_dim) each
     return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 

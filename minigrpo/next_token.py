@@ -1,8 +1,9 @@
-"""Stage 1's innermost step: the next token of every decoding row, from its logits (sampler.py runs the loop).
+"""Stage 1's innermost part: the next token of every decoding row, from its logits (engine.py runs the loop).
 
-In: (B, V) logits, the sampling settings, and each row's random key and step. Out: (B,) tokens and
-their log-probs under softmax(logits / temperature). It knows tensors, not the model or the batch.
-Random numbers come from a counter-based hash of (row key, step, attempt), not a torch.Generator
+In: (B, V) logits, the sampling settings, and each row's random key and next token's index. Out: (B,)
+tokens and their log-probs under softmax(logits / temperature). It knows tensors, not the model or the
+batch.
+Random numbers come from a counter-based hash of (row key, token index, attempt), not a torch.Generator
 (the sampler's departure from the usual recipe). Top-k, then top-p, as in transformers; on CPU
 top-p is drawn by rejection, exactly, instead of sorting the whole vocabulary.
 """
@@ -12,8 +13,6 @@ from __future__ import annotations
 import random
 
 import torch
-
-from .config import SamplingConfig
 
 TRIES = 8  # draws per token that top-p by rejection may use before it sorts
 
@@ -26,13 +25,15 @@ def row_keys(seed: int, rows: int, device) -> torch.Tensor:
 
 
 def draw_counters(max_new_tokens: int, attempt: int, device) -> torch.Tensor:
-    """(1, N+1) counters of draw `attempt` for token steps 0 .. N (step N: done rows' draws, unused)."""
+    """(1, N+1) counters of draw `attempt` for token indices 0 .. N, N = max_new_tokens (index N: the
+    draws of done rows, unused)."""
     return torch.arange(max_new_tokens + 1, device=device)[None] * TRIES + attempt
 
 
 def uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """Floats in (0, 1] with 24 bits (as torch.rand's float32), one per (key, counter) pair (broadcast):
-    hash32(key ^ hash32(counter)), so a row's draw at a step depends on its key and the step alone."""
+    hash32(key ^ hash32(counter)), so a row's draw for a token depends on its key and the token's index
+    alone."""
     h = hash32(keys ^ hash32(counters))
     return ((h >> 8) + 1).float() * 2.0**-24
 
@@ -53,16 +54,18 @@ def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
 
 
 # --- choosing a token ----------------------------------------------------------------------------
-def sample(logits, config: SamplingConfig, noise, steps, keys) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its log-prob under softmax(logits / temperature); (B,) each. noise (B, N+1):
-    each row's first uniform draw per step; keys (B,) make further draws (top-p)."""
+def sample(logits, config, noise, indices, keys) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row and its log-prob under softmax(logits / temperature); (B,) each. config: the
+    call's SamplingConfig (its temperature, top_k and top_p are read). noise (B, N+1):
+    each row's first uniform draw for each token index; indices (B,): the index of each row's next token
+    in its completion; keys (B,) make further draws (top-p)."""
     if config.temperature == 0:
         token = logits.argmax(-1)  # (B,)
         return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
     scaled = logits / config.temperature if config.temperature != 1 else logits  # (B, V)
     probs = scaled.softmax(-1)  # (B, V)
-    u = noise.gather(1, steps[:, None])  # (B, 1)
-    more = lambda attempt, rows: uniform(keys[rows, None], steps[rows, None] * TRIES + attempt)  # noqa: E731
+    u = noise.gather(1, indices[:, None])  # (B, 1)
+    more = lambda attempt, rows: uniform(keys[rows, None], indices[rows, None] * TRIES + attempt)  # noqa: E731
     token = sample_filtered(scaled, probs, config.top_k, config.top_p, u, more)  # (B,)
     return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # a drawn token's probability is never 0
 
@@ -115,8 +118,14 @@ def nucleus_by_rejection(probs, top_p: float, u, more, tries: int = TRIES) -> to
     token = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (B,)
     pending = torch.arange(probs.shape[0], device=probs.device)  # (b,): rows without a token yet
     for attempt in range(tries):
-        p, draw = (probs, u) if attempt == 0 else (probs[pending], more(attempt, pending))  # (b, V), (b, 1)
-        candidate = invert_cdf(cdf if attempt == 0 else cdf[pending], draw)  # (b, 1)
+        if attempt == 0:
+            p = probs  # (b, V)
+            draw = u  # (b, 1)
+            candidate = invert_cdf(cdf, draw)  # (b, 1)
+        else:
+            p = probs[pending]  # (b, V)
+            draw = more(attempt, pending)  # (b, 1)
+            candidate = invert_cdf(cdf[pending], draw)  # (b, 1)
         mass_above = torch.where(p > p.gather(-1, candidate), p, 0.0).sum(-1)  # (b,)
         accepted = mass_above < top_p
         token[pending[accepted]] = candidate.squeeze(-1)[accepted]

@@ -1,4 +1,4 @@
-"""The policy: a Qwen3 dense decoder written by hand, with an optional static KV cache.
+"""The policy: a Qwen3 dense decoder written by hand, with an optional static KV cache (kv_cache.py).
 
 Token ids (B, T) go in; logits (B, T, vocab) or final hidden states (B, T, hidden) come out.
 It knows tensors only: not text (tokenizer.py), not files on disk (weights.py), not sampling.
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from .kv_cache import KVCache
 from .layers import (
     Linear,
     RMSNorm,
@@ -105,86 +106,6 @@ class Qwen3Config:
         return d
 
 
-class KVCache:
-    """Preallocated keys and values, one (B, kv_heads, max_len, head_dim) tensor each per layer, and per-row
-    lengths.
-
-    Row b holds `lengths[b]` tokens in slots 0 .. lengths[b]-1, so a token's slot is also its rotary
-    position, and rows may differ in length; the next token of row b goes to slot lengths[b]. The
-    rotary tables of every slot are made once, with the cache. One tensor per layer, not one for
-    all: torch.compile copies a whole shared tensor to write one token into a slice of it.
-    """
-
-    def __init__(self, config: Qwen3Config, batch_size: int, max_len: int, *, dtype, device):
-        shape = (batch_size, config.num_key_value_heads, max_len, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
-        # (B,): row indices, for writing one token per row
-        self.rows = torch.arange(batch_size, device=device)
-        self.slots = torch.arange(max_len, device=device)  # (max_len,)
-        # cos, sin: (max_len, D) each
-        self.cos, self.sin = rotary_cos_sin(self.slots, config.head_dim, config.rope_theta, dtype)
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.k + self.v) + self.lengths.nbytes
-
-    def write_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store a prompt block k, v (B, kv_heads, T, D) in slots 0 .. T-1; the block attends to itself."""
-        T = k.shape[2]
-        self.k[layer][:, :, :T] = k
-        self.v[layer][:, :, :T] = v
-        return k, v
-
-    def write_token(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: int):
-        """Store one token per row, k, v (B, kv_heads, 1, D), at slot lengths[b]; return slots [0, span)
-        of every row, (B, kv_heads, span, D), for attention."""
-        self.k[layer][self.rows, :, self.lengths] = k[:, :, 0]  # index_put_: in place under torch.compile too
-        self.v[layer][self.rows, :, self.lengths] = v[:, :, 0]
-        return self.k[layer][:, :, :span], self.v[layer][:, :, :span]
-
-    def copy_rows(self, rows: torch.Tensor, source: KVCache, source_rows: torch.Tensor, length: int) -> None:
-        """Rows `rows` of this cache become rows `source_rows` of `source` (slots [0, length) and lengths)."""
-        for mine, theirs in zip(self.k + self.v, source.k + source.v):
-            mine[rows, :, :length] = theirs[source_rows, :, :length]
-        self.lengths[rows] = source.lengths[source_rows]
-
-    @property
-    def batch_size(self) -> int:
-        return self.k[0].shape[0]
-
-    def head(self, n: int) -> KVCache:
-        """This cache's first n rows, as views: every write through them lands in this cache's memory
-        (what a CUDA graph captured on one such view and replayed on another relies on)."""
-        view = object.__new__(KVCache)
-        view.slots, view.cos, view.sin = self.slots, self.cos, self.sin
-        view.rows, view.lengths = self.rows[:n], self.lengths[:n]
-        view.k, view.v = [t[:n] for t in self.k], [t[:n] for t in self.v]
-        return view
-
-    def keep_rows(self, rows: torch.Tensor, length: int, *, fresh: bool = False) -> KVCache:
-        """A cache of just `rows` (ascending indices), slots [0, length) copied: this one's first rows,
-        moved to the front in place, or with `fresh` new tensors (a compiled graph writes in place
-        only into whole tensors, not into views)."""
-        n = len(rows)
-        if not fresh:
-            for t in self.k + self.v:
-                t[:n, :, :length] = t[rows, :, :length]  # the right side is gathered first: overlap is safe
-            self.lengths[:n] = self.lengths[rows]
-            return self.head(n)
-        view = object.__new__(KVCache)
-        view.slots, view.cos, view.sin = self.slots, self.cos, self.sin
-        view.rows = self.rows[:n]
-        view.k, view.v = [t[rows].clone() for t in self.k], [t[rows].clone() for t in self.v]
-        view.lengths = self.lengths[rows].clone()
-        return view
-
-
 class SharedPrompt:
     """Training with the G completions of a prompt in G consecutive rows: the prompt runs once.
 
@@ -197,19 +118,22 @@ class SharedPrompt:
 
     def __init__(self, group_size: int):
         self.group_size = group_size
-        self.keys, self.values = {}, {}  # layer -> (P, kv_heads, Lp, D)
+        self.keys = {}  # layer -> (P, kv_heads, Lp, D)
+        self.values = {}  # layer -> (P, kv_heads, Lp, D)
         self.completions = False  # False while the prompts run, True once the completions do
 
     def write_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """The prompts' own k, v (kept), or for completions k, v (P * G, kv_heads, Tc, D) their
         prompt's followed by theirs, (P * G, kv_heads, Lp + Tc, D)."""
         if not self.completions:
-            self.keys[layer], self.values[layer] = k, v
+            self.keys[layer] = k
+            self.values[layer] = v
             return k, v
         return self._after_prompt(self.keys[layer], k), self._after_prompt(self.values[layer], v)
 
     def _after_prompt(self, prompt: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-        P, G = prompt.shape[0], self.group_size
+        P = prompt.shape[0]
+        G = self.group_size
         grouped = own.view(P, G, *own.shape[1:])  # (P, G, kv_heads, Tc, D)
         return torch.cat((prompt[:, None].expand(-1, G, -1, -1, -1), grouped), dim=3).flatten(0, 1)
 
@@ -220,12 +144,11 @@ class Attention(nn.Module):
     def __init__(self, config: Qwen3Config, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.n_kv, self.head_dim = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        q_width = self.n_heads * self.head_dim
+        kv_width = self.n_kv * self.head_dim
         self.q_proj = Linear(config.hidden_size, q_width, bias=config.attention_bias)
         self.k_proj = Linear(config.hidden_size, kv_width, bias=config.attention_bias)
         self.v_proj = Linear(config.hidden_size, kv_width, bias=config.attention_bias)
@@ -242,7 +165,8 @@ class Attention(nn.Module):
         q = self.q_norm(q).transpose(1, 2)  # (B, H, T, D)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
         if cache is not None and not decoding:
             k, v = cache.write_prompt(self.layer, k, v)
         elif cache is not None:
@@ -311,20 +235,21 @@ class Qwen3(nn.Module):
         """Final-normed hidden states (B, T, hidden) of a whole batch, without a cache (training).
         input_ids (B, T); attention_mask (B, T): 1 for real tokens, 0 for padding (left or right)."""
         if attention_mask is None:  # plain causal
-            mask, positions = None, torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
+            mask = None
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, T)
         else:
-            mask, positions = visibility_mask(attention_mask.bool()), real_positions(attention_mask)  # (B, T)
-        return self.norm(
-            self._blocks(
-                self.embed_tokens(input_ids), self._rotary(positions), mask, checkpointed=self._checkpointing
-            )
-        )
+            mask = visibility_mask(attention_mask.bool())  # (B, 1, T, T)
+            positions = real_positions(attention_mask)  # (B, T)
+        x = self.embed_tokens(input_ids)  # (B, T, hidden)
+        return self.norm(self._blocks(x, self._rotary(positions), mask, checkpointed=self._checkpointing))
 
     def shared_prompt_hidden_states(self, input_ids, attention_mask, completion_start: int, group_size: int):
         """`hidden_states(input_ids, attention_mask)[:, completion_start - 1 : -1]`, (B, Tc, hidden), with
         each prompt run once for its `group_size` completions (SharedPrompt). input_ids, attention_mask
         (B, Lp + Tc): left-padded prompts, then right-padded completions, a group's rows consecutive."""
-        B, Lp, G = input_ids.shape[0], completion_start, group_size
+        B = input_ids.shape[0]
+        Lp = completion_start
+        G = group_size
         if B % G or not all(
             torch.equal(t[:, :Lp].view(B // G, G, Lp), t[::G, None, :Lp].expand(-1, G, -1))
             for t in (input_ids, attention_mask)
@@ -332,7 +257,8 @@ class Qwen3(nn.Module):
             raise ValueError(
                 f"a shared-prompt batch needs groups of {G} consecutive rows with the same prompt"
             )
-        prompt_ids, prompt_mask = input_ids[::G, :Lp], attention_mask[::G, :Lp]  # (P, Lp)
+        prompt_ids = input_ids[::G, :Lp]  # (P, Lp)
+        prompt_mask = attention_mask[::G, :Lp]  # (P, Lp)
         positions = real_positions(attention_mask)  # (B, Lp + Tc)
         shared = SharedPrompt(G)
         # The prompts are never checkpointed: the blocks keep their keys and values in `shared`.
@@ -376,8 +302,8 @@ class Qwen3(nn.Module):
         hidden state at each prompt's last token, (B, hidden). Plain causal attention is exact: a real
         token never sees the padding after it, and decoded tokens overwrite the padded slots first."""
         B, T = input_ids.shape
-        # slot = position
-        x = self._blocks(self.embed_tokens(input_ids), (cache.cos[:T], cache.sin[:T]), None, cache)
+        rotary = (cache.cos[:T], cache.sin[:T])  # (T, D) each: slot = position
+        x = self._blocks(self.embed_tokens(input_ids), rotary, None, cache)  # (B, T, hidden)
         cache.lengths.copy_(lengths)
         return self.norm(x[torch.arange(B, device=x.device), lengths - 1])  # (B, hidden)
 
@@ -388,13 +314,13 @@ class Qwen3(nn.Module):
         positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
         rotary = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D) each
         visible = cache.slots[:span] <= positions[:, None]  # (B, span)
-        # (B, 1, 1, span): an additive mask made once per step; a boolean one is turned into this by
-        # every attention call, two kernels per layer
-        mask = torch.zeros_like(visible, dtype=self.dtype).masked_fill_(~visible, float("-inf"))[
-            :, None, None
-        ]
-        # x: (B, 1, hidden)
-        x = self._blocks(self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True)
+        # an additive mask made once per decode step; a boolean one is turned into this by every
+        # attention call, two kernels per layer
+        mask = torch.zeros_like(visible, dtype=self.dtype).masked_fill_(~visible, float("-inf"))  # (B, span)
+        mask = mask[:, None, None]  # (B, 1, 1, span)
+        x = self._blocks(
+            self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True
+        )  # (B, 1, hidden)
         cache.lengths.add_(1)
         return self.norm(x[:, 0])  # (B, hidden)
 

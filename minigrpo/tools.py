@@ -1,24 +1,11 @@
-"""Stage 1 of the loop, rollout: the tools a completion may call, and the runner that answers its calls.
+"""Stage 1 of the loop, rollout: the runner that answers a completion's tool calls, and their stats.
 
 In: a completion's token ids up to a call's end marker, handed over by the sampler, which pauses that
-row (sampler.py). Out: the observation's token ids, the tool's response between the format's response
-markers, and a `ToolCall` record per call, which the trainer puts on the Rollout for the metrics and
-the trace. It knows text, the tokenizer and the tools; not the model, tensors or rewards.
+row (tool_turns.py). Out: the observation's token ids, the tool's response between the format's response
+markers, and a `ToolCall` record per call, which generate returns in Samples.tool_calls for the metrics
+and the trace. It knows text, the tokenizer and the tools (tool_registry.py: the tools, the formats and
+`register_tool`, all importable from here too); not the model, tensors or rewards.
 
-Two formats (`FORMATS`):
-  calc   `<calc>347*56</calc>` answered `<out>19432</out>`: compact, for tiny tokenizers; the body is
-         the calculator's expression.
-  qwen3  Qwen3's chat template: the model writes `<tool_call>\\n{"name": ..., "arguments": {...}}\\n
-         </tool_call>`, its assistant turn ends there, and the response comes back in a user turn as
-         `<tool_response>\\n...\\n</tool_response>`, after which a new assistant turn opens.
-The call's end marker must be one token of the tokenizer: the sampler watches for that id.
-
-Two tools are registered (`register_tool` adds yours, as `register_reward` does rewards):
-  calculator  exact arithmetic through the verifier's bounded parser, never eval (calculator.py: its
-              budget, and the worker processes it runs in): an integer or reduced fraction, or 15
-              significant digits for an irrational value.
-  python      the code in the verifier's sandbox (verifier/code.py, all its guarantees), its stdout
-              (truncated) or its error's last line.
 A bad call (a parse error, an unknown tool, malformed JSON) is answered with "error: ..." as its
 observation, never an exception: the policy learns from its mistakes in context. So is anything a tool
 raises, SystemExit and KeyboardInterrupt included; a tool that bounds its own time raises TimeoutError,
@@ -44,113 +31,38 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .calculator import CalculatorError, calculate
-from .verifier import SandboxConfig, run_cases
+from .tool_registry import (
+    FORMATS,
+    TOOLS,
+    Tool,
+    ToolError,
+    ToolFormat,
+    calculator,
+    check_tools,
+    python,
+    register_tool,
+)
+
+# the registry's names are this module's public names too (minigrpo.tools.register_tool, ...)
+__all__ = [
+    "FORMATS",
+    "TOOLS",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "ToolFormat",
+    "ToolRunner",
+    "calculator",
+    "check_tools",
+    "python",
+    "register_tool",
+    "tool_stats",
+]
 
 MAX_CALL_CHARS = 2_000  # a call's text longer than this is refused unread
 WORKERS = 64  # threads the process runs calls in at once; more calls wait for one
 MAX_RESPONSE_CHARS = 1_000  # a response is cut here, with TRUNCATED after it
 TRUNCATED = " ...[truncated]"
-
-
-# --- formats --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ToolFormat:
-    """How a call is written and how its response is put back into the completion."""
-
-    call_start: str  # opens a call
-    call_end: str  # closes it: one token, the id the sampler pauses on
-    response_start: str  # written before the response (the observation starts here)
-    response_end: str  # and after it (the observation ends here)
-    tool: str | None  # the one tool the call's body is the argument of; None: the body is JSON naming it
-
-
-FORMATS = {
-    "calc": ToolFormat("<calc>", "</calc>", "<out>", "</out>", tool="calculator"),
-    # Qwen3's chat template (tokenizer_config.json of Qwen/Qwen3-*): a tool message is rendered as
-    # "<|im_start|>user\n<tool_response>\n" + content + "\n</tool_response><|im_end|>\n", after the
-    # assistant turn that made the call has ended with <|im_end|>.
-    "qwen3": ToolFormat(
-        "<tool_call>",
-        "</tool_call>",
-        "<|im_end|>\n<|im_start|>user\n<tool_response>\n",
-        "\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
-        tool=None,
-    ),
-}
-
-
-# --- tools ----------------------------------------------------------------------------------------
-class ToolError(ValueError):
-    """A call a tool cannot answer; its message becomes the observation "error: <message>". (A tool that
-    stops itself at its own time limit raises TimeoutError instead: the call then counts as timed out.)"""
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A function a completion may call."""
-
-    name: str  # what a call names it by
-    run: Callable[[str], str]  # the call's input -> the response text; raises ToolError for a bad call
-    time_limit: float = 5.0  # seconds, from when its thread starts it, before it is answered "timed out"
-    argument: str = "input"  # in a JSON call, the argument that holds the input
-
-    def parse(self, arguments) -> str:
-        """The input of a call: the bare body (calc format), or the named argument of a JSON call."""
-        if isinstance(arguments, str):
-            return arguments
-        if not isinstance(arguments, dict) or not isinstance(arguments.get(self.argument), str):
-            raise ToolError(f'{self.name} takes {{"{self.argument}": "..."}} as its arguments')
-        return arguments[self.argument]
-
-
-TOOLS: dict[str, Tool] = {}
-
-
-def register_tool(name: str, time_limit: float = 5.0, argument: str = "input"):
-    """Decorator: make `fn(input: str) -> str` a tool completions may call as `name`."""
-
-    def register(fn: Callable[[str], str]) -> Callable[[str], str]:
-        if name in TOOLS:
-            raise ValueError(f"a tool called {name!r} is already registered")
-        if not 0 < time_limit < 1e6:
-            raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-        TOOLS[name] = Tool(name, fn, time_limit, argument)
-        return fn
-
-    return register
-
-
-# The calculator times its calls itself, from when one of its worker processes takes one (a TimeoutError
-# after calculator.CPU_LIMIT of computing); the runner's limit is a backstop for a call that waits long
-# for a free worker while the others are busy.
-@register_tool("calculator", time_limit=30.0, argument="expression")
-def calculator(expression: str) -> str:
-    """The exact value of an arithmetic expression: 19432, 7/2, or 1.41421356237310 for sqrt(2)."""
-    try:
-        return calculate(expression)
-    except CalculatorError as error:
-        raise ToolError(str(error)) from None
-
-
-@register_tool("python", time_limit=5.0, argument="code")
-def python(code: str) -> str:
-    """Run `code` in the verifier's sandbox: its stdout, or the last line of its error."""
-    limit = TOOLS["python"].time_limit
-    config = SandboxConfig(timeout=limit, cpu_seconds=max(1, int(limit)), max_output_bytes=64 << 10)
-    (result,) = run_cases(code, [{"input": "", "output": ""}], config)
-    if result.timed_out:
-        raise TimeoutError(f"timed out after {limit:g} s")
-    if result.exit_code != 0:  # the error's own line: not a traceback's header or frames
-        lines = [line for line in result.stderr.splitlines() if line.strip() and not _traceback_line(line)]
-        raise ToolError(lines[-1] if lines else f"exited with code {result.exit_code}")
-    return result.stdout
-
-
-def _traceback_line(line: str) -> bool:
-    """A line of a traceback's header or frames, not its error: "Traceback (most recent call last):",
-    or an indented frame or source line."""
-    return line.startswith(("Traceback (most recent call last)", " ", "\t"))
 
 
 # --- the runner -----------------------------------------------------------------------------------
@@ -248,31 +160,36 @@ class ToolRunner:
         self.pending: dict[int, _Pending] = {}
         self.made: dict[int, list[ToolCall]] = {}
 
-    # the ToolHook interface (sampler.py)
-    def start(self, request: int, completion: list[int]) -> None:
-        """Start the call that `completion` (ending with the end marker) makes."""
+    # the ToolHook interface (tool_turns.py)
+    def start(self, request: int, completion: list[int]) -> ToolCall:
+        """Start the call that `completion` (ending with the end marker) makes; its record, which the
+        answer completes."""
         call = ToolCall(tool="", call="", response="")
         self.made.setdefault(request, []).append(call)
         try:
             tool, argument = self._read_call(completion, call)
         except ToolError as error:
             self.pending[request] = _Pending(call, 0.0, answer=(f"error: {error}", True, False))
-            return
+            return call
         pending = _Pending(call, tool.time_limit)
         self.pending[request] = pending
         THREADS.submit(lambda: _run(pending, tool, argument))
+        return call
 
     def poll(self, request: int) -> list[int] | None:
         """The observation's token ids once the call has answered or run out of time; None until then."""
         pending = self.pending[request]
         call = pending.call
         if pending.answer is not None:
-            response, call.error, call.timed_out = pending.answer
+            response, error, timed_out = pending.answer
             call.response = _cut(response)
+            call.error = error
+            call.timed_out = timed_out
         elif time.monotonic() >= (pending.began or pending.started) + pending.time_limit:
             pending.abandoned = True  # a Python function cannot be stopped; its thread ends when it returns
-            limit = pending.time_limit
-            call.response, call.error, call.timed_out = f"error: timed out after {limit:g} s", True, True
+            call.response = f"error: timed out after {pending.time_limit:g} s"
+            call.error = True
+            call.timed_out = True
         else:
             return None
         call.seconds = time.monotonic() - pending.started
@@ -307,7 +224,8 @@ class ToolRunner:
         if len(call.call) > MAX_CALL_CHARS:
             raise ToolError(f"call longer than {MAX_CALL_CHARS} characters")
         if self.format.tool is not None:
-            name, arguments = self.format.tool, call.call
+            name = self.format.tool
+            arguments = call.call
         else:
             name, arguments = _read_json_call(call.call)
         if name not in self.tools:
@@ -366,13 +284,14 @@ def _answer(tool: Tool, argument: str) -> tuple[str, bool, bool]:
     """(response, error, timed_out) of one run of a tool. Anything it raises is an error observation,
     SystemExit and KeyboardInterrupt too: raised by a tool in its own thread, they stop nothing else."""
     try:
-        response, error, timed_out = str(tool.run(argument)), False, False
+        answer = (str(tool.run(argument)), False, False)
     except ToolError as failure:
-        response, error, timed_out = f"error: {failure}", True, False
+        answer = (f"error: {failure}", True, False)
     except TimeoutError as failure:  # a tool that stopped itself at its own limit
-        response, error, timed_out = f"error: {failure}", True, True
+        answer = (f"error: {failure}", True, True)
     except BaseException as failure:  # a user's tool failing: the completion sees why, the run goes on
-        response, error, timed_out = f"error: {_described(failure)}"[:200], True, False
+        answer = (f"error: {_described(failure)}"[:200], True, False)
+    response, error, timed_out = answer
     return _encodable(response), error, timed_out
 
 
@@ -402,21 +321,6 @@ def _read_json_call(text: str) -> tuple[str, object]:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         raise ToolError('a call is a JSON object {"name": ..., "arguments": {...}}')
     return value["name"], value.get("arguments", {})
-
-
-def check_tools(names: list[str], tool_format: str | ToolFormat, max_tool_calls: int) -> None:
-    """Tool settings as GRPOConfig and the examples take them; a ValueError names what is wrong."""
-    unknown = [name for name in names if name not in TOOLS]
-    if unknown:
-        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered: {', '.join(TOOLS)}")
-    if not isinstance(tool_format, ToolFormat) and tool_format not in FORMATS:
-        raise ValueError(f"tool_format must be one of {', '.join(FORMATS)}, got {tool_format!r}")
-    if not isinstance(max_tool_calls, int) or isinstance(max_tool_calls, bool) or max_tool_calls < 0:
-        raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")
-    single = (tool_format if isinstance(tool_format, ToolFormat) else FORMATS[tool_format]).tool
-    if single is not None and names and names != [single]:
-        shown = tool_format if isinstance(tool_format, str) else tool_format.call_start
-        raise ValueError(f"tool_format {shown} calls the {single} alone; got tools {', '.join(names)}")
 
 
 # --- metrics --------------------------------------------------------------------------------------
