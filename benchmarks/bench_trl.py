@@ -42,7 +42,7 @@ from common import machine_line  # noqa: E402
 import minigrpo  # noqa: E402
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig  # noqa: E402
 from minigrpo.evaluate import evaluate  # noqa: E402
-from minigrpo.run import build_trainer  # noqa: E402
+from minigrpo.run import build_run  # noqa: E402
 from minigrpo.tasks import load_problems, to_task  # noqa: E402
 from minigrpo.tasks.prompts import template  # noqa: E402
 from minigrpo.verifier import compute_rewards  # noqa: E402
@@ -87,7 +87,7 @@ def run_minigrpo(args, shared, seed: int, output_dir: str):
         save_every=0,
         seed=seed,
     )
-    trainer = build_trainer(MODEL, task, grpo, config)
+    trainer = build_run(MODEL, task, grpo, config).trainer
     per_step = {stage: [] for stage in STAGES}
     accuracy = {}
     for step in range(1, args.stop_after + 1):

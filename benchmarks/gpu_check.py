@@ -48,6 +48,7 @@ from common import SHAPES, random_model, transformers_twin
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer, distributed
 from minigrpo.rollout import Rollout, collate
+from minigrpo.run import Run
 from minigrpo.sampler import Samples
 from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
@@ -770,7 +771,7 @@ def nccl_worker(spec: dict) -> None:
         ),
         dist=dist,
     )
-    trainer.train()
+    Run(trainer).train()
     if dist.is_main:
         minigrpo.save_pretrained(model, tokenizer, os.path.join(spec["output_dir"], "final"))
     distributed.finish()

@@ -31,7 +31,7 @@ import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed, files
 from minigrpo.flags import add_fields, from_args
 from minigrpo.plots import plot_curves
-from minigrpo.run import build_trainer, initial_evaluation
+from minigrpo.run import build_run, evaluate_held_out, initial_evaluation
 from minigrpo.tasks import load_problems, sources_of, to_task
 from minigrpo.tasks.prompts import TEMPLATES, template
 from minigrpo.trace import Trace
@@ -394,7 +394,8 @@ if __name__ == "__main__":
         )
         rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
         task = to_task(train_problems, prompt, rewards, tokenizer)
-        trainer = build_trainer(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
+        run = build_run(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
+        trainer = run.trainer
         held_out = [prompt.render(p.question, tokenizer) for p in eval_problems]
         sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
         what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
@@ -409,9 +410,9 @@ if __name__ == "__main__":
         settings = dict(max_new_tokens=args.max_completion_length, seed=args.seed)
         tools = dict(tools=grpo.tool_names, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls)
         # accuracy; the steps' faithfulness where they can be checked; tool calls per completion
-        stats = trainer.evaluate(eval_problems, prompt, rewards[:1], **settings, **tools).stats()
+        stats = evaluate_held_out(trainer, eval_problems, prompt, rewards[:1], **settings, **tools).stats()
         if grpo.tool_names:  # how much the accuracy owes to the tools
-            off = trainer.evaluate(eval_problems, prompt, rewards[:1], **settings)
+            off = evaluate_held_out(trainer, eval_problems, prompt, rewards[:1], **settings)
             stats["held_out/accuracy_tools_off"] = off.pass_at_1
         return stats
 
@@ -443,7 +444,7 @@ if __name__ == "__main__":
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
     trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
     try:  # broken weights are never saved; a full disk keeps nothing of the write it stopped
-        trainer.train(
+        run.train(
             on_step=every_few_steps,
             observer=trace,
             start_stats=initial.get("initial_stats", {"eval/accuracy": initial["initial_accuracy"]}),
@@ -458,7 +459,7 @@ if __name__ == "__main__":
         # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
         distributed.finish()
     # this process's, and the earlier ones' up to the checkpoint it resumed from
-    wall = trainer.wall_seconds()
+    wall = run.wall_seconds()
     summary = {
         "initial_accuracy": initial["initial_accuracy"],
         "final_accuracy": final_accuracy,
@@ -475,7 +476,7 @@ if __name__ == "__main__":
     }
     try:
         files.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
-        # the run's total, as a record: a later --resume adds on to the checkpoint's (Trainer.wall_seconds)
+        # the run's total, as a record: a later --resume adds on to the checkpoint's (Run.wall_seconds)
         checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
     except files.DiskFull as error:
         sys.exit(f"train_math.py: {error}")

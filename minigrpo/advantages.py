@@ -88,6 +88,22 @@ def process_advantages(
     return advantages
 
 
+def token_advantages(
+    step_rewards: list[list[float]],
+    step_ends: list[list[int]],
+    num_tokens: list[int],
+    group_size: int,
+    outcome: list[float] | None = None,
+) -> list[torch.Tensor]:
+    """Each completion's per-token advantages as the update reads them, one (num_tokens[i],) float32
+    tensor each: the process advantages, plus completion i's `outcome` advantage on every token when
+    given (advantage_type "outcome+process"), added in float64 before the cast."""
+    per_token = process_advantages(step_rewards, step_ends, num_tokens, group_size)  # each (Tc,) float64
+    if outcome is not None:
+        per_token = [a + o for a, o in zip(per_token, outcome, strict=True)]
+    return [a.float() for a in per_token]
+
+
 def _normalised_group(rewards: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each completion's step rewards minus the group's mean, over its std + EPS (all of them pooled)."""
     pooled = torch.cat(rewards)  # (K,): every step reward of the group

@@ -12,8 +12,9 @@ before it. A full disk is one DiskFull line naming the path and the free space, 
 of the write left behind. Beside the checkpoints it keeps
 output_dir/initial_eval.json, the starting policy's score that --resume reads back; `replaced_whole`
 (`replace_json`) is its write-then-rename, also used for summary.json and trace.html.
-In: a directory, a step, the model and a state dict. Out: files, and the state read back.
-It knows files and state dicts, not how they are used.
+The format of trainer_state.pt is here alone (`trainer_state`, `restore`, STATE_KEYS).
+In: a directory, a step, the model and the trainer. Out: files, and the state read back into a trainer.
+It knows files and state dicts, not how the loop uses them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import tempfile
 import numpy as np
 import torch
 
+from .config import as_dict
 from .files import disk_full_named, fsync, fsync_tree, read_json_object, replace_dir, replace_json
 from .weights import check_tensors, read_tokenizer, write_files
 
@@ -38,6 +40,8 @@ STATE_FILE = "trainer_state.pt"
 CHECKSUMS = "checksums.json"  # in each checkpoint, written last: {"sha256": {file name: hex digest}}
 INITIAL_EVALUATION = "initial_eval.json"  # in output_dir: the starting policy's score, kept across resumes
 _STEP_DIR = re.compile(r"step-(\d+)")
+# What trainer_state.pt holds (`trainer_state`); a checkpoint that lacks one of these keys is damaged.
+STATE_KEYS = ("step", "optimizer", "data", "rng", "model_path", "configs")
 
 
 def save_checkpoint(
@@ -235,3 +239,35 @@ def remove_leftovers(output_dir: str) -> None:
         # a save, replacement or prune that crashed midway
         if name.startswith((".tmp-step-", ".step-", ".deleting-")):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+# -- trainer_state.pt: everything but the weights ---------------------------------------------------
+def trainer_state(trainer, wall_seconds: float) -> dict:
+    """The trainer's state as trainer_state.pt holds it (STATE_KEYS, and the run's wall time so far: a
+    resume adds on, a killed process too); every rank must call it (it gathers)."""
+    return {
+        "step": trainer.step,
+        "optimizer": trainer.policy.optimizer_state(trainer.optimizer),
+        "data": trainer.stream.state(),
+        "rng": trainer.dist.gather(rng_states()),  # one per rank
+        "model_path": trainer.model_path,
+        "configs": as_dict(trainer.grpo, trainer.config),
+        "wall_seconds": wall_seconds,
+    }
+
+
+def restore(trainer, state: dict) -> float:
+    """`trainer_state` read back into a trainer built afresh: its step, AdamW state and prompt stream
+    (Trainer.resume_at), this rank's RNG states; returns the run's wall time up to the checkpoint (0 when
+    the checkpoint has none)."""
+    trainer.resume_at(state["step"], state["optimizer"], state["data"])
+    rng = state["rng"]  # one per rank
+    dist = trainer.dist
+    if len(rng) == dist.world_size:
+        set_rng_states(rng[dist.rank])
+    else:  # nothing in the loop draws from them (its seeds derive from seed and step), so go on
+        dist.print(
+            f"note: the checkpoint holds RNG states of {len(rng)} ranks, this run has "
+            f"{dist.world_size}: global RNGs start afresh"
+        )
+    return float(state.get("wall_seconds", 0.0))

@@ -294,7 +294,8 @@ class TrainConfig:
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of GRPO step `step` (1, 2, ...): a linear warm-up over warmup_steps, then
         constant or cosine to 0 at max_steps (one value per GRPO step, not per AdamW step)."""
-        done, warmup = step - 1, self.warmup_steps  # steps before this one
+        done = step - 1
+        warmup = self.warmup_steps  # steps before this one
         if done < warmup:
             return self.learning_rate * (done + 1) / (warmup + 1)
         if self.lr_schedule == "constant":

@@ -194,7 +194,8 @@ class Policy:
         padding=None,
         warm_up=None,
     ):
-        self.dist, self.padding = dist, padding
+        self.dist = dist
+        self.padding = padding
         self.module = (
             module
             if dist.world_size == 1 or not (shard or trainable)

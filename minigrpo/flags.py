@@ -46,8 +46,10 @@ def add_fields(
     """One flag per field of `config_class`, in a group of --help named after it: --name (aliases[name]
     too), its help the field's comment, its type the annotation (bool: --name / --no-name; a tuple: that
     many values; X | None: an X, default None), its choices CHOICES'. The flags' actions by field name."""
-    hints, comments = typing.get_type_hints(config_class), field_comments(config_class)
-    group, actions = parser.add_argument_group(config_class.__name__), {}
+    hints = typing.get_type_hints(config_class)
+    comments = field_comments(config_class)
+    group = parser.add_argument_group(config_class.__name__)
+    actions = {}
     for field in fields(config_class):
         kind = hints[field.name]
         if type(None) in typing.get_args(kind):  # X | None
@@ -70,7 +72,8 @@ def add_fields(
 
 def field_comments(config_class) -> dict[str, str]:
     """Each field's trailing comment in the class's source, by name: the help of its flag."""
-    comments, first_name = {}, {}  # first_name: source row -> the first name on it
+    comments = {}
+    first_name = {}  # first_name: source row -> the first name on it
     for token in tokenize.generate_tokens(io.StringIO(inspect.getsource(config_class)).readline):
         if token.type == tokenize.NAME:
             first_name.setdefault(token.start[0], token.string)

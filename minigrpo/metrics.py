@@ -140,7 +140,8 @@ class Clock:
     """Seconds per stage of one step, for the logger: `with clock("sample"):` adds to time/sample."""
 
     def __init__(self):
-        self.seconds, self.started = {"sample": 0.0, "verify": 0.0}, time.perf_counter()
+        self.seconds = {"sample": 0.0, "verify": 0.0}
+        self.started = time.perf_counter()
 
     @contextlib.contextmanager
     def __call__(self, stage: str):
@@ -196,7 +197,8 @@ def _drop_lines_after(path: str, step: int) -> None:
         os.remove(path + ".tmp")
     if not os.path.exists(path):
         return
-    kept, total = [], 0
+    kept = []
+    total = 0
     with open(path, encoding="utf-8") as f:
         for total, line in enumerate(f, 1):
             logged = _step_of(line)

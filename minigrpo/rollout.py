@@ -1,10 +1,11 @@
 """Between the stages: the rollout buffer, one record per sampled completion.
 
-In: the sampler's completions for a batch of prompts (stage 1); later stages fill in the decoded
-text, rewards and step rewards (2), advantages, per completion or per token (3), and the old /
-reference log-probs (4). Out: padded tensors for
-the update, in micro-batches, and the logger's length stats (`completion_stats`). It knows token
-ids and numbers, not rewards' meaning or the model.
+In: the sampler's completions for a batch of prompts (stage 1, `from_samples`); each later stage
+returns its values and the trainer writes them in, one place per stage: the decoded text, rewards and
+step rewards (2), advantages, per completion or per token (3); the update writes the old / reference
+log-probs it computes (4). A step's rollouts over its sampling rounds are a `StepRollouts`. Out: padded
+tensors for the update, in micro-batches, and the logger's reward and length stats. It knows token ids
+and numbers, not rewards' meaning or the model.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .verifier import Rewards
 
 
 @dataclass
@@ -43,6 +46,88 @@ class Rollout:
         if not self.in_loss:
             return 0
         return len(self.completion_ids) if self.generated is None else sum(self.generated)
+
+
+def from_samples(samples, prompt_ids: list[list[int]], mask_truncated: bool) -> list[Rollout]:
+    """Stage 1's rollouts: one per completion of the sampler's `Samples`, whose prompt_indices index
+    `prompt_ids`; a completion cut at the budget is left out of the loss when `mask_truncated` (DAPO)."""
+    count = len(samples.tokens)
+    generated = samples.generated or [None] * count
+    calls = samples.tool_calls or [[] for _ in range(count)]
+    rollouts = []
+    for i, p in enumerate(samples.prompt_indices):
+        reason = samples.finish_reasons[i]
+        rollouts.append(
+            Rollout(
+                prompt_ids=prompt_ids[p],
+                completion_ids=samples.tokens[i],
+                finish_reason=reason,
+                generated=generated[i],
+                tool_calls=calls[i],
+                in_loss=not (mask_truncated and reason == "length"),
+                sampler_logprobs=torch.tensor(samples.logprobs[i], dtype=torch.float32),  # (Tc,)
+            )
+        )
+    return rollouts
+
+
+def padding_rollout(prompt_token: int, pad_id: int) -> Rollout:
+    """A rollout that weighs nothing (no token in the loss, advantage 0), for a rank's empty micro-batch."""
+    zeros = torch.zeros(1)  # (1,) sampler, old and reference log-probs, never read: the token is masked
+    return Rollout(
+        prompt_ids=[prompt_token],
+        completion_ids=[pad_id],
+        finish_reason="length",
+        in_loss=False,
+        sampler_logprobs=zeros,
+        old_logprobs=zeros,
+        ref_logprobs=zeros,
+    )
+
+
+class StepRollouts:
+    """One step's rollouts over its sampling rounds: every one sampled, and the groups trained on.
+
+    Every group is trained on, unless dynamic sampling or drop_zero_variance_groups leave out the
+    groups whose rewards are all equal (no signal, `drop_flat`); then each round samples prompts for the
+    groups still missing, and the batch is full at batch_size / G groups."""
+
+    def __init__(self, group_size: int, batch_size: int, drop_flat: bool):
+        self.group_size = group_size  # G
+        self.wanted_groups = batch_size // group_size
+        self.drop_flat = drop_flat
+        self.sampled: list[Rollout] = []  # every round's rollouts, group by group
+        self.trained: list[Rollout] = []  # the groups stages 3 and 4 see
+        self.flat_groups = 0  # sampled groups whose rewards are all equal
+
+    def missing_groups(self) -> int:
+        """Groups the batch still wants: the prompts to sample next."""
+        return self.wanted_groups - len(self.trained) // self.group_size
+
+    def full(self) -> bool:
+        return len(self.trained) >= self.wanted_groups * self.group_size
+
+    def add(self, rollouts: list[Rollout], flat: list[bool]) -> None:
+        """A round's rollouts, scored (stage 2), group by group, and which of their groups are flat."""
+        G = self.group_size
+        self.sampled += rollouts
+        self.flat_groups += sum(flat)
+        for g, is_flat in enumerate(flat):
+            if not (self.drop_flat and is_flat):
+                self.trained += rollouts[g * G : (g + 1) * G]
+
+    def stats(self, sample_seconds: float) -> dict[str, float]:
+        """The logger's group and sampling-throughput stats of the step."""
+        G = self.group_size
+        seconds = max(sample_seconds, 1e-9)
+        sampled_groups = len(self.sampled) // G
+        return {
+            "groups/zero_variance_frac": self.flat_groups / max(sampled_groups, 1),
+            "groups/trained": len(self.trained) // G,
+            "groups/sampled": sampled_groups,
+            "sampling/samples_per_s": len(self.sampled) / seconds,
+            "sampling/tokens_per_s": sum(len(r.completion_ids) for r in self.sampled) / seconds,
+        }
 
 
 @dataclass
@@ -208,7 +293,18 @@ def completion_stats(rollouts: list[Rollout]) -> dict[str, float]:
     }
 
 
-def store_logprobs(rollouts: list[Rollout], logprobs: torch.Tensor, attribute: str) -> None:
-    """Write each row of a (B, Tc) log-prob tensor back to its rollout, trimmed to its completion."""
-    for r, row in zip(rollouts, logprobs.detach().float().cpu()):
-        setattr(r, attribute, row[: len(r.completion_ids)].clone())
+def split_logprobs(rollouts: list[Rollout], logprobs: torch.Tensor) -> list[torch.Tensor]:
+    """Each row of a (B, Tc) log-prob tensor, trimmed to its rollout's completion: (Tc_i,) each, fp32."""
+    return [row[: len(r.completion_ids)].clone() for r, row in zip(rollouts, logprobs.detach().float().cpu())]
+
+
+def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    """The logger's reward and length stats over rollouts: reward/mean, reward/accuracy/mean, ..."""
+    if not rollouts:
+        return {}
+    components = {}  # each reward's values, one per rollout
+    for name in rollouts[0].rewards:
+        components[name] = [r.rewards[name] for r in rollouts]
+    timed_out = [r.timed_out for r in rollouts]
+    rewards = Rewards([r.reward for r in rollouts], components, timed_out)
+    return {**rewards.stats(), **completion_stats(rollouts)}

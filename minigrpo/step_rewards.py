@@ -3,7 +3,8 @@ where the step ends.
 
 In: scored rollouts (stage 2 has decoded them and summed their outcome rewards), the text of each
 one's problem, and for Monte-Carlo values the policy, the sampler's settings and the task's rewards.
-Out: each rollout's `step_rewards` and `step_ends`, which stage 3 turns into per-token advantages
+Out: each rollout's `StepRewards` (its steps' rewards and ends; the trainer writes them into the
+rollout), which stage 3 turns into per-token advantages
 (advantages.process_advantages). Steps are the `expression = number` steps the verifier's checker
 finds (verifier/steps.py) in what the policy wrote, and then its final answer: the last step of every
 completion runs to its last token and is worth the completion's outcome reward (a completion with no
@@ -35,31 +36,42 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from .config import SamplingConfig
 from .rollout import Rollout
 from .sampler import generate
-from .verifier import compute_rewards
-from .verifier.steps import check_steps
+from .verifier import check_steps, compute_rewards
 
 # tokens decoded before each one in token_ends: a character's bytes before its last token are at most 3
 # (UTF-8 spells one in at most 4), so they lie in at most 3 tokens
 CONTEXT_TOKENS = 3
 
 
-def checked_step_rewards(rollouts: list[Rollout], problems: list[str], tokenizer) -> None:
+@dataclass
+class StepRewards:
+    """One completion's steps, as stage 2 returns them for the rollout's step fields."""
+
+    rewards: list[float] = field(default_factory=list)  # each step's reward, the answer step last
+    ends: list[int] = field(default_factory=list)  # the index of each step's last completion token
+    continuations: int = 0  # Monte-Carlo values: continuations sampled for its steps (their cost)
+
+
+def checked_step_rewards(rollouts: list[Rollout], problems: list[str], tokenizer) -> list[StepRewards]:
     """Each rollout's steps in the text the policy wrote, checked against its problem's text: the
     checker's step rewards, on the token where each step ends, then the answer step (the outcome
     reward, on the last token)."""
+    out = []
     for r, problem in zip(rollouts, problems, strict=True):
         ends = token_ends(tokenizer, list(r.completion_ids))  # (Tc,) characters spelled through each token
         steps = check_steps(r.text, problem, unwritten=_observation_spans(ends, r.generated))
-        r.step_rewards = [step.reward for step in steps]
+        rewards = [step.reward for step in steps]
         # each step on its last character's token: the first whose decoded prefix reaches the step's end
-        r.step_ends = [bisect.bisect_left(ends, step.end) for step in steps]
-        r.step_rewards.append(r.reward)  # the answer step (a step cut at the budget may share its token)
-        r.step_ends.append(len(r.completion_ids) - 1)
+        step_ends = [bisect.bisect_left(ends, step.end) for step in steps]
+        rewards.append(r.reward)  # the answer step (a step cut at the budget may share its token)
+        step_ends.append(len(r.completion_ids) - 1)
+        out.append(StepRewards(rewards, step_ends))
+    return out
 
 
 def token_ends(tokenizer, ids: list[int]) -> list[int]:
@@ -90,24 +102,25 @@ def monte_carlo_step_rewards(
     model,
     tokenizer,
     rollouts: list[Rollout],
+    checked: list[StepRewards],
     columns: dict[str, list],
     rewards: list,
     sampling: SamplingConfig,
     samples: int,
     seed: str,
-) -> int:
-    """Replace each rollout's step rewards (its steps found by `checked_step_rewards`) with the mean
+) -> list[StepRewards]:
+    """Each rollout's steps (`checked`, found by `checked_step_rewards`) valued instead by the mean
     outcome reward of `samples` continuations from the end of each step. `columns` hold each rollout's
-    row (as compute_rewards reads them), `rewards` the task's RewardSpecs. Each rollout counts the
-    continuations its steps cost."""
+    row (as compute_rewards reads them), `rewards` the task's RewardSpecs. Each counts the continuations
+    its steps cost."""
+    valued = [StepRewards(list(c.rewards), list(c.ends)) for c in checked]
     prefixes = []  # (rollout index, step index, completion tokens up to the step's end)
     for i, r in enumerate(rollouts):
-        r.step_rewards = list(r.step_rewards)
-        for j, end in enumerate(r.step_ends):
+        for j, end in enumerate(valued[i].ends):
             if end + 1 < len(r.completion_ids):
                 prefixes.append((i, j, r.completion_ids[: end + 1]))
             else:  # the answer step ends the completion: its one continuation is the completion itself
-                r.step_rewards[j] = r.reward
+                valued[i].rewards[j] = r.reward
     by_budget = {}  # new tokens each continuation may still write -> its prefixes
     for prefix in prefixes:
         budget = sampling.max_new_tokens - len(prefix[2])
@@ -131,8 +144,9 @@ def monte_carlo_step_rewards(
         for p, reward in zip(drawn.prompt_indices, scored.total):
             totals[p] += reward
         for (i, j, _), total in zip(group, totals):
-            rollouts[i].step_rewards[j] = total / samples
-            rollouts[i].step_continuations += samples
+            valued[i].rewards[j] = total / samples
+            valued[i].continuations += samples
+    return valued
 
 
 def step_stats(rollouts: list[Rollout]) -> dict[str, float]:

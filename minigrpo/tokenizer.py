@@ -16,7 +16,8 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from .files import read_json_object, write_json
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
 
 
 class Tokenizer:
@@ -140,7 +141,8 @@ class Tokenizer:
         ids = list(ids)
         found = []
         for offset in offsets:
-            low, high = 0, len(ids) - 1  # the answer is in [low, high]
+            low = 0
+            high = len(ids) - 1  # the answer is in [low, high]
             while low < high:
                 middle = (low + high) // 2
                 if len(self.decode(ids[: middle + 1])) >= offset:

@@ -40,8 +40,10 @@ BRIEF = (
 
 class Trace:
     def __init__(self, write=print, html_path: str | None = None):
-        self.write, self.html_path = write, html_path
-        self.group, self.record = [], {}
+        self.write = write
+        self.html_path = html_path
+        self.group = []
+        self.record = {}
 
     def rollouts(self, trainer, rollouts) -> None:
         G = trainer.grpo.num_generations
@@ -260,7 +262,9 @@ def _calls_html(calls: list[dict]) -> str:
 
 def render_html(record: dict) -> str:
     """Trace.record as one page: inline CSS, no script, no URL; each token's numbers in its title."""
-    e, step, completions = html.escape, record["step"], record["completions"]
+    e = html.escape
+    step = record["step"]
+    completions = record["completions"]
     scale = max((abs(a - b) for c in completions for _, b, a, mine in c["tokens"] if mine), default=0.0)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",

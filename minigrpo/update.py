@@ -27,7 +27,7 @@ from .rollout import (
     group_batches,
     micro_batches,
     padding_fraction,
-    store_logprobs,
+    split_logprobs,
     token_budget_batches,
 )
 from .token_logprobs import TokenLogprobs
@@ -100,9 +100,11 @@ class Updater:
         rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
         self.model.train()
         if self.grpo.num_iterations > 1:
-            self._store_logprobs(rollouts, self.policy, "old_logprobs")
+            for r, logprobs in self._logprobs(rollouts, self.policy):
+                r.old_logprobs = logprobs  # (Tc,) a field of stage 4's own
         if self.reference is not None:
-            self._store_logprobs(rollouts, self.reference, "ref_logprobs")
+            for r, logprobs in self._logprobs(rollouts, self.reference):
+                r.ref_logprobs = logprobs  # (Tc,) a field of stage 4's own
         passes = []
         for k in range(self.grpo.num_iterations):
             passes.append(self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}"))
@@ -219,10 +221,13 @@ class Updater:
         (loss * self.dist.world_size).backward()
         return stats
 
-    def _store_logprobs(self, rollouts: list[Rollout], policy, attribute: str) -> None:
+    def _logprobs(self, rollouts: list[Rollout], policy) -> list[tuple[Rollout, torch.Tensor]]:
+        """Each rollout's completion log-probs under `policy`, without gradients, beside it: (Tc,) each."""
+        pairs = []
         with torch.no_grad():
             for part in policy.parts(rollouts, self._micro_batches(rollouts)):
-                store_logprobs(part, self._forward(policy, part)[1], attribute)
+                pairs += zip(part, split_logprobs(part, self._forward(policy, part)[1]))
+        return pairs
 
     def _forward(self, policy, rollouts: list[Rollout]):
         """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling

@@ -24,7 +24,8 @@ from .files import read_json_object, replace_dir, write_json
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 
-SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
 # the files a checkpoint needs, the only ones fetched from the Hub
 CHECKPOINT_FILES = [
     "config.json",
@@ -76,7 +77,7 @@ def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision:
 
 def parse_device(device) -> torch.device:
     """torch.device(device), or a ValueError saying why not: torch does not know the device, or this
-    machine does not have it. load_pretrained and run.build_trainer check every device here, first."""
+    machine does not have it. load_pretrained and run.build_run check every device here, first."""
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
@@ -151,7 +152,8 @@ def read_tokenizer(directory: str) -> Tokenizer | None:
 
 def weight_files(directory: str) -> dict[str, str]:
     """Map each tensor name to the safetensors file (full path) that holds it."""
-    index_path, single_path = os.path.join(directory, INDEX_FILE), os.path.join(directory, SINGLE_FILE)
+    index_path = os.path.join(directory, INDEX_FILE)
+    single_path = os.path.join(directory, SINGLE_FILE)
     if os.path.exists(index_path):
         weight_map = _read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
         if not isinstance(weight_map, dict):
@@ -336,12 +338,16 @@ def write_files(
 
 def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: dict | None) -> None:
     tensors = {name: t.detach().cpu().contiguous() for name, t in to_hf_state_dict(model, weights).items()}
-    shards, current, size = [], {}, 0
+    shards = []
+    current = {}
+    size = 0
     for name, t in tensors.items():
         if current and size + t.nbytes > max_shard_bytes:
             shards.append(current)
-            current, size = {}, 0
-        current[name], size = t, size + t.nbytes
+            current = {}
+            size = 0
+        current[name] = t
+        size = size + t.nbytes
     shards.append(current)
     if len(shards) == 1:
         save_file(shards[0], os.path.join(directory, SINGLE_FILE), metadata={"format": "pt"})

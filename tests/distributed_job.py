@@ -15,7 +15,7 @@ import torch
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
-from minigrpo.run import build_trainer
+from minigrpo.run import build_run
 from minigrpo.sampler import Samples
 from minigrpo.tools import ToolCall
 from minigrpo.trainer import Trainer
@@ -91,9 +91,10 @@ def main(job: dict) -> None:
         if run.get("disagree"):  # each rank asks for another learning rate
             train["learning_rate"] *= 1 + int(os.environ.get("RANK", "0"))
         task = Task(ROWS, [RewardSpec("test_length")])
-        trainer = build_trainer(job["checkpoint"], task, GRPOConfig(**run["grpo"]), TrainConfig(**train))
+        built = build_run(job["checkpoint"], task, GRPOConfig(**run["grpo"]), TrainConfig(**train))
+        trainer = built.trainer
         GRADIENTS.clear()
-        trainer.train()
+        built.train()
         if trainer.dist.is_main:
             torch.save(GRADIENTS, os.path.join(train["output_dir"], "gradients.pt"))
 

@@ -28,7 +28,7 @@ from minigrpo.checkpoint import (
 )
 from minigrpo.files import DiskFull, replace_json
 from minigrpo.metrics import MetricsLogger
-from minigrpo.run import STATE_KEYS, build_trainer
+from minigrpo.run import STATE_KEYS, build_run
 from minigrpo.update import NonFiniteWeights
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
@@ -102,14 +102,15 @@ def resign(directory: str) -> None:
 # -- 7: float16, and weights that are not finite after a step ---------------------------------
 def test_float16_weights_are_refused_naming_bf16_or_fp32(policy, tmp_path):
     with pytest.raises(ValueError, match="float16, which AdamW cannot train .* use bfloat16 or float32"):
-        build_trainer(policy, task(), *settings(tmp_path / "run"), dtype="float16")
+        build_run(policy, task(), *settings(tmp_path / "run"), dtype="float16")
     assert not os.path.exists(tmp_path / "run" / CHECKPOINTS)
 
 
 def test_weights_that_are_not_finite_stop_the_run_before_any_save(run, policy, monkeypatch):
     """Resumed at step 2, step 3's AdamW step leaves a NaN: the run stops naming step 3; the checkpoints
     and metrics lines of steps 1 and 2 stay, and nothing of step 3 is saved or logged."""
-    trainer = build_trainer(policy, task(), *settings(run, max_steps=3, resume=True))
+    resumed = build_run(policy, task(), *settings(run, max_steps=3, resume=True))
+    trainer = resumed.trainer
     real_step = trainer.optimizer.step
 
     def step_then_poison(*args, **kwargs):
@@ -121,14 +122,14 @@ def test_weights_that_are_not_finite_stop_the_run_before_any_save(run, policy, m
     with pytest.raises(
         NonFiniteWeights, match=r"step 3: the AdamW step left NaN or inf in the weights \(norm\.weight\)"
     ):
-        trainer.train()
+        resumed.train()
     assert sorted(os.listdir(os.path.join(run, CHECKPOINTS))) == ["step-000001", "step-000002"]
     assert [json.loads(line)["step"] for line in open(os.path.join(run, "metrics.jsonl"))] == [1, 2]
 
 
 def test_the_check_tells_huge_finite_weights_from_nan_and_inf(policy, tmp_path):
     """Its fused sum of norms overflows for finite weights of 1e30 (their squares do): not an error."""
-    trainer = build_trainer(policy, task(), *settings(tmp_path / "run"))
+    trainer = build_run(policy, task(), *settings(tmp_path / "run")).trainer
     with torch.no_grad():
         trainer.model.norm.weight.fill_(1e30)
     trainer.updater._check_finite_weights(step=5)
@@ -206,9 +207,9 @@ def test_a_resume_from_another_model_is_refused(trained, policy, other_policy, t
     with pytest.raises(
         ValueError, match=f"started from {policy}, not {other_policy}: resume with that model"
     ):
-        build_trainer(other_policy, task(), *settings(out, max_steps=3, resume=True))
+        build_run(other_policy, task(), *settings(out, max_steps=3, resume=True))
     # the same policy path, spelled another way
-    same_model = build_trainer(policy + "/", task(), *settings(out, max_steps=3, resume=True))
+    same_model = build_run(policy + "/", task(), *settings(out, max_steps=3, resume=True)).trainer
     assert same_model.step == 2
 
 
@@ -264,7 +265,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_resume_falls_back(run, pol
     assert len(notes) == 1 and notes[0].startswith(f"note: {newest(run)} is damaged ("), notes
     assert re.search(DAMAGE[damage], notes[0]), notes[0]
     capsys.readouterr()
-    trainer = build_trainer(policy, task(), *settings(run, max_steps=3, resume=True))
+    trainer = build_run(policy, task(), *settings(run, max_steps=3, resume=True)).trainer
     assert trainer.step == 1 and "is damaged" in capsys.readouterr().out
 
 
@@ -274,7 +275,7 @@ def test_a_checkpoint_without_a_tokenizer_or_checksums_is_named_not_the_model(ru
         os.remove(os.path.join(run, CHECKPOINTS, step, CHECKSUMS))
     os.remove(newest(run, "tokenizer.json"))
     with pytest.raises(ValueError, match=f"{newest(run)} has no tokenizer.json"):
-        build_trainer(policy, task(), *settings(run, max_steps=3, resume=True))
+        build_run(policy, task(), *settings(run, max_steps=3, resume=True))
 
 
 def test_a_metrics_line_that_is_json_but_not_a_record_is_named_and_dropped(tmp_path, capsys):

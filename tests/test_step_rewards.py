@@ -14,11 +14,31 @@ from minigrpo.advantages import process_advantages
 from minigrpo.evaluate import evaluate, summarize
 from minigrpo.rollout import Rollout
 from minigrpo.sampler import Samples, SamplingConfig
-from minigrpo.step_rewards import checked_step_rewards, monte_carlo_step_rewards, step_stats, token_ends
+from minigrpo.step_rewards import (
+    StepRewards,
+    checked_step_rewards,
+    monte_carlo_step_rewards,
+    step_stats,
+    token_ends,
+)
 from minigrpo.tasks import Problem
 from minigrpo.tasks.prompts import template
-from minigrpo.verifier import RewardSpec
-from minigrpo.verifier.steps import MAX_DEPTH, MAX_DIGITS, check_steps
+from minigrpo.verifier import RewardSpec, check_steps
+from minigrpo.verifier.step_expression import MAX_DEPTH, MAX_DIGITS
+
+
+def written(rollouts: list[Rollout], steps: list[StepRewards]) -> list[Rollout]:
+    """Stage 2's step values written into each rollout, as the trainer writes them."""
+    for r, step in zip(rollouts, steps, strict=True):
+        r.step_rewards = step.rewards
+        r.step_ends = step.ends
+        r.step_continuations = step.continuations
+    return rollouts
+
+
+def checked_of(rollouts: list[Rollout]) -> list[StepRewards]:
+    """The checker's steps already written into each rollout, as monte_carlo_step_rewards takes them."""
+    return [StepRewards(r.step_rewards, r.step_ends) for r in rollouts]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +118,7 @@ def test_step_ends_are_found_in_one_pass_over_the_tokens(tokenizer):
     token whose decoded prefix reaches each step's end."""
     r = rollout(tokenizer, "What is 1+1?", "So 1+1=2; " * 200 + "####2")
     counted = Counted(tokenizer)
-    checked_step_rewards([r], ["What is 1+1?"], counted)
+    written([r], checked_step_rewards([r], ["What is 1+1?"], counted))
     assert counted.tokens <= 10 * len(r.completion_ids)
     prefixes = slow_token_ends(tokenizer, r.completion_ids)
     ends = [step.end for step in check_steps(r.text, "What is 1+1?")]
@@ -128,7 +148,7 @@ def test_steps_a_tool_printed_earn_nothing(tokenizer):
     loud = tool_rollout(tokenizer, [("2+3=5; <run>", True), ("2+3=5;" * 40, False), ("####5", True)], 1.0)
     silent = tool_rollout(tokenizer, [("2+3=5; <run>", True), ("####5", True)], 1.0)
     wrong = tool_rollout(tokenizer, [("2+3=6; ####6", True)], 0.0)
-    checked_step_rewards([loud, silent, wrong], [problem] * 3, tokenizer)
+    written([loud, silent, wrong], checked_step_rewards([loud, silent, wrong], [problem] * 3, tokenizer))
     assert loud.step_rewards == silent.step_rewards == [1.0, 1.0]
     assert loud.step_ends[0] == silent.step_ends[0]  # both on the 5 of 2+3=5
     first = []
@@ -150,7 +170,7 @@ def test_no_step_runs_into_a_tools_output_and_its_numbers_are_not_known(tokenize
     an observation are read as if the observation were a line break."""
     pieces = [("7*6=", True), ("42; 1+6=7; 2+6=8\n", False), ("So 7+8=15", True), ("0", False)]
     r = tool_rollout(tokenizer, pieces + [(" and 2+3=5", True)], 0.0)
-    checked_step_rewards([r], ["What is 2+3?"], tokenizer)
+    written([r], checked_step_rewards([r], ["What is 2+3?"], tokenizer))
     assert r.step_rewards == [0.0, 1.0, 0.0]  # 7+8=15 (not 7+8=150) irrelevant; 2+3=5 right; the answer
     assert tokenizer.decode(r.completion_ids[: r.step_ends[1] + 1]).endswith("2+3=5")
 
@@ -168,7 +188,7 @@ def test_the_checker_counts_depth_not_brackets():
 
 def test_checked_step_rewards_sit_on_the_last_token_of_each_step(tokenizer):
     r = rollout(tokenizer, "What is 12+30*2?", "30*2=60;12+60=73;####73")
-    checked_step_rewards([r], ["What is 12+30*2?"], tokenizer)
+    written([r], checked_step_rewards([r], ["What is 12+30*2?"], tokenizer))
     # 30*2=60 right and relevant; 12+60=73 wrong; then the answer step, worth the outcome reward (0)
     assert r.step_rewards == [1.0, -1.0, 0.0]
     for end, step in zip(r.step_ends, ["30*2=60", "30*2=60;12+60=73"]):
@@ -178,7 +198,7 @@ def test_checked_step_rewards_sit_on_the_last_token_of_each_step(tokenizer):
 
 def test_a_completion_without_arithmetic_has_the_answer_step_alone(tokenizer):
     r = rollout(tokenizer, "What is 12+30?", "####42", reward=1.0)
-    checked_step_rewards([r], ["What is 12+30?"], tokenizer)
+    written([r], checked_step_rewards([r], ["What is 12+30?"], tokenizer))
     assert (r.step_rewards, r.step_ends) == ([1.0], [len(r.completion_ids) - 1])
 
 
@@ -202,10 +222,23 @@ def test_monte_carlo_values_are_the_mean_outcome_of_continuations_from_each_step
     first = rollout(tokenizer, prompt, "30*2=60;12+60=72;####72", reward=1.0)
     second = rollout(tokenizer, prompt, "12+30=42", reward=0.0)  # its one step ends before EOS
     rollouts = [first, second]
-    checked_step_rewards(rollouts, [prompt, prompt], tokenizer)
+    written(rollouts, checked_step_rewards(rollouts, [prompt, prompt], tokenizer))
     columns = {"answer": ["1", "1"]}  # a continuation "####1" is right, "####0" wrong
     sampling = SamplingConfig(max_new_tokens=40, eos_token_ids=tuple(tokenizer.eos_token_ids))
-    monte_carlo_step_rewards(None, tokenizer, rollouts, columns, [RewardSpec("accuracy")], sampling, 4, "s")
+    written(
+        rollouts,
+        monte_carlo_step_rewards(
+            None,
+            tokenizer,
+            rollouts,
+            checked_of(rollouts),
+            columns,
+            [RewardSpec("accuracy")],
+            sampling,
+            4,
+            "s",
+        ),
+    )
 
     ends = first.step_ends + second.step_ends
     prompts_seen = [p for prompts, _, _ in calls for p in prompts]
@@ -238,11 +271,14 @@ def test_a_length_reward_in_tokens_scores_each_continuation_with_its_prefix(toke
 
     monkeypatch.setattr(step_rewards, "generate", fake_generate)
     r = rollout(tokenizer, "What is 2+3?", "2+3=5; then 3+2=5; ####5", reward=1.0)
-    checked_step_rewards([r], ["What is 2+3?"], tokenizer)
+    written([r], checked_step_rewards([r], ["What is 2+3?"], tokenizer))
     length = RewardSpec("length", options={"unit": "tokens", "max": 0, "soft": 1000})
     columns = {"completion_tokens": [len(r.completion_ids)]}  # as the trainer gives it: the sampled one's
     sampling = SamplingConfig(max_new_tokens=40, eos_token_ids=tuple(tokenizer.eos_token_ids))
-    monte_carlo_step_rewards(None, tokenizer, [r], columns, [length], sampling, 2, "s")
+    written(
+        [r],
+        monte_carlo_step_rewards(None, tokenizer, [r], checked_of([r]), columns, [length], sampling, 2, "s"),
+    )
     assert len(r.step_ends) == 3
     for value, end in zip(r.step_rewards[:-1], r.step_ends[:-1]):
         assert value == pytest.approx(1 - (end + 1 + len(continuation)) / 1000, abs=1e-12)
@@ -252,11 +288,12 @@ def test_a_step_that_ends_the_completion_is_worth_the_completions_own_reward(tok
     monkeypatch.setattr(step_rewards, "generate", lambda *a, **k: pytest.fail("nothing to continue"))
     r = rollout(tokenizer, "What is 2+3?", "2+3=5", reward=1.0)
     r.completion_ids = r.completion_ids[:-1]  # cut at the budget: no EOS, the step ends the completion
-    checked_step_rewards([r], ["What is 2+3?"], tokenizer)
+    written([r], checked_step_rewards([r], ["What is 2+3?"], tokenizer))
     sampling = SamplingConfig(max_new_tokens=len(r.completion_ids))
-    monte_carlo_step_rewards(
-        None, tokenizer, [r], {"answer": ["5"]}, [RewardSpec("accuracy")], sampling, 4, "s"
+    valued = monte_carlo_step_rewards(
+        None, tokenizer, [r], checked_of([r]), {"answer": ["5"]}, [RewardSpec("accuracy")], sampling, 4, "s"
     )
+    written([r], valued)
     assert r.step_rewards == [1.0, 1.0] and r.step_continuations == 0  # the step, then the answer
 
 
@@ -267,11 +304,20 @@ def test_monte_carlo_values_on_a_real_model_are_shares_and_repeat_with_the_seed(
     values = []
     for _ in range(2):
         r = rollout(tokenizer, prompt, "12+30=42;####42", reward=1.0)
-        checked_step_rewards([r], [prompt], tokenizer)
+        written([r], checked_step_rewards([r], [prompt], tokenizer))
         sampling = SamplingConfig(max_new_tokens=30, eos_token_ids=tuple(tokenizer.eos_token_ids))
-        monte_carlo_step_rewards(
-            model, tokenizer, [r], {"answer": ["42"]}, [RewardSpec("accuracy")], sampling, 5, "seed"
+        valued = monte_carlo_step_rewards(
+            model,
+            tokenizer,
+            [r],
+            checked_of([r]),
+            {"answer": ["42"]},
+            [RewardSpec("accuracy")],
+            sampling,
+            5,
+            "seed",
         )
+        written([r], valued)
         values.append(r.step_rewards)
     assert values[0] == values[1]
     assert all(v in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0) for v in values[0])

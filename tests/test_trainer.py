@@ -14,7 +14,7 @@ from helpers import tiny_policy
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.checkpoint import latest_checkpoint, load_state
-from minigrpo.run import initial_evaluation
+from minigrpo.run import Run, initial_evaluation
 from minigrpo.tasks import PromptStream
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
@@ -134,8 +134,8 @@ class Recorder(Sampled):
             "generate",
             lambda *a, seed, **k: self.seeds.append(seed) or generate(*a, seed=seed, **k),
         )
-        update = trainer.update
-        trainer.update = lambda rollouts: self.trained.append(rollouts) or update(rollouts)
+        updater = trainer.updater
+        trainer.updater = lambda rollouts, step: self.trained.append(rollouts) or updater(rollouts, step)
 
 
 def test_dynamic_sampling_with_batch_scaling_divides_by_the_std_of_the_trained_groups(
@@ -185,13 +185,13 @@ def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_b
     stopped = make_trainer(
         checkpoint, tmp_path, grpo=grpo, **train, stop_at_step=1, output_dir=str(tmp_path / "stopped")
     )
-    stopped.train()  # saves at step 1, its last
+    Run(stopped).train()  # saves at step 1, its last
     saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
     torch.manual_seed(1), random.seed(1), np.random.seed(1)  # what else the process drew since
     task = Task(ROWS, [RewardSpec("test_count_x")])
-    resumed = minigrpo.run.build_trainer(
+    resumed = minigrpo.run.build_run(
         checkpoint, task, grpo, TrainConfig(**train, output_dir=str(tmp_path / "stopped"), resume=True)
-    )
+    ).trainer
     assert (
         resumed.step == 1 and torch.equal(torch.get_rng_state(), saved[0]) and random.getstate() == saved[1]
     )
@@ -287,10 +287,10 @@ def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
     stats, _ = trainer.train_step()
     assert stats["update/no_groups"] == 1.0
-    state = trainer.state_dict()
+    state = minigrpo.checkpoint.trainer_state(trainer, wall_seconds=0.0)
     assert state["optimizer"] is None and not trainer.optimizer.state
     fresh = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
-    minigrpo.run.restore(fresh, state)
+    minigrpo.checkpoint.restore(fresh, state)
     assert fresh.step == 1 and not fresh.optimizer.state
 
 
@@ -299,10 +299,10 @@ def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings
     back, and betas, eps and weight decay are this run's, not the checkpoint's."""
     trainer = make_trainer(checkpoint, tmp_path, weight_decay=0.1, adam_epsilon=1e-7)
     trainer.train_step()
-    saved = trainer.state_dict()
+    saved = minigrpo.checkpoint.trainer_state(trainer, wall_seconds=0.0)
     assert all(isinstance(name, str) for name in saved["optimizer"]["state"])
     fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings
-    minigrpo.run.restore(fresh, saved)
+    minigrpo.checkpoint.restore(fresh, saved)
     for a, b in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
     assert (
@@ -426,11 +426,12 @@ def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(
     for trainer in (whole, split):
         # a quarter of the vocabulary ends a completion
         trainer.eos_ids = tuple(range(5, trainer.model.config.vocab_size, 4))
-    recorder, chunks = Recorder(split, monkeypatch), []
+    chunks = []
     cut = split.updater._micro_batches
     split.updater._micro_batches = lambda rollouts, generator=None: (
         chunks.append(cut(rollouts, generator)) or chunks[-1]
     )
+    recorder = Recorder(split, monkeypatch)  # wraps the updater, whose micro-batches are cut above
     stats = [trainer.train_step()[0] for trainer in (whole, split)]
     (rollouts,), (micro_batches,) = recorder.trained, chunks
     assert len({len(r.completion_ids) for r in rollouts}) > 2 and len(micro_batches) > 1  # ragged, and split
@@ -500,7 +501,7 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_
     minigrpo.checkpoint.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
     config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
     with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
-        minigrpo.run.build_trainer(
+        minigrpo.run.build_run(
             checkpoint,
             Task(ROWS, [RewardSpec("test_count_x")]),
             GRPOConfig(num_generations=4, max_completion_length=12),
@@ -554,7 +555,7 @@ def test_a_checkpoint_loads_as_data_only_and_a_crafted_one_runs_nothing(checkpoi
     weights_only=True, so a file that would run code when unpickled is refused instead."""
     trainer = make_trainer(checkpoint, tmp_path)
     trainer.train_step()
-    saved = trainer.save()
+    saved = Run(trainer).save()
     state = torch.load(os.path.join(saved, minigrpo.checkpoint.STATE_FILE), weights_only=True)
     assert state["step"] == 1 and set(state["rng"][0]) >= {"python", "numpy", "torch"}
     draws = []
@@ -665,15 +666,15 @@ def test_sampling_dtype_samples_with_a_copy_that_follows_the_policy(checkpoint, 
     own = make_trainer(
         checkpoint, tmp_path / "own", grpo=GRPOConfig(num_generations=4, max_completion_length=12)
     )
-    assert own.sampling_copy is None and own._sampling_model() is own.model
+    assert own.sampling_copy.copy is None and own.sampling_copy.synced() is own.model
     assert own.train_step()[0]["mismatch/logprob_abs_max"] < 1e-5
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, sampling_dtype="bfloat16")
     trainer = make_trainer(checkpoint, tmp_path / "bf16", grpo=grpo, max_steps=2)
     stats, _ = trainer.train_step()
     assert stats["mismatch/logprob_abs_mean"] > 1e-4  # bf16 arithmetic against the fp32 update
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
-    sampling = trainer._sampling_model()
-    assert sampling is trainer.sampling_copy and not any(p.requires_grad for p in sampling.parameters())
+    sampling = trainer.sampling_copy.synced()
+    assert sampling is trainer.sampling_copy.copy and not any(p.requires_grad for p in sampling.parameters())
     for copied, weight in zip(sampling.parameters(), trainer.model.parameters(), strict=True):
         assert copied.dtype == torch.bfloat16 and torch.equal(copied, weight.to(torch.bfloat16))
 
@@ -773,11 +774,12 @@ def test_an_exception_mid_run_leaves_the_last_completed_step_saved(checkpoint, t
 
         return run
 
-    stages = {"verify": trainer.verify, "update": trainer.update, "on_step": lambda trainer: {}}
+    stages = {"verify": trainer.verify, "update": trainer.updater, "on_step": lambda trainer: {}}
     stages[fails_in] = fail_at_step_2(stages[fails_in])
-    trainer.verify, trainer.update = stages["verify"], stages["update"]
+    trainer.verify = stages["verify"]
+    trainer.updater = stages["update"]
     with pytest.raises(RuntimeError, match=f"{fails_in} failed"):
-        trainer.train(stages["on_step"])
+        Run(trainer).train(stages["on_step"])
     latest = latest_checkpoint(trainer.config.output_dir)
     if saved is None:
         assert latest is None

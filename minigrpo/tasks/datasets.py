@@ -92,7 +92,9 @@ def keep_scorable(
     the count-th kept one are not checked; a plain number is not checked either, and any other gold
     costs a normalisation and a parse (well under a millisecond for a gold of a few dozen characters:
     benchmarks/README.md)."""
-    kept, skipped, unparsed = [], [], []
+    kept = []
+    skipped = []
+    unparsed = []
     for problem in problems:
         if count is not None and len(kept) == count:
             break
@@ -220,7 +222,8 @@ def detect_format(row: dict, where: str) -> str:
 
 def parse_gsm8k(row: dict) -> Problem:
     """question, and an answer whose last '#### N' line holds N (thousands commas dropped)."""
-    question, worked = _field(row, "question"), _field(row, "answer")
+    question = _field(row, "question")
+    worked = _field(row, "answer")
     found = _GSM8K_ANSWER.findall(worked)
     if not found:
         raise ValueError("no '#### ' line in 'answer' (GSM8K answers end in '#### <number>')")

@@ -34,7 +34,8 @@ def generate(
     if not 1 <= difficulty <= 3:
         raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
     rng = random.Random(f"{kind}-{seed}-{difficulty}")
-    problems, seen = [], set()
+    problems = []
+    seen = set()
     for _ in range(200 * count + 10_000):
         problem = KINDS[kind](rng, difficulty)
         if problem.question in seen or _split_of(problem.question) != split:
@@ -92,7 +93,9 @@ def _with_more_terms(rng, operands: list[int], ops: list[str], difficulty: int, 
 def _ordered_steps(operands: list[int], ops: list[str]) -> tuple[list[tuple[str, int]], int]:
     """Each step of the expression as (expression, value): products first, then sums and differences
     left to right; and the total."""
-    values, pending, steps = [operands[0]], [], []
+    values = [operands[0]]
+    pending = []
+    steps = []
     for op, x in zip(ops, operands[1:]):
         if op == "*":
             steps.append((f"{values[-1]}*{x}", values[-1] * x))
@@ -117,7 +120,10 @@ def _calc_step(expression: str, value: int, rng: random.Random) -> str:
 
 def fractions(rng: random.Random, difficulty: int) -> Problem:
     """p/q + r/s (difficulty 2: or -, 3: or *), answered in lowest terms as \\frac{}{}."""
-    p, q, r, s = rng.randint(1, 9), rng.randint(2, 9), rng.randint(1, 9), rng.randint(2, 9)
+    p = rng.randint(1, 9)
+    q = rng.randint(2, 9)
+    r = rng.randint(1, 9)
+    s = rng.randint(2, 9)
     op = rng.choice("+-*"[:difficulty])
     value = _OPERATIONS[op](Fraction(p, q), Fraction(r, s))
     question = f"{p}/{q}{op}{r}/{s}"
@@ -126,7 +132,8 @@ def fractions(rng: random.Random, difficulty: int) -> Problem:
 
 def linear(rng: random.Random, difficulty: int) -> Problem:
     """a x + b = c with an integer solution x; larger coefficients with difficulty."""
-    x, a = rng.randint(-9 * difficulty, 9 * difficulty), rng.randint(2, 3 + 3 * difficulty)
+    x = rng.randint(-9 * difficulty, 9 * difficulty)
+    a = rng.randint(2, 3 + 3 * difficulty)
     b = rng.randint(-20 * difficulty, 20 * difficulty)
     c = a * x + b
     question = f"{a}x{b:+d}={c}"
@@ -139,10 +146,12 @@ def countdown(rng: random.Random, difficulty: int) -> Problem:
     target = 0
     while target <= 0:  # a positive target, as in the Countdown game
         numbers = [rng.randint(1, 9 + 4 * difficulty) for _ in range(3 + difficulty // 2)]
-        expression, target = str(numbers[0]), numbers[0]
+        expression = str(numbers[0])
+        target = numbers[0]
         for x in numbers[1:]:
             op = rng.choice("+-*")
-            expression, target = f"({expression}{op}{x})", _OPERATIONS[op](target, x)
+            expression = f"({expression}{op}{x})"
+            target = _OPERATIONS[op](target, x)
     shown = ",".join(map(str, numbers))
     return Problem(
         f"{shown}->{target}",

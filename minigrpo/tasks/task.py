@@ -43,6 +43,21 @@ class Task:
                 first = f"{self.where(0)} has {sorted(columns)}"
                 raise ValueError(f"{self.where(i)} has columns {sorted(row)}, {first}")
 
+    def check_rewards(self) -> None:
+        """Each reward named once (its component is logged by name, its weights would add up), and every
+        row's inputs to every reward (RewardSpec.check_inputs); a ValueError names the reward and the row."""
+        names = [spec.name for spec in self.rewards]
+        for name in dict.fromkeys(names):
+            if names.count(name) > 1:
+                raise ValueError(
+                    f"the reward {name!r} is named {names.count(name)} times: its weights would add up "
+                    "under one logged component; name it once, with the sum of its weights"
+                )
+        columns = self.columns(self.rows, 1)  # one value per row
+        rows = [self.where(i) for i in range(len(self.rows))]
+        for spec in self.rewards:
+            spec.check_inputs(columns, rows)
+
     def where(self, i: int) -> str:
         """Row i (from 0) as an error names it: its source, or "row i+1" (rows counted from 1, as in a
         file)."""
@@ -57,8 +72,10 @@ class PromptStream:
     """Rows in a seeded order, epoch after epoch; `state` / `load_state` for exact resume."""
 
     def __init__(self, num_rows: int, seed: int):
-        self.num_rows, self.seed = num_rows, seed
-        self.epoch, self.position = 0, 0
+        self.num_rows = num_rows
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0  # rows of this epoch already drawn
         self.order = self._order()
 
     def next(self, count: int) -> list[int]:
@@ -66,7 +83,8 @@ class PromptStream:
         indices = []
         while len(indices) < count:
             if self.position == self.num_rows:
-                self.epoch, self.position = self.epoch + 1, 0
+                self.epoch += 1
+                self.position = 0
                 self.order = self._order()
             indices.append(self.order[self.position])
             self.position += 1
@@ -81,7 +99,8 @@ class PromptStream:
                 f"the checkpoint was written for {state['num_rows']} rows with seed {state['seed']}, "
                 f"this run has {self.num_rows} rows with seed {self.seed}: resuming would ask other questions"
             )
-        self.epoch, self.position = state["epoch"], state["position"]
+        self.epoch = state["epoch"]
+        self.position = state["position"]
         self.order = self._order()
 
     def _order(self) -> list[int]:
