@@ -7,12 +7,9 @@ minigrpo's loop written out once as straight-line code, to read in one sitting f
 its own Qwen3 forward (RMSNorm, rotary, grouped-query attention, SwiGLU MLP, a KV cache as a list of
 tensors), G completions per prompt sampled in a plain loop, group-relative advantages, the clipped
 per-token loss with an optional k3 KL to a reference, and torch's AdamW. From the library it takes
-only the verifier (strings in, rewards out) and the problem generator. tests/test_one_file_twin.py
-holds it equal to the library: the same logits, and after one step on the same completions the same
-weights (fp64, within 1e-10). Every field of Settings is a flag of its name (--help lists them).
-
-Trained (benchmarks/README.md), seed 0, on a quiet 2-core CPU: held-out greedy accuracy 0.375 -> 0.600
-(+22.5 points) in 350 steps and 8.1 min; about 3.6x the library's time per step.
+only the verifier (strings in, rewards out), the problem generator and the sampler's random numbers.
+tests/test_one_file_twin.py holds the two equal stage by stage (fp64, within 1e-10): logits, nucleus,
+learning rates, problem order, greedy evaluation, and three whole steps' sampled tokens and weights.
 
 What the library has and this file leaves out: the batched sampler and its refill, the chunked LM head,
 micro-batches, dynamic sampling, the other loss types, non-finite-step skips, checkpoints and resume,
@@ -21,6 +18,7 @@ several processes. None of them changes what one step computes.
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -34,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from minigrpo.next_token import draw_counters, row_keys, uniform
 from minigrpo.tasks.synthetic import generate as generate_problems
 from minigrpo.verifier import math_rewards
 
@@ -165,35 +164,35 @@ def forward(weights: dict, config: dict, ids: torch.Tensor, cache: list | None =
 
 
 # ---- Stage 1, sample: G completions of one prompt ------------------------------------------------
-def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
-    """(B,) tokens drawn from softmax(logits / temperature) (B, V), kept to the top-p nucleus (Holtzman et
-    al. 2020: the most likely tokens holding top_p of the probability)."""
+def next_tokens(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """(B,) tokens from softmax(logits / temperature) (B, V) kept to the top-p nucleus (Holtzman et al. 2020),
+    drawn as the library draws them: each row's cumulative distribution inverted at its u (B,) in (0, 1]."""
     probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
-    if top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
-        outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # the tokens before it hold top_p already
-        probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))  # multinomial renormalises
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = torch.arange(probs.shape[-1]).expand_as(probs)  # (B, V): at top_p = 1, in vocabulary order
+    if top_p < 1:  # most likely first, 0 past the nucleus: the library's sorting path (CPU's is rejection)
+        probs, tokens = probs.sort(dim=-1, descending=True)  # (B, V) each
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)  # those before it hold top_p
+    cdf = probs.cumsum(-1)  # (B, V), unnormalised: a token is drawn when u * total lands in its step
+    index = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp(max=cdf.shape[-1] - 1)  # (B, 1)
+    return tokens.gather(-1, index).squeeze(-1)
 
 
 @torch.inference_mode()
-def sample_group(weights, config, prompt: list[int], s: Settings, eos: int, generator) -> list[list[int]]:
-    """G completions of `prompt`, each up to and including its EOS, or cut at max_completion_length.
-    The G copies of one prompt have one length: a batch of them needs no padding."""
+def sample_group(weights, config, prompt: list[int], s: Settings, eos: int, keys) -> list[list[int]]:
+    """G completions of `prompt`, each up to and including its EOS, or cut at max_completion_length; row i's
+    token t is drawn at uniform(keys[i], t), a hash, as in the library. One prompt's rows need no padding."""
     G = s.num_generations
+    noise = uniform(keys[:, None], draw_counters(s.max_completion_length, 0, keys.device))  # (G, L + 1)
     cache = [None] * config["num_hidden_layers"]
     logits = forward(weights, config, torch.tensor([prompt] * G), cache)[:, -1]  # (G, V): prefill
     tokens = torch.empty(G, 0, dtype=torch.long)  # (G, t)
-    for _ in range(s.max_completion_length):
-        token = next_tokens(logits, s.temperature, s.top_p, generator)  # (G,)
+    for t in range(s.max_completion_length):
+        token = next_tokens(logits, s.temperature, s.top_p, noise[:, t])  # (G,)
         tokens = torch.cat((tokens, token[:, None]), dim=1)
         if (tokens == eos).any(dim=1).all():  # every row has ended (rows past their EOS decode on, unread)
             break
         logits = forward(weights, config, token[:, None], cache)[:, -1]  # (G, V): one decode step
-    completions = []
-    for row in tokens.tolist():
-        completions.append(row[: row.index(eos) + 1] if eos in row else row)
-    return completions
+    return [row[: row.index(eos) + 1] if eos in row else row for row in tokens.tolist()]  # cut after EOS
 
 
 # ---- Stage 3, advantages -------------------------------------------------------------------------
@@ -252,13 +251,15 @@ def make_optimizer(weights: dict, s: Settings) -> torch.optim.AdamW:
     return torch.optim.AdamW(list(weights.values()), lr=s.learning_rate, **adam)
 
 
-def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s: Settings, generator):
+def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s: Settings):
     """One GRPO step on P prompts (token ids) with their gold answers: the stages in order; its stats."""
     G, eos = s.num_generations, tokenizer.token_to_id("<|endoftext|>")
     # Stage 1, sample: G completions per prompt from the current policy (pi_theta_old of this step).
+    step_seed = random.Random(f"{s.seed}-{step}-0").getrandbits(62)  # the library's: seed, step, round 0
+    keys = row_keys(step_seed, len(prompts) * G, "cpu")  # (N,): a random stream per completion
     completions = []  # N = P * G completions, group by group
-    for prompt in prompts:
-        completions += sample_group(weights, config, prompt, s, eos, generator)
+    for p, prompt in enumerate(prompts):
+        completions += sample_group(weights, config, prompt, s, eos, keys[p * G : (p + 1) * G])
     prompt_of = [prompt for prompt in prompts for _ in range(G)]  # (N) each completion's prompt
     # Stage 2, verify: each completion's text (its EOS left out) against its prompt's gold answer.
     texts = [tokenizer.decode(c[:-1] if c[-1] == eos else c, skip_special_tokens=False) for c in completions]
@@ -317,8 +318,7 @@ def encode(tokenizer: Tokenizer, question: str) -> list[int]:
 def save_policy(weights: dict, source: str, directory: str) -> None:
     """`directory` holds the policy (model.safetensors under Hugging Face names) and the source's config and
     tokenizer files, written in a temporary sibling and renamed, so no half-written directory is left."""
-    parent = os.path.dirname(os.path.abspath(directory))
-    staging = tempfile.mkdtemp(prefix=".final-", dir=parent)
+    staging = tempfile.mkdtemp(prefix=".final-", dir=os.path.dirname(os.path.abspath(directory)))
     try:
         tensors = {name: tensor.detach().contiguous() for name, tensor in weights.items()}
         save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
@@ -332,18 +332,40 @@ def save_policy(weights: dict, source: str, directory: str) -> None:
         raise
 
 
-def parse_settings(argv: list[str] | None = None) -> Settings:
-    """Settings from the command line: one flag per field, named after it."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Settings):
-        parser.add_argument(f"--{field.name}", type=type(field.default), default=field.default)
-    return Settings(**vars(parser.parse_args(argv)))
+# ---- The loop: the training problems in the library's order, P per step ---------------------------
+def problem_order(count: int, seed: int):
+    """Problem indices, epoch after epoch, each epoch in the order the library's PromptStream gives it."""
+    for epoch in itertools.count():
+        order = list(range(count))
+        random.Random(f"{seed}-{epoch}").shuffle(order)  # a seed per epoch, not one per run, as resume needs
+        yield from order
+
+
+def train(weights, config, tokenizer, problems, s: Settings) -> None:
+    """max_steps GRPO steps on the problems, prompts_per_step at a time, in problem_order; stats printed."""
+    reference = None  # pi_ref of the KL: the starting policy, frozen
+    if s.beta > 0:
+        reference = {name: w.detach().clone() for name, w in weights.items()}
+    optimizer = make_optimizer(weights, s)
+    order = problem_order(len(problems), s.seed)
+    for step in range(1, s.max_steps + 1):
+        batch = [problems[next(order)] for _ in range(s.prompts_per_step)]  # an epoch may end mid-batch
+        step_started = time.monotonic()
+        prompts = [encode(tokenizer, problem.question) for problem in batch]
+        golds = [problem.answer for problem in batch]
+        stats = grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s)
+        stats["seconds"] = time.monotonic() - step_started
+        shown = [f"{key} {value:.4g}" for key, value in stats.items()]
+        print(" | ".join([f"step {step}"] + shown), flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Evaluate, train, evaluate again; write output_dir/summary.json and output_dir/final. The summary."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for field in dataclasses.fields(Settings):  # one flag per field, named after it
+        parser.add_argument(f"--{field.name}", type=type(field.default), default=field.default)
     try:
-        s = parse_settings(argv)
+        s = Settings(**vars(parser.parse_args(argv)))
         os.makedirs(s.output_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=s.output_dir).close()  # a file can be written there
     except ValueError as error:
@@ -353,35 +375,14 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"grpo_in_one_file.py: --output_dir {s.output_dir} cannot be written: {reason}")
     started = time.monotonic()
     torch.set_num_threads(1)  # this model's products are too small to gain from a second thread
-    torch.manual_seed(s.seed)
-    rng = torch.Generator().manual_seed(s.seed)  # every sampled token is drawn from it
     weights, config = load_model(MODEL, torch.float32)
     tokenizer = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
-    reference = None  # pi_ref of the KL: the starting policy, frozen
-    if s.beta > 0:
-        reference = {name: w.detach().clone() for name, w in weights.items()}
-    optimizer = make_optimizer(weights, s)
-    train = generate_problems("arithmetic", s.train_count, "train", seed=s.seed)
+    problems = generate_problems("arithmetic", s.train_count, "train", seed=s.seed)
     held_out = generate_problems("arithmetic", s.eval_count, "test", seed=0)  # the same for every run
-
     initial = greedy_accuracy(weights, config, tokenizer, held_out, s)
     print(f"held-out greedy accuracy before GRPO: {initial:.3f} ({len(held_out)} problems)", flush=True)
-    order = random.Random(s.seed)  # the order the training problems are asked in
-    queue = []
-    for step in range(1, s.max_steps + 1):
-        if len(queue) < s.prompts_per_step:  # a new epoch, in a new order
-            queue += order.sample(range(len(train)), len(train))
-        batch = [train[i] for i in queue[: s.prompts_per_step]]
-        del queue[: s.prompts_per_step]
-        step_started = time.monotonic()
-        prompts = [encode(tokenizer, problem.question) for problem in batch]
-        golds = [problem.answer for problem in batch]
-        stats = grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s, rng)
-        stats["seconds"] = time.monotonic() - step_started
-        shown = [f"{key} {value:.4g}" for key, value in stats.items()]
-        print(" | ".join([f"step {step}"] + shown), flush=True)
+    train(weights, config, tokenizer, problems, s)
     final = greedy_accuracy(weights, config, tokenizer, held_out, s)
-
     seconds = time.monotonic() - started
     summary = {"initial_accuracy": initial, "final_accuracy": final, "steps": s.max_steps}
     summary.update(seconds=round(seconds, 1), settings=dataclasses.asdict(s))
@@ -390,9 +391,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.replace(f.name, os.path.join(s.output_dir, "summary.json"))  # whole or not at all
     save_policy(weights, MODEL, os.path.join(s.output_dir, "final"))
     gain = 100 * (final - initial)
-    print(
-        f"held-out greedy accuracy {initial:.3f} -> {final:.3f} ({gain:+.1f} points), {seconds / 60:.1f} min"
-    )
+    print(f"held-out accuracy {initial:.3f} -> {final:.3f} ({gain:+.1f} points), {seconds / 60:.1f} min")
     return summary
 
 

@@ -5,7 +5,11 @@ token by token through its KV cache), and one twin step on fixed completions lea
 one `Trainer.train_step` on the same completions leaves it (fed through the `trainer._sample` seam, as
 in test_train_step.py; the twin's own seam is its `sample_group`). Stages 2-4 run for real on both
 sides: the verifier, the group advantages, the old and reference log-probs, the loss, the clip and
-AdamW. When either side changes what a stage computes, these tests say so.
+AdamW. The stages fixed completions skip are held equal too: greedy evaluation (minigrpo.evaluate),
+the learning rate of every step (TrainConfig.learning_rate_at), the order problems are asked in
+(PromptStream), the top-p nucleus and the token drawn at a given uniform number (next_token.py), and
+three whole steps, sampling included, token for token. When either side changes what a stage computes,
+these tests say so.
 """
 
 import dataclasses
@@ -18,8 +22,11 @@ import torch
 from tokenizers import Tokenizer
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer, next_token
+from minigrpo.evaluate import evaluate
 from minigrpo.sampler import Samples
+from minigrpo.tasks import PromptStream
+from minigrpo.tasks.prompts import template
 from minigrpo.tasks.synthetic import generate as generate_problems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,13 +198,13 @@ def twin_step(tokenizer, monkeypatch, loss_type, beta, mu, step, asked):
     batch = [PROBLEMS[i] for i in asked]
     prompts = [twin.encode(tokenizer, p.question) for p in batch]
     golds = [p.answer for p in batch]
-    stats = twin.grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s, None)
+    stats = twin.grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s)
     return {name: w.detach() for name, w in weights.items()}, stats
 
 
 def stored_in_fp32(completion_logprobs):
     """The twin's completion_logprobs, but the old and reference log-probs (those taken without grad) rounded
-    to fp32 as the library stores them (rollout.store_logprobs). Without it, they differ by ~1e-7 of a
+    to fp32 as the library stores them (rollout.split_logprobs). Without it, they differ by ~1e-7 of a
     log-prob, which moves the weights of a mu = 2 or KL step by up to 5e-10 at these settings; with it,
     both sides agree to 2e-16."""
 
@@ -274,3 +281,239 @@ def test_bad_input_is_one_line(tmp_path, capsys):
             twin.main(argv)
         message = str(stopped.value.code)
         assert message.startswith("grpo_in_one_file.py: ") and says in message and "\n" not in message
+
+
+# -- the stages the fixed completions skip ------------------------------------------------------------------
+def test_greedy_evaluation_is_the_librarys(tokenizer, monkeypatch):
+    """On 12 held-out problems in fp64, the twin's greedy_accuracy scores the completions
+    minigrpo.evaluate.evaluate gives (temperature 0, the "tiny" template: question and newline), text for
+    text, against the same gold answers, with the same verdicts and accuracy."""
+    problems = generate_problems("arithmetic", 12, "test", seed=0)
+    s = twin.Settings()
+    scored = []  # what the twin hands its verifier and gets back: (completions, golds, rewards)
+    math_rewards = twin.math_rewards
+
+    def verifier(texts, golds):
+        rewards = math_rewards(texts, golds)
+        scored.append((texts, golds, rewards))
+        return rewards
+
+    monkeypatch.setattr(twin, "math_rewards", verifier)
+    weights, config = twin.load_model(twin.MODEL, torch.float64)
+    accuracy = twin.greedy_accuracy(weights, config, tokenizer, problems, s)
+    model, library_tokenizer = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
+    expected = evaluate(
+        model, library_tokenizer, problems, template("tiny"), max_new_tokens=s.max_completion_length
+    )
+    [(texts, golds, rewards)] = scored
+    assert texts == [result["completions"][0] for result in expected.results]
+    assert golds == [result["answer"] for result in expected.results]
+    assert [reward > 0.5 for reward in rewards] == [result["correct"][0] for result in expected.results]
+    assert accuracy == expected.pass_at_1
+    assert 0 < accuracy < 1  # right and wrong answers both: a verdict flipped would show
+
+
+LEARNING_RATES = {  # warmup_steps, max_steps
+    "no warm-up": (0, 6),
+    "the tests' steps": (3, 10),
+    "the default job's": (10, 350),
+    "warm-up to the end": (4, 4),
+}
+
+
+@pytest.mark.parametrize("schedule", LEARNING_RATES)
+def test_the_learning_rate_of_every_step_is_the_librarys(schedule):
+    """Steps 1 to max_steps: the twin's learning_rate_at (linear warm-up, then cosine to 0) equals
+    TrainConfig.learning_rate_at with lr_schedule="cosine", the twin's only schedule, exactly."""
+    warmup, max_steps = LEARNING_RATES[schedule]
+    s = twin.Settings(learning_rate=3e-4, warmup_steps=warmup, max_steps=max_steps)
+    library = TrainConfig(learning_rate=3e-4, warmup_steps=warmup, max_steps=max_steps, lr_schedule="cosine")
+    for step in range(1, max_steps + 1):
+        assert twin.learning_rate_at(step, s) == library.learning_rate_at(step), f"step {step}"
+
+
+def test_the_problems_come_in_the_librarys_order():
+    """Which problems each step draws: 3 a step from 7 problems (an epoch ends mid-step), 8 steps (over
+    three epochs), for two seeds: the twin's problem_order gives PromptStream's indices."""
+    for seed in (0, 5):
+        order = twin.problem_order(7, seed)
+        stream = PromptStream(7, seed)
+        for step in range(1, 9):
+            assert [next(order) for _ in range(3)] == stream.next(3), f"seed {seed}, step {step}"
+
+
+# Logits (V,) with ties among the kept tokens, among the dropped ones and at the nucleus's edge, a peak, and
+# top_p from near 0 to near 1.
+NUCLEUS_LOGITS = {
+    "spread": torch.randn(12, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 1.5,
+    "ties": torch.tensor([2.0, 2.0, 1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0, -3.0], dtype=torch.float64),
+    "peak": torch.tensor([6.0, 0.0, 0.5, 0.0, 1.0, -2.0, 0.0, 3.0], dtype=torch.float64),
+}
+TOP_PS = (1e-6, 0.05, 0.3, 0.55, 0.6, 0.8, 0.95, 0.999)
+GRID = torch.arange(1, 2**14 + 1, dtype=torch.float64) / 2**14  # (U,): uniform numbers in (0, 1], 2^-14 apart
+
+
+def twin_kept(logits: torch.Tensor, top_p: float) -> set[int]:
+    """The tokens the twin's next_tokens draws from softmax(logits (V,)) at some uniform number of GRID: its
+    nucleus, where each token holds more than 2^-14 of it (as here)."""
+    return set(twin.next_tokens(logits.expand(len(GRID), -1), 1.0, top_p, GRID).tolist())
+
+
+def library_kept_by_sorting(probs: torch.Tensor, top_p: float) -> set[int]:
+    """The tokens next_token.nucleus_by_sorting (a GPU's top-p, and CPU's fallback) draws from probs (V,)
+    at some uniform number of GRID: its nucleus."""
+    drawn = next_token.nucleus_by_sorting(probs.expand(len(GRID), -1), top_p, GRID[:, None])  # (U,)
+    return set(drawn.tolist())
+
+
+def library_kept_by_rejection(probs: torch.Tensor, top_p: float) -> set[int]:
+    """The tokens next_token.nucleus_by_rejection (CPU's top-p) accepts: each token drawn once, at a
+    uniform number in the middle of its step of the cumulative distribution."""
+    cdf = probs.cumsum(-1)  # (V,)
+    kept = set()
+    for token in range(len(probs)):
+        u = ((cdf[token] - probs[token] / 2) / cdf[-1]).reshape(1, 1)
+        drawn = next_token.nucleus_by_rejection(probs[None], top_p, u, more=None, tries=1)
+        if drawn is not None:
+            assert drawn.tolist() == [token]  # the draw was the token asked about
+            kept.add(token)
+    return kept
+
+
+@pytest.mark.parametrize("case", NUCLEUS_LOGITS)
+def test_top_p_keeps_the_librarys_tokens(case, monkeypatch):
+    """For each top_p, the twin's nucleus holds the tokens the library's sorting path keeps; its CPU path
+    (by rejection) keeps those too, and besides them only the tokens tied with the least likely one (the
+    library's two paths part there; the twin is the sorting one). And for every uniform number of the
+    grid, at temperature 0.7 and top_p 1 too, the twin's next_tokens draws next_token.sample's token
+    (its sorting path: rejection draws others from the same distribution)."""
+    logits = NUCLEUS_LOGITS[case]
+    probs = torch.softmax(logits, dim=-1)
+    sizes = []
+    for top_p in TOP_PS:
+        kept = twin_kept(logits, top_p)
+        assert kept == library_kept_by_sorting(probs, top_p), f"top_p {top_p}"
+        sizes.append(len(kept))
+        edge = {token for token in range(len(probs)) if probs[token] == probs[list(kept)].min()}
+        assert library_kept_by_rejection(probs, top_p) == kept | edge, f"top_p {top_p}"
+    assert min(sizes) == 1 and len(set(sizes)) >= 3, sizes  # the top_ps cut the nucleus in several places
+    monkeypatch.setattr(next_token, "nucleus_by_rejection", lambda *args, **kwargs: None)  # sort instead
+    rows = logits.expand(len(GRID), -1)  # (U, V)
+    zeros = torch.zeros(len(GRID), dtype=torch.long)  # (U,): each row's step, and its key (rejection's)
+    for top_p in TOP_PS + (1.0,):
+        sampling = GRPOConfig(temperature=0.7, top_p=top_p).sampling_config()
+        expected, _ = next_token.sample(rows, sampling, GRID[:, None], zeros, zeros)  # (U,)
+        got = twin.next_tokens(rows, 0.7, top_p, GRID)
+        assert torch.equal(got, expected), f"top_p {top_p}"
+
+
+# -- three whole steps, sampling included -------------------------------------------------------------------
+THREE = generate_problems("arithmetic", 3, "train", seed=1)  # 2 a step: the second epoch starts in step 2
+STEPS = dict(OPTIMIZER, warmup_steps=1, max_steps=3)
+RUNS = {  # loss_type, beta, num_iterations, top_p
+    "grpo": ("grpo", 0.0, 1, 1.0),
+    "dapo-kl-mu2-top_p": ("dapo", 0.5, 2, 0.9),
+}
+
+
+def library_steps(tmp_path, loss_type, beta, mu, top_p) -> list[tuple]:
+    """Trainer.train_step 1, 2 and 3 on THREE (fp64, seed 7), each as (the indices of the prompts it asked,
+    its sampled completions, the weights after it under HF names, its stats)."""
+    model, library_tokenizer = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
+    rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in THREE]
+    grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu, top_p=top_p)
+    config = TrainConfig(
+        output_dir=str(tmp_path / "run"),
+        batch_size=2 * G,
+        micro_batch_size=G,
+        lr_schedule="cosine",
+        progress_bar=False,
+        log_completions_every=0,
+        seed=7,
+        adam_betas=(0.8, 0.95),
+        **STEPS,
+    )
+    trainer = Trainer(model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config)
+    sample = trainer._sample
+    sampled = []
+
+    def recording(indices, round_):
+        samples = sample(indices, round_)
+        sampled.append((list(indices), samples.tokens))
+        return samples
+
+    trainer._sample = recording
+    steps = []
+    for _ in range(3):
+        stats, _ = trainer.train_step()
+        weights = {name: w.detach().clone() for name, w in minigrpo.weights.to_hf_state_dict(model).items()}
+        steps.append((*sampled[-1], weights, stats))
+    return steps
+
+
+def twin_steps(tokenizer, monkeypatch, loss_type, beta, mu, top_p) -> list[tuple]:
+    """The twin's train() for 3 steps on THREE (fp64, seed 7), each step as (its prompts' token ids, its
+    sampled completions, the weights after it, its stats)."""
+    s = twin.Settings(
+        **SHARED,
+        **STEPS,
+        adam_beta1=0.8,
+        adam_beta2=0.95,
+        loss_type=loss_type,
+        beta=beta,
+        num_iterations=mu,
+        top_p=top_p,
+        prompts_per_step=2,
+        seed=7,
+    )
+    sample_group = twin.sample_group
+    grpo_step = twin.grpo_step
+    sampled = []
+    steps = []
+
+    def recording_sample(*args):
+        sampled.extend(sample_group(*args))
+        return sampled[-G:]
+
+    def recording_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s):
+        sampled.clear()
+        stats = grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s)
+        steps.append(
+            (prompts, list(sampled), {name: w.detach().clone() for name, w in weights.items()}, stats)
+        )
+        return stats
+
+    monkeypatch.setattr(twin, "sample_group", recording_sample)
+    monkeypatch.setattr(twin, "grpo_step", recording_step)
+    monkeypatch.setattr(twin, "completion_logprobs", stored_in_fp32(twin.completion_logprobs))
+    weights, config = twin.load_model(twin.MODEL, torch.float64)
+    twin.train(weights, config, tokenizer, THREE, s)
+    return steps
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_three_steps_sample_and_train_as_the_library(tokenizer, tmp_path, monkeypatch, run):
+    """Three whole steps (warm-up 1, then cosine), sampling included: after each, the twin asked the library's
+    prompts, sampled the library's completions token for token (the same counter-based random numbers),
+    got its rewards and learning rate, and holds every weight within 1e-10 of the library's. At top_p < 1
+    the library draws by sorting, as on a GPU: on CPU it draws by rejection, other tokens from the same
+    nucleus (test_top_p_keeps_the_librarys_tokens)."""
+    loss_type, beta, mu, top_p = RUNS[run]
+    monkeypatch.setattr(next_token, "nucleus_by_rejection", lambda *args, **kwargs: None)  # sort instead
+    expected = library_steps(tmp_path, loss_type, beta, mu, top_p)
+    got = twin_steps(tokenizer, monkeypatch, loss_type, beta, mu, top_p)
+    before, _ = twin.load_model(twin.MODEL, torch.float64)
+    assert sorted(got[0][2]) == sorted(expected[0][2])  # the same weights, by their Hugging Face names
+    for step in range(1, 4):
+        indices, tokens, weights, stats = expected[step - 1]
+        prompts, completions, twin_weights, twin_stats = got[step - 1]
+        assert prompts == [twin.encode(tokenizer, THREE[i].question) for i in indices], f"step {step}"
+        assert completions == tokens, f"step {step}"
+        for name in weights:
+            gap = float((twin_weights[name] - weights[name]).abs().max())
+            assert gap <= 1e-10, f"step {step}: {name} is {gap:.2g} off the library's"
+        assert twin_stats["lr"] == stats["lr"] and twin_stats["reward"] == pytest.approx(stats["reward/mean"])
+        moved = max(float((twin_weights[name] - before[name].detach()).abs().max()) for name in weights)
+        assert moved > 1e-5, f"step {step}"  # each step is large against the tolerance
+        before = twin_weights
+        assert len({tuple(completion) for completion in tokens}) > len(indices)  # sampled, not one per prompt
