@@ -4,7 +4,7 @@ Under `torchrun` (RANK, WORLD_SIZE, LOCAL_RANK in the environment) `setup` joins
 group, NCCL when the device is a GPU and gloo on CPU, and gives each process its device; without
 torchrun it returns a one-process `Dist` whose collectives return their input, so the trainer has
 a single code path. In: the environment torchrun sets, and the policy. Out: this rank's `Dist` and the
-`Policy` wrapper. Gradients are never averaged here: DistributedDataParallel (or FSDP2, with
+`ParallelModel` wrapper. Gradients are never averaged here: DistributedDataParallel (or FSDP2, with
 `shard`) does that during backward. It knows tensors, modules and picklable objects, not what
 they mean for GRPO.
 """
@@ -168,7 +168,7 @@ def digest(rows: list[dict]) -> str:
 _WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole state, gathered to rank 0's CPU
 
 
-class Policy:
+class ParallelModel:
     """A log-probs module (token_logprobs.TokenLogprobs) as every rank's update uses it. On one process it is
     the module itself and each method below is the obvious one-process step; under torchrun it is replicated
     by DistributedDataParallel or, with `shard`, sharded by FSDP2 (each of `blocks`, then the rest). All that

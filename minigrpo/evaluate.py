@@ -86,7 +86,8 @@ def evaluate(
             seed=seed,
             max_batch_rows=max_batch_rows,
         )
-        calls = [len(runner.calls(r)) if runner else None for r in range(len(out.tokens))]
+    # each completion's tool calls, as the sampler reports them (None: tools off)
+    calls = [len(made) for made in out.tool_calls] if out.tool_calls is not None else [None] * len(out.tokens)
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
     columns = task.columns(task.rows, samples)  # each row's values, once per completion
     columns["completion_tokens"] = [len(ids) for ids in out.tokens]  # for a length reward in tokens

@@ -6,7 +6,7 @@ of padded tokens, or whole groups for the shared-prompt forward), takes grpo_los
 gradient accumulation, clips the gradient and makes one AdamW step. A non-finite loss or gradient
 skips the pass and leaves weights and AdamW state as they were; weights that are not finite after a
 step stop the run (NonFiniteWeights), before anything saves them. It knows rollouts, tensors and
-the configs, not text, rewards or where the rollouts came from; distributed.Policy hides the ranks.
+the configs, not text, rewards or where the rollouts came from; distributed.ParallelModel hides the ranks.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Updater:
         self.pad_id = pad_id
         self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
         # The log-probs as modules: one process, or DDP copies, or FSDP2 shards (config.fsdp).
-        self.policy = distributed.Policy(
+        self.policy = distributed.ParallelModel(
             TokenLogprobs(model),
             dist,
             shard=config.fsdp,
@@ -71,7 +71,7 @@ class Updater:
         )
         self.reference = None
         if reference is not None:
-            self.reference = distributed.Policy(
+            self.reference = distributed.ParallelModel(
                 TokenLogprobs(reference),
                 dist,
                 shard=config.fsdp,
@@ -159,7 +159,7 @@ class Updater:
         if self.dist.max([float(len(bad))])[0]:  # every rank takes this branch (`suspect` is over all ranks)
             raise NonFiniteWeights(
                 f"step {step}: the AdamW step left NaN or inf in the weights "
-                f"({_few(bad)}), so the run stops without saving them (lower the learning "
+                f"({_tensor_names(bad)}), so the run stops without saving them (lower the learning "
                 "rate, or train in float32)"
             )
 
@@ -286,7 +286,7 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if hasattr(param, "to_local") else param
 
 
-def _few(names: list[str], n: int = 3) -> str:
+def _tensor_names(names: list[str], n: int = 3) -> str:
     """Up to n names and how many more; under FSDP2 this rank's shards may hold none of them."""
     if not names:
         return "in another rank's shard"

@@ -208,7 +208,7 @@ def _check_names(params: dict, files: dict[str, str], directory: str) -> None:
         raise CheckpointError(
             f"checkpoint in {directory} does not match its config.json: "
             + "; ".join(
-                f"{label}: {_few(names)}"
+                f"{label}: {_first_names(names)}"
                 for label, names in (("missing", missing), ("unexpected", unexpected))
                 if names
             )
@@ -267,7 +267,7 @@ def _read_json(path: str, holding: str) -> dict:
         raise CheckpointError(str(e)) from None
 
 
-def _few(names: list[str], n: int = 5) -> str:
+def _first_names(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 

@@ -56,7 +56,7 @@ GRADIENTS = []  # one {parameter name: whole gradient} per AdamW step of the run
 
 
 def recording_clip(clip):
-    """distributed.Policy.clip_gradients that first keeps the gradients every rank holds before the
+    """distributed.ParallelModel.clip_gradients that first keeps the gradients every rank holds before the
     clip, whole (FSDP2 gathers its shards: every rank joins) and named as one process names them."""
 
     def clip_gradients(self, max_norm: float) -> float:
@@ -84,7 +84,7 @@ def main(job: dict) -> None:
         with open(os.path.join(job["imports_dir"], f"process-{os.getpid()}.txt"), "w") as f:
             f.write(f"{os.environ.get('RANK', '0')}\n{minigrpo.__file__}\n")
     sample = Trainer._sample
-    distributed.Policy.clip_gradients = recording_clip(distributed.Policy.clip_gradients)
+    distributed.ParallelModel.clip_gradients = recording_clip(distributed.ParallelModel.clip_gradients)
     for run in job["runs"]:
         Trainer._sample = fixed_sample if run.get("fixed") else sample
         train = dict(run["train"])
