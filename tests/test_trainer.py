@@ -295,8 +295,8 @@ def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
 
 
 def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings(checkpoint, tmp_path):
-    """The saved state is keyed by parameter names (ParallelModel.optimizer_state); on resume AdamW's moments come
-    back, and betas, eps and weight decay are this run's, not the checkpoint's."""
+    """The saved state is keyed by parameter names (ParallelModel.optimizer_state); on resume AdamW's
+    moments come back, and betas, eps and weight decay are this run's, not the checkpoint's."""
     trainer = make_trainer(checkpoint, tmp_path, weight_decay=0.1, adam_epsilon=1e-7)
     trainer.train_step()
     saved = minigrpo.checkpoint.trainer_state(trainer, wall_seconds=0.0)
