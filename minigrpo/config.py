@@ -389,9 +389,12 @@ def check_report_to(report_to: str) -> None:
 
 
 def check_tool_settings(tool_format: str, max_tool_calls: int) -> None:
-    """The tool format and call limit; which tools exist is the tools stage's to say (tools.check_tools,
-    run when the trainer or an evaluation builds its tool runner)."""
+    """The tool format and call limit; which tools exist is tool_registry.check_tools' to say."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
+    check_max_tool_calls(max_tool_calls)
+
+
+def check_max_tool_calls(max_tool_calls: int) -> None:
     if not isinstance(max_tool_calls, int) or isinstance(max_tool_calls, bool) or max_tool_calls < 0:
         raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .calculator import CalculatorError, calculate
+from .config import check_max_tool_calls, check_tool_settings
 from .verifier import SandboxConfig, run_cases
 
 
@@ -136,10 +137,10 @@ def check_tools(names: list[str], tool_format: str | ToolFormat, max_tool_calls:
     unknown = [name for name in names if name not in TOOLS]
     if unknown:
         raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered: {', '.join(TOOLS)}")
-    if not isinstance(tool_format, ToolFormat) and tool_format not in FORMATS:
-        raise ValueError(f"tool_format must be one of {', '.join(FORMATS)}, got {tool_format!r}")
-    if not isinstance(max_tool_calls, int) or isinstance(max_tool_calls, bool) or max_tool_calls < 0:
-        raise ValueError(f"max_tool_calls must be an integer >= 0, got {max_tool_calls!r}")
+    if isinstance(tool_format, ToolFormat):  # a format of the caller's own: its limit alone to check
+        check_max_tool_calls(max_tool_calls)
+    else:
+        check_tool_settings(tool_format, max_tool_calls)  # the settings' one check (config.py)
     single = (tool_format if isinstance(tool_format, ToolFormat) else FORMATS[tool_format]).tool
     if single is not None and names and names != [single]:
         shown = tool_format if isinstance(tool_format, str) else tool_format.call_start

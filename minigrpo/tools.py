@@ -196,8 +196,9 @@ class ToolRunner:
         del self.pending[request]
         return self._observation(call.response)
 
-    # the trainer's side
     def calls(self, request: int) -> list[ToolCall]:
+        """Request `request`'s call records, for callers of the runner itself (generate reports the
+        same records as Samples.tool_calls)."""
         return list(self.made.get(request, []))
 
     def close(self) -> None:
