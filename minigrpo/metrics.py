@@ -4,7 +4,8 @@ In: a flat dict of floats per step, named with slashes (reward/mean, clip/low_fr
 now and then a few completions with their rewards. Out: one JSON line per step in
 output_dir/metrics.jsonl, one console line, a tqdm progress bar, and with report_to the same
 names as TensorBoard scalars or a wandb run (offline) in output_dir. It writes what it is handed,
-unchanged, and knows nothing of how the numbers were made (but for `Clock`, which times the stages).
+unchanged, and knows nothing of how the numbers were made (but for `Clock`, which times the stages, and
+`reward_stats`, which reads the rollouts' rewards as the verifier's `Rewards` summarises them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from tqdm import tqdm
 
 from .config import check_report_to
 from .files import disk_full_named, replaced_whole
+from .rollout import Rollout, completion_stats
+from .verifier import Rewards
 
 CONSOLE = [  # (key, label, format) of the console line, in order; missing keys are left out
     ("reward/mean", "reward", "{:.3f}"),
@@ -219,3 +222,15 @@ def _step_of(line: str) -> int | None:
         return None
     step = record.get("step") if isinstance(record, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
+    """The logger's reward and length stats over rollouts: reward/mean, reward/accuracy/mean, ..."""
+    if not rollouts:
+        return {}
+    components = {}  # each reward's values, one per rollout
+    for name in rollouts[0].rewards:
+        components[name] = [r.rewards[name] for r in rollouts]
+    timed_out = [r.timed_out for r in rollouts]
+    rewards = Rewards([r.reward for r in rollouts], components, timed_out)
+    return {**rewards.stats(), **completion_stats(rollouts)}

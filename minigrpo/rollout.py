@@ -4,7 +4,7 @@ In: the sampler's completions for a batch of prompts (stage 1, `from_samples`); 
 returns its values and the trainer writes them in, one place per stage: the decoded text, rewards and
 step rewards (2), advantages, per completion or per token (3); the update writes the old / reference
 log-probs it computes (4). A step's rollouts over its sampling rounds are a `StepRollouts`. Out: padded
-tensors for the update, in micro-batches, and the logger's reward and length stats. It knows token ids
+tensors for the update, in micro-batches, and the logger's length stats. It knows token ids
 and numbers, not rewards' meaning or the model.
 """
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from .verifier import Rewards
 
 
 @dataclass
@@ -296,15 +294,3 @@ def completion_stats(rollouts: list[Rollout]) -> dict[str, float]:
 def split_logprobs(rollouts: list[Rollout], logprobs: torch.Tensor) -> list[torch.Tensor]:
     """Each row of a (B, Tc) log-prob tensor, trimmed to its rollout's completion: (Tc_i,) each, fp32."""
     return [row[: len(r.completion_ids)].clone() for r, row in zip(rollouts, logprobs.detach().float().cpu())]
-
-
-def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
-    """The logger's reward and length stats over rollouts: reward/mean, reward/accuracy/mean, ..."""
-    if not rollouts:
-        return {}
-    components = {}  # each reward's values, one per rollout
-    for name in rollouts[0].rewards:
-        components[name] = [r.rewards[name] for r in rollouts]
-    timed_out = [r.timed_out for r in rollouts]
-    rewards = Rewards([r.reward for r in rollouts], components, timed_out)
-    return {**rewards.stats(), **completion_stats(rollouts)}

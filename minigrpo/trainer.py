@@ -60,8 +60,8 @@ from . import distributed
 from .advantages import group_advantages, token_advantages, zero_variance_groups
 from .config import GRPOConfig, TrainConfig, as_dict
 from .copies import SamplingCopy, frozen_copy
-from .metrics import Clock
-from .rollout import Rollout, StepRollouts, from_samples, padding_rollout, reward_stats
+from .metrics import Clock, reward_stats
+from .rollout import Rollout, StepRollouts, from_samples, padding_rollout
 from .sampler import Samples, check_prompts, generate
 from .step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from .tasks import PromptStream, Task
@@ -349,7 +349,7 @@ class Trainer:
     def resume_at(self, step: int, optimizer_state: dict, data: dict) -> None:
         """Go on from a checkpoint's step: its AdamW state (under this run's AdamW settings; the
         learning rate is set per step) and its place in the prompt stream."""
-        self.step = step
+        self.go_back(step, data)
         self.updated_step = step
         self.policy.load_optimizer_state(self.optimizer, optimizer_state)
         for group in self.optimizer.param_groups:
@@ -358,7 +358,6 @@ class Trainer:
                 eps=self.config.adam_epsilon,
                 weight_decay=self.config.weight_decay,
             )
-        self.stream.load_state(data)
 
     def go_back(self, step: int, data: dict) -> None:
         """Back to the end of step `step`, the prompt stream at `data`, after a failure in stages 1-3 of
