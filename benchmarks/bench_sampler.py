@@ -50,9 +50,8 @@ import torch.nn.functional as F
 from common import SHAPES, machine_line, random_model, transformers_twin
 
 import minigrpo
-from minigrpo import layers
-from minigrpo.tasks import synthetic
-from minigrpo.tasks.prompts import template
+import minigrpo.model.layers as layers
+from minigrpo.tasks import generate_problems, template
 from minigrpo.tools import ToolRunner
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -214,7 +213,7 @@ def bench_compaction(model, shape, batch, args):
 def bench_tools(args):
     """The tool case: one call with the calculator against the same rows without it."""
     model, tokenizer = minigrpo.load_pretrained(CALC_MODEL)
-    problems = synthetic.generate("calc", args.tool_rows, "test", seed=0)
+    problems = generate_problems("calc", args.tool_rows, "test", seed=0)
     prompts = [tokenizer.encode(template("tiny").render(p.question)) for p in problems]
     settings = dict(max_new_tokens=64, temperature=1.0, eos_token_ids=tokenizer.eos_token_ids)
     runs = {"tools": [], "none": []}  # per round: (seconds, tokens, calls, seconds rows waited for answers)

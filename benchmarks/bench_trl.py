@@ -41,12 +41,13 @@ from common import machine_line  # noqa: E402
 
 import minigrpo  # noqa: E402
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig  # noqa: E402
-from minigrpo.evaluate import evaluate  # noqa: E402
-from minigrpo.run import build_run  # noqa: E402
-from minigrpo.tasks import load_problems, to_task  # noqa: E402
-from minigrpo.tasks.prompts import template  # noqa: E402
+from minigrpo.model import hf_name  # noqa: E402
+from minigrpo.run import (
+    build_run,  # noqa: E402
+    evaluate,  # noqa: E402
+)
+from minigrpo.tasks import load_problems, template, to_task  # noqa: E402
 from minigrpo.verifier import compute_rewards  # noqa: E402
-from minigrpo.weights import hf_name  # noqa: E402
 
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 STAGES = ("sample", "verify", "update", "step")

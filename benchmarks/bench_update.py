@@ -38,7 +38,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SHAPES, machine_line, transformers_twin  # noqa: E402
 
 import minigrpo  # noqa: E402
-from minigrpo.loss import grpo_loss  # noqa: E402
 from minigrpo.rollout import (  # noqa: E402
     Rollout,
     collate,
@@ -47,7 +46,11 @@ from minigrpo.rollout import (  # noqa: E402
     padding_fraction,
     token_budget_batches,
 )
-from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs  # noqa: E402
+from minigrpo.update import (  # noqa: E402
+    full_vocabulary_logprobs,
+    grpo_loss,  # noqa: E402
+    token_logprobs,
+)
 
 PATHS = ("full", "chunked", "budget", "shared", "trl")
 DEFAULT_MODEL = os.path.join(
@@ -66,8 +69,7 @@ def build(case: str, blocks: int, smoke: bool):
     G = CASES[case]["G"]
     if case == "default":
         model, tokenizer = minigrpo.load_pretrained(DEFAULT_MODEL)
-        from minigrpo.tasks import load_problems
-        from minigrpo.tasks.prompts import template
+        from minigrpo.tasks import load_problems, template
 
         problems = load_problems("arithmetic", "train", count=4 if smoke else 32, seed=0)
         prompts = [tokenizer.encode(template("tiny").render(p.question)) for p in problems]

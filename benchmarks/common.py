@@ -58,7 +58,7 @@ def transformers_twin(model: minigrpo.Qwen3):
     twin = twin.to_empty(device=model.device).to(model.dtype)
     # to_empty left its buffers blank
     twin.model.rotary_emb = type(twin.model.rotary_emb)(config).to(model.device)
-    state = minigrpo.weights.to_hf_state_dict(model)
+    state = minigrpo.model.weights.to_hf_state_dict(model)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     twin.load_state_dict(state, strict=True)

@@ -47,10 +47,9 @@ from common import SHAPES, random_model, transformers_twin
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer, distributed
-from minigrpo.rollout import Rollout, collate
+from minigrpo.rollout import Rollout, Samples, collate
 from minigrpo.run import Run
-from minigrpo.sampler import Samples
-from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs
+from minigrpo.update import full_vocabulary_logprobs, token_logprobs
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 # Each part's sizes: the full report, --quick and --dry-run (CPU, tiny shapes).

@@ -22,11 +22,9 @@ import sys
 import time
 
 import minigrpo  # its names, and torch with them, are imported on first use
-from minigrpo.tasks import sources_of
-from minigrpo.tasks.datasets import load_problems
-from minigrpo.tasks.prompts import TEMPLATES, template
+from minigrpo.model import read_task
+from minigrpo.tasks import TEMPLATES, load_problems, sources_of, template
 from minigrpo.verifier import RewardSpec
-from minigrpo.weights import read_task
 
 # The embedded default, found from this file: the default run works offline from any directory.
 EMBEDDED_MODEL = os.path.normpath(
@@ -76,7 +74,7 @@ def fail(message):
 
 
 def task_defaults() -> dict:
-    """This script's defaults from the model's recorded task (minigrpo.weights.read_task)."""
+    """This script's defaults from the model's recorded task (minigrpo.model.weights.read_task)."""
     try:
         task = read_task(parser.parse_args().model)
     except ValueError as error:
@@ -147,8 +145,9 @@ if tokenizer is None:
 rewards = [RewardSpec("countdown" if args.data == "countdown" else "accuracy")]
 
 # 3. sample and score
-from minigrpo.evaluate import evaluate  # noqa: E402  (here, so that a bad argument above fails before torch loads)
-from minigrpo.sampler import SamplingConfig, check_prompts  # noqa: E402
+from minigrpo.config import SamplingConfig  # noqa: E402
+from minigrpo.rollout import check_prompts  # noqa: E402
+from minigrpo.run import evaluate  # noqa: E402  (here, so that a bad argument above fails before torch loads)
 
 context = model.config.max_position_embeddings
 sources = sources_of(problems)  # a file's: "data.jsonl, line 7" names a prompt too long

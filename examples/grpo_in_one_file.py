@@ -32,8 +32,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from minigrpo.next_token import draw_counters, row_keys, uniform
-from minigrpo.tasks.synthetic import generate as generate_problems
+from minigrpo.rollout import draw_counters, row_keys, uniform
+from minigrpo.tasks import generate_problems
 from minigrpo.verifier import math_rewards
 
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")

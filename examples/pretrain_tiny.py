@@ -30,11 +30,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
-from minigrpo.evaluate import evaluate
 from minigrpo.rollout import Rollout, collate
-from minigrpo.tasks import synthetic
-from minigrpo.tasks.prompts import template
-from minigrpo.token_logprobs import token_logprobs
+from minigrpo.run import evaluate
+from minigrpo.tasks import generate_problems, template
+from minigrpo.update import token_logprobs
 
 # The embedded defaults, found from this file: the default runs work offline from any directory.
 MODELS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
@@ -115,8 +114,8 @@ EOS = "<|endoftext|>"
 TEMPLATE = template("tiny")
 
 # 1. Data: worked solutions to train on, held-out problems to decide when to stop.
-train = synthetic.generate(args.kind, 20_000, "train", seed=args.seed)
-held_out = synthetic.generate(args.kind, args.eval_count, "test", seed=args.seed)
+train = generate_problems(args.kind, 20_000, "train", seed=args.seed)
+held_out = generate_problems(args.kind, args.eval_count, "test", seed=args.seed)
 texts = [TEMPLATE.render(p.question) + p.solution for p in train]
 markers = CALC_MARKERS if task else []
 tools = dict(tools=["calculator"], tool_format="calc") if task else {}

@@ -13,7 +13,7 @@ import os
 import sys
 
 import minigrpo
-from minigrpo.tasks.prompts import TEMPLATES, template
+from minigrpo.tasks import TEMPLATES, template
 from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_reward
 
 # The embedded default, found from this file: the default run works offline from any directory.

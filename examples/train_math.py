@@ -28,15 +28,19 @@ import sys
 import tempfile
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, TrainConfig, checkpoint, distributed, files
+from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed, files
 from minigrpo.flags import add_fields, from_args
-from minigrpo.plots import plot_curves
-from minigrpo.run import build_run, evaluate_held_out, initial_evaluation
-from minigrpo.tasks import load_problems, sources_of, to_task
-from minigrpo.tasks.prompts import TEMPLATES, template
-from minigrpo.trace import Trace
+from minigrpo.model import read_task, resolve_checkpoint
+from minigrpo.run import (
+    Trace,
+    build_run,
+    evaluate_held_out,
+    initial_evaluation,
+    plot_curves,
+    save_initial_evaluation,
+)
+from minigrpo.tasks import TEMPLATES, load_problems, sources_of, template, to_task
 from minigrpo.update import NonFiniteWeights
-from minigrpo.weights import read_task, resolve_checkpoint
 
 # The embedded default, found from this file: the default run works offline from any directory.
 EMBEDDED_MODEL = os.path.normpath(
@@ -477,7 +481,7 @@ if __name__ == "__main__":
     try:
         files.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
         # the run's total, as a record: a later --resume adds on to the checkpoint's (Run.wall_seconds)
-        checkpoint.save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
+        save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
     except files.DiskFull as error:
         sys.exit(f"train_math.py: {error}")
     plotted = plot_curves(

@@ -7,7 +7,7 @@ sampler corrections, tool formats, where metrics go).
 SamplingConfig: how completions are drawn, the sampler's one configuration. GRPOConfig: the rollout and
 the objective (TRL's names: num_generations, max_completion_length, beta, epsilon, loss_type,
 scale_rewards, num_iterations, ...); it hands the sampler a SamplingConfig. TrainConfig: the optimizer,
-the loop, logging and checkpoints. The model's own settings are Qwen3Config (qwen3.py). Each field's
+the loop, logging and checkpoints. The model's own settings are Qwen3Config (model/qwen3.py). Each field's
 default and one-line comment are also its command-line flag (flags.py).
 """
 
@@ -18,17 +18,17 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 # -- the choices the settings offer; the stage named beside each implements them ----------------------
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")  # loss.py
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # loss.py
-# loss.py: sampler_correction's weights
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")  # update/loss.py
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # update/loss.py
+# update/loss.py: sampler_correction's weights
 SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-SCALES = ("group", "batch", "none")  # advantages.py: what the centred reward is divided by
-ADVANTAGE_TYPES = ("outcome", "process", "outcome+process")  # advantages.py
-PROCESS_REWARDS = ("steps", "monte_carlo")  # step_rewards.py
-TOOL_FORMATS = ("calc", "qwen3")  # tools.py's FORMATS
-REPORT_TO = ("none", "tensorboard", "wandb")  # metrics.py's REPORTERS
+SCALES = ("group", "batch", "none")  # update/advantages.py: what the centred reward is divided by
+ADVANTAGE_TYPES = ("outcome", "process", "outcome+process")  # update/advantages.py
+PROCESS_REWARDS = ("steps", "monte_carlo")  # step_rewards/
+TOOL_FORMATS = ("calc", "qwen3")  # tools/registry.py's FORMATS
+REPORT_TO = ("none", "tensorboard", "wandb")  # run/metrics.py's REPORTERS
 SCHEDULES = ("constant", "cosine")  # TrainConfig.learning_rate_at
-SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (trainer.py)
+SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (run/trainer.py)
 
 
 @dataclass
@@ -104,12 +104,12 @@ class GRPOConfig:
     epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set); GSPO's paper: 3e-4
     epsilon_high: float | None = None  # clip above 1 (DAPO's clip-higher: 0.28, GSPO: 4e-4); None: epsilon
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
-    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (see loss.py)
+    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (see update/loss.py)
     importance_sampling_level: str = "token"  # token | sequence (GSPO: one normalised ratio per completion)
-    sampler_correction: str = "none"  # weight tokens by trained-on over sampler probability (loss.py)
+    sampler_correction: str = "none"  # weight tokens by trained-on over sampler probability (update/loss.py)
     sampler_correction_cap: float = 3.0  # C: weights truncated at C, or masked outside [1/C, C]
     scale_rewards: str = "group"  # group | batch | none (Dr. GRPO): what the centred reward is divided by
-    advantage_type: str = "outcome"  # outcome | process | outcome+process (DeepSeekMath 4.1.3, advantages.py)
+    advantage_type: str = "outcome"  # outcome | process | outcome+process (DeepSeekMath 4.1.3)
     process_rewards: str = "steps"  # step rewards: steps (arithmetic checker) | monte_carlo (Math-Shepherd)
     process_samples: int = 4  # monte_carlo: continuations sampled per step prefix (its N)
     tools: str = "none"  # tools a completion may call, comma-separated: calculator, python, ...; none: none
@@ -294,8 +294,8 @@ class TrainConfig:
     def learning_rate_at(self, step: int) -> float:
         """The learning rate of GRPO step `step` (1, 2, ...): a linear warm-up over warmup_steps, then
         constant or cosine to 0 at max_steps (one value per GRPO step, not per AdamW step)."""
-        done = step - 1
-        warmup = self.warmup_steps  # steps before this one
+        done = step - 1  # steps before this one
+        warmup = self.warmup_steps
         if done < warmup:
             return self.learning_rate * (done + 1) / (warmup + 1)
         if self.lr_schedule == "constant":

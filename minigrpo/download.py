@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from .weights import CheckpointError, download
+from .model import CheckpointError, download
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 

@@ -2,8 +2,8 @@
 
 In: paths and JSON-able data. Out: files replaced by rename (`replaced_whole`, `replace_json`,
 `replace_dir`), JSON objects read back (`read_json_object`), and a full disk as one `DiskFull` line
-naming the path and the space left. It knows the file system, not what the files hold: checkpoint.py,
-weights.py, metrics.py and trace.py use it.
+naming the path and the space left. It knows the file system, not what the files hold: run/checkpoint.py,
+model/weights.py, run/metrics.py and run/trace.py use it.
 """
 
 from __future__ import annotations

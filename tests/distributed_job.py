@@ -15,10 +15,9 @@ import torch
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
-from minigrpo.run import build_run
-from minigrpo.sampler import Samples
+from minigrpo.rollout import Samples
+from minigrpo.run import Trainer, build_run
 from minigrpo.tools import ToolCall
-from minigrpo.trainer import Trainer
 from minigrpo.verifier import register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]

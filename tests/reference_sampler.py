@@ -9,7 +9,7 @@ for token under greedy decoding and in distribution otherwise; bench_sampler.py 
 
 import torch
 
-from minigrpo.sampler import SamplingConfig
+from minigrpo.config import SamplingConfig
 
 
 def next_token_distribution(

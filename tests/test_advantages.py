@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minigrpo.advantages import EPS, group_advantages, zero_variance_groups
+from minigrpo.update import EPS, group_advantages, zero_variance_groups
 
 # Two prompts, G = 4 completions each, ordered group by group.
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])

@@ -18,17 +18,18 @@ from safetensors.torch import load_file, save_file
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig
-from minigrpo.checkpoint import (
+from minigrpo.files import DiskFull, replace_json
+from minigrpo.run import (
     CHECKPOINTS,
     CHECKSUMS,
     STATE_FILE,
+    STATE_KEYS,
+    MetricsLogger,
+    build_run,
     latest_intact_checkpoint,
     save_checkpoint,
     write_checksums,
 )
-from minigrpo.files import DiskFull, replace_json
-from minigrpo.metrics import MetricsLogger
-from minigrpo.run import STATE_KEYS, build_run
 from minigrpo.update import NonFiniteWeights
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 

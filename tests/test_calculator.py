@@ -12,8 +12,8 @@ import time
 import pytest
 from helpers import ROOT, tiny_tokenizer
 
-from minigrpo import calculator as calculator_module
-from minigrpo.tokenizer import Tokenizer
+import minigrpo.tools.calculator_pool as calculator_module
+from minigrpo.model import Tokenizer
 from minigrpo.tools import ToolError, ToolRunner, calculator
 
 CALC_MARKERS = ("<calc>", "</calc>", "<out>", "</out>")
@@ -40,7 +40,7 @@ HOSTILE = [
 RUN_CALLS = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a runaway call may not take the machine
-from minigrpo.tokenizer import Tokenizer
+from minigrpo.model import Tokenizer
 from minigrpo.tools import ToolRunner
 
 tokenizer = Tokenizer.from_directory(sys.argv[1])

@@ -13,10 +13,10 @@ from dataclasses import fields
 import pytest
 from helpers import tiny_model
 
-import minigrpo.metrics
+import minigrpo.config
 from minigrpo import GRPOConfig, SamplingConfig, TrainConfig, generate
 from minigrpo.flags import CHOICES, field_comments, from_args
-from minigrpo.metrics import MetricsLogger
+from minigrpo.run import MetricsLogger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("train_math", os.path.join(ROOT, "examples", "train_math.py"))
@@ -253,7 +253,8 @@ def test_the_sampler_refuses_a_temperature_that_is_not_finite(bad):
 
 def test_the_choices_config_declares_are_the_ones_the_stages_implement():
     """config.py names each choice without importing a stage; each stage's table must hold exactly those."""
-    from minigrpo import config, metrics, tools
+    import minigrpo.run.metrics as metrics
+    from minigrpo import config, tools
 
     assert tuple(tools.FORMATS) == config.TOOL_FORMATS
     assert ("none", *metrics.REPORTERS) == config.REPORT_TO

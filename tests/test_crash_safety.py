@@ -15,7 +15,7 @@ from helpers import tiny_policy
 from safetensors.torch import load_file
 
 import minigrpo
-from minigrpo.checkpoint import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
+from minigrpo.run import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
 
 ARGS = [
     "--template",

@@ -18,7 +18,8 @@ from test_tool_rollout import Hook
 from test_train_step import make_trainer, tiny_policy_model
 
 import minigrpo
-from minigrpo import GRPOConfig, decode_graphs
+import minigrpo.rollout.decode_graphs as decode_graphs
+from minigrpo import GRPOConfig
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none"

@@ -19,8 +19,8 @@ from helpers import in_a_process
 
 import minigrpo
 from minigrpo import distributed
-from minigrpo.checkpoint import latest_checkpoint, load_state
 from minigrpo.config import GRPOConfig, TrainConfig
+from minigrpo.run import latest_checkpoint, load_state
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

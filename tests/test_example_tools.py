@@ -14,7 +14,7 @@ import pytest
 from helpers import tiny_model, tiny_tokenizer
 
 import minigrpo
-from minigrpo.weights import read_task
+from minigrpo.model import read_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

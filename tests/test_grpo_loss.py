@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from minigrpo.loss import grpo_loss, k3
+from minigrpo.update import grpo_loss, k3
 
 ATOL = 1e-6
 

@@ -1,61 +1,76 @@
-"""The package's structure, as README's layout table describes it: settings on the ground floor, every
-module one floor above the highest it imports, at most six floors, no import cycle (type-only imports
-count), the verifier behind its one door, and no module over 400 lines. Imports are read from the source
-with ast, so nothing of the package is run. `python tests/test_layout.py` prints each module's floor."""
+"""The package's structure, as README's layout table describes it: one folder per part of the loop, each
+entered through its `__init__.py` (nothing outside a folder imports one of its inner modules), the
+settings and helpers beneath every stage at the top, one direction of imports between folders and no
+import cycle between modules (type-only imports count). Imports are read from the source with ast, so
+nothing of the package is run. `python tests/test_layout.py` prints each room's floor.
+
+A room is a folder (model/, rollout/, ...) or a module at the top of the package (config.py, ...). A
+room stands one floor above the highest room it imports; the settings stand on the ground floor."""
 
 import ast
 import os
 import re
+import shutil
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE = os.path.join(ROOT, "minigrpo")
-MAX_FLOORS = 6
-MAX_LINES = 400
+# Outside the package, the code a user reads and runs: it too enters a folder through its door.
+READERS = ("examples",)
 
 
-def room(module: str) -> str:
-    """A module's room: the verifier and the tasks are one folder each; every other module is its own."""
-    return ".".join(module.split(".")[:2])
-
-
-def modules() -> dict[str, str]:
-    """Each module's dotted name -> its path (minigrpo.trainer, minigrpo.verifier.code, ...)."""
+def modules(root: str = ROOT) -> dict[str, str]:
+    """Each module's dotted name -> its path (minigrpo.config, minigrpo.run.trainer, minigrpo.run, ...)."""
     found = {}
-    for folder, _, files in os.walk(PACKAGE):
+    for folder, _, files in os.walk(os.path.join(root, "minigrpo")):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
-                dotted = os.path.relpath(path, ROOT)[: -len(".py")].replace(os.sep, ".")
+                dotted = os.path.relpath(path, root)[: -len(".py")].replace(os.sep, ".")
                 found[dotted.removesuffix(".__init__")] = path
     return found
 
 
-def imported(module: str, path: str, known: set[str]) -> set[str]:
-    """The package's modules `module` imports anywhere in its source (under TYPE_CHECKING too)."""
+def room(module: str) -> str:
+    """A module's room: its folder (minigrpo.run for minigrpo.run.trainer), or itself at the top."""
+    return ".".join(module.split(".")[:2])
+
+
+def is_folder(name: str, known: set[str]) -> bool:
+    return any(other.startswith(name + ".") for other in known)
+
+
+def imports(module: str, path: str, known: set[str], root: str = ROOT) -> set[str]:
+    """The package's modules `module` imports anywhere in its source (under TYPE_CHECKING too). `from
+    .rollout import generate` imports the folder's door, minigrpo.rollout; `from . import checkpoint`
+    imports the module minigrpo.run.checkpoint."""
     package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
+                parts = package.split(".")
+                target = ".".join(
+                    parts[: len(parts) - node.level + 1] + ([node.module] if node.module else [])
+                )
             else:
                 target = node.module or ""
-            public = exported(target, known)
-            names = [target] + [f"{target}.{alias.name}" for alias in node.names if alias.name not in public]
+            public = exported(target, known, root)
+            inner = [f"{target}.{alias.name}" for alias in node.names if alias.name not in public]
+            own_modules = target == package and all(name in known for name in inner)
+            # `from . import sandbox` inside a folder imports that module, not the folder's door
+            names = inner if own_modules else [target] + inner
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         else:
             continue
         out |= {name for name in names if name in known}
-    return out
+    return out - {module}
 
 
-def exported(package: str, known: set[str]) -> set[str]:
-    """The names a package's __init__ lists in __all__: `from .verifier import normalize` takes the
-    function its door exports, not the module of that name behind it."""
-    init = os.path.join(ROOT, *package.split("."), "__init__.py")
+def exported(package: str, known: set[str], root: str = ROOT) -> set[str]:
+    """The names a folder's __init__ lists in __all__: `from .update import token_logprobs` takes the
+    function its door exports, not a module of that name behind it."""
+    init = os.path.join(root, *package.split("."), "__init__.py")
     if package not in known or not os.path.isfile(init):
         return set()
     for node in ast.parse(open(init, encoding="utf-8").read()).body:
@@ -65,21 +80,25 @@ def exported(package: str, known: set[str]) -> set[str]:
     return set()
 
 
-def arrows() -> dict[str, set[str]]:
+def module_graph(root: str = ROOT) -> dict[str, set[str]]:
+    """module -> the modules it imports. The package's lazy front door (minigrpo/__init__.py) names
+    every room on first use and imports none, so it is left out."""
+    found = modules(root)
+    known = set(found)
+    return {m: imports(m, p, known, root) - {"minigrpo"} for m, p in found.items() if m != "minigrpo"}
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """room -> the rooms it imports (itself left out)."""
-    found = modules()
-    graph = {}
-    for module, path in found.items():
-        if module == "minigrpo":
-            continue  # the package's lazy front door names every room on first use, and imports none
-        mine = graph.setdefault(room(module), set())
-        mine |= {room(target) for target in imported(module, path, set(found))} - {room(module), "minigrpo"}
-    return graph
+    rooms = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update({room(t) for t in targets} - {room(module)})
+    return rooms
 
 
 def floors(graph: dict[str, set[str]]) -> dict[str, int]:
-    """Each room's floor: 1 for a room that imports none, else one above the highest it imports; a
-    cycle is an AssertionError naming it."""
+    """Each node's floor: 1 for one that imports none, else one above the highest it imports; a cycle
+    is an AssertionError naming it."""
     floor = {}
 
     def place(name: str, path: tuple[str, ...]) -> int:
@@ -93,58 +112,120 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
     return floor
 
 
-def test_six_floors_with_the_settings_on_the_ground_and_no_cycle():
-    floor = floors(arrows())
-    assert floor["minigrpo.config"] == 1 and not arrows()["minigrpo.config"]
-    assert max(floor.values()) <= MAX_FLOORS, sorted(floor.items(), key=lambda item: -item[1])
+def reaching_in(root: str = ROOT) -> list[str]:
+    """Every import of a folder's inner module from outside that folder: from another room of the
+    package, or from the examples."""
+    found = modules(root)
+    known = set(found)
+    readers = dict(found)
+    for folder in READERS:
+        for name in sorted(os.listdir(os.path.join(root, folder))):
+            if name.endswith(".py"):
+                readers[f"{folder}.{name[:-3]}"] = os.path.join(root, folder, name)
+    out = []
+    for module, path in readers.items():
+        for target in sorted(imports(module, path, known, root)):
+            inner = target.count(".") >= 2 and is_folder(room(target), known)
+            if inner and room(target) != room(module):
+                out.append(f"{module} imports {target}")
+    return out
 
 
-def test_nothing_outside_the_verifier_imports_one_of_its_modules():
+def test_the_settings_stand_on_the_ground_floor():
+    graph = room_graph(module_graph())
+    assert not graph["minigrpo.config"]
+    assert floors(graph)["minigrpo.config"] == 1
+
+
+def test_no_import_cycle_between_modules_or_between_rooms():
+    """floors() raises on a cycle; rooms in one direction means no folder imports one that imports it."""
+    graph = module_graph()
+    floors(graph)
+    floors(room_graph(graph))
+
+
+def test_nothing_outside_a_folder_imports_its_inner_modules():
+    assert reaching_in() == []
+
+
+def test_every_folder_lists_its_public_names_and_defines_them():
+    """Each folder's door has an __all__ (a list, read by exported()), and every name in it is defined
+    or imported there (or, for the verifier's sympy-backed names, loaded on first use)."""
     found = modules()
-    reaching_in = []
-    for module, path in found.items():
-        if module.startswith("minigrpo.verifier"):
-            continue
-        inside = {t for t in imported(module, path, set(found)) if t.startswith("minigrpo.verifier.")}
-        reaching_in += [f"{module} imports {t}" for t in sorted(inside)]
-    assert not reaching_in
+    for folder in sorted(m for m in found if is_folder(m, set(found)) and m != "minigrpo"):
+        listed = exported(folder, set(found))
+        assert listed, f"{folder}/__init__.py has no __all__ list"
+        tree = ast.parse(open(found[folder], encoding="utf-8").read())
+        bound = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                bound |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+                bound.add(node.name)
+            elif isinstance(node, ast.Assign):
+                bound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.Dict):  # the verifier's _ON_FIRST_USE
+                bound |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        assert listed <= bound, f"{folder}: __all__ names {sorted(listed - bound)}, which it does not define"
 
 
-def test_no_module_is_over_400_lines():
-    long = {}
-    for path in modules().values():
-        lines = len(open(path, encoding="utf-8").read().splitlines())
-        if lines > MAX_LINES:
-            long[os.path.relpath(path, ROOT)] = lines
-    assert not long
-
-
-def test_the_readme_table_names_every_module_on_its_floor():
-    """README's layout table: a row per module (or folder), its floor as measured here."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    table = readme[readme.index("| floor | module | stage |") :].split("\n\n")[0].splitlines()[2:]
-    listed = {}
+def readme_table(root: str = ROOT) -> list[tuple[int | None, str]]:
+    """README's layout table: (floor, path) for each row; a folder's first row carries its floor."""
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    table = readme[readme.index("| floor | path | stage |") :].split("\n\n")[0].splitlines()[2:]
+    rows = []
     for row in table:
-        floor, names = row.strip("|").split("|")[:2]
-        for name in re.findall(r"`([a-z0-9_]+)(?:\.py|/)`", names):
-            listed[f"minigrpo.{name}"] = int(floor)
-    assert listed == floors(arrows())
+        floor, path = row.strip("|").split("|")[:2]
+        rows.append((int(floor) if floor.strip() else None, re.search(r"`([a-z0-9_/.]+)`", path).group(1)))
+    return rows
 
 
-def test_a_planted_cycle_and_a_seventh_floor_are_seen():
-    """The checks above can fail: a cycle is named, and a chain of seven rooms stands on seven floors."""
-    try:
-        floors({"a": {"b"}, "b": {"a"}})
-    except AssertionError as error:
-        assert "a -> b -> a" in str(error)
-    else:
-        raise AssertionError("a cycle went unseen")
-    chain = {f"m{i}": {f"m{i - 1}"} if i else set() for i in range(7)}
-    assert max(floors(chain).values()) == 7
+def test_the_readme_table_is_the_tree_with_its_floors():
+    """Every file of the package is a row of the table, in its folder (the verifier's and the tasks'
+    files are listed by their doors' docstrings: one row each); each room's floor is as measured."""
+    found = modules()
+    known = set(found)
+    floor = floors(room_graph(module_graph()))
+    listed = {}
+    for level, path in readme_table():
+        dotted = "minigrpo." + path.removesuffix("/").removesuffix(".py").replace("/", ".")
+        if level is not None:
+            assert floor[room(dotted)] == level, (
+                f"README: {path} on floor {level}, measured {floor[room(dotted)]}"
+            )
+        listed[dotted] = path
+    expected = {
+        m for m in found if m != "minigrpo" and room(m) not in ("minigrpo.verifier", "minigrpo.tasks")
+    }
+    expected = {m for m in expected if not (is_folder(m, known) and m != room(m))}
+    expected |= {"minigrpo.verifier", "minigrpo.tasks"}
+    assert set(listed) == expected
+
+
+def test_a_planted_inner_import_and_a_planted_cycle_fail_the_checks(tmp_path):
+    """The checks above can fail: on a copy of the package, the trainer importing the engine by its
+    inner path is named, and so is a cycle made by the settings importing the trainer."""
+    shutil.copytree(os.path.join(ROOT, "minigrpo"), tmp_path / "minigrpo")
+    os.makedirs(tmp_path / "examples")
+    trainer = tmp_path / "minigrpo" / "run" / "trainer.py"
+    source = trainer.read_text()
+    trainer.write_text(source + "\nfrom ..rollout.engine import Engine  # noqa\n")
+    assert reaching_in(str(tmp_path)) == ["minigrpo.run.trainer imports minigrpo.rollout.engine"]
+    trainer.write_text(source)
+    config = tmp_path / "minigrpo" / "config.py"
+    config.write_text(config.read_text() + "\nfrom .run import Trainer  # noqa\n")
+    graph = module_graph(str(tmp_path))
+    for planted in (graph, room_graph(graph)):
+        try:
+            floors(planted)
+        except AssertionError as error:
+            assert "import cycle" in str(error) and "minigrpo.config" in str(error)
+        else:
+            raise AssertionError("a cycle went unseen")
 
 
 if __name__ == "__main__":
-    floor = floors(arrows())
+    floor = floors(room_graph(module_graph()))
     for name, level in sorted(floor.items(), key=lambda item: (-item[1], item[0])):
         print(f"floor {level}  {name}")
     sys.exit(0)

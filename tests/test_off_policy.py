@@ -11,10 +11,8 @@ from helpers import tiny_model
 
 from minigrpo import GRPOConfig
 from minigrpo.config import SAMPLER_CORRECTIONS
-from minigrpo.loss import grpo_loss, sampler_mismatch
-from minigrpo.rollout import Rollout, collate
-from minigrpo.sampler import generate
-from minigrpo.token_logprobs import token_logprobs
+from minigrpo.rollout import Rollout, collate, generate
+from minigrpo.update import grpo_loss, sampler_mismatch, token_logprobs
 
 MASK = [[1, 1, 1], [1, 1, 0]]  # the second completion is padded
 OLD = [[-1.0, -2.0, -0.5], [-0.2, -1.5, -9.0]]

@@ -22,12 +22,11 @@ import torch
 from tokenizers import Tokenizer
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer, next_token
-from minigrpo.evaluate import evaluate
-from minigrpo.sampler import Samples
-from minigrpo.tasks import PromptStream
-from minigrpo.tasks.prompts import template
-from minigrpo.tasks.synthetic import generate as generate_problems
+import minigrpo.rollout.next_token as next_token
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.rollout import Samples
+from minigrpo.run import evaluate
+from minigrpo.tasks import PromptStream, generate_problems, template
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWIN_PATH = os.path.join(ROOT, "examples", "grpo_in_one_file.py")
@@ -172,7 +171,7 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
     trainer._sample = sampler  # the seam: stage 1 only
     trainer.step = step - 1  # as if resumed: the step's learning rate is on the cosine, past the warm-up
     stats, _ = trainer.train_step()
-    weights = minigrpo.weights.to_hf_state_dict(model)
+    weights = minigrpo.model.weights.to_hf_state_dict(model)
     return {name: w.detach() for name, w in weights.items()}, sampler.asked, stats
 
 
@@ -261,7 +260,7 @@ def test_main_trains_and_saves_a_policy_the_library_loads(tmp_path):
     assert written["steps"] == 1 and set(written) >= {"initial_accuracy", "final_accuracy", "seconds"}
     assert written["final_accuracy"] == summary["final_accuracy"]
     model, tokenizer = minigrpo.load_pretrained(str(out / "final"))
-    saved = minigrpo.weights.to_hf_state_dict(model)
+    saved = minigrpo.model.weights.to_hf_state_dict(model)
     start, _ = twin.load_model(twin.MODEL, torch.float32)
     assert any(not torch.equal(saved[name], start[name].detach()) for name in saved)  # trained, not a copy
     assert tokenizer.eos_token_ids == (EOS,)
@@ -286,7 +285,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
 # -- the stages the fixed completions skip ------------------------------------------------------------------
 def test_greedy_evaluation_is_the_librarys(tokenizer, monkeypatch):
     """On 12 held-out problems in fp64, the twin's greedy_accuracy scores the completions
-    minigrpo.evaluate.evaluate gives (temperature 0, the "tiny" template: question and newline), text for
+    minigrpo.run.evaluate.evaluate gives (temperature 0, the "tiny" template: question and newline), text for
     text, against the same gold answers, with the same verdicts and accuracy."""
     problems = generate_problems("arithmetic", 12, "test", seed=0)
     s = twin.Settings()
@@ -446,7 +445,9 @@ def library_steps(tmp_path, loss_type, beta, mu, top_p) -> list[tuple]:
     steps = []
     for _ in range(3):
         stats, _ = trainer.train_step()
-        weights = {name: w.detach().clone() for name, w in minigrpo.weights.to_hf_state_dict(model).items()}
+        weights = {
+            name: w.detach().clone() for name, w in minigrpo.model.weights.to_hf_state_dict(model).items()
+        }
         steps.append((*sampled[-1], weights, stats))
     return steps
 

@@ -8,8 +8,7 @@ import random
 import pytest
 import torch
 
-from minigrpo.advantages import EPS, process_advantages
-from minigrpo.loss import grpo_loss
+from minigrpo.update import EPS, grpo_loss, process_advantages
 
 
 def test_two_groups_by_hand():

@@ -8,7 +8,7 @@ from transformers import Qwen3Config as HFConfig
 from transformers import Qwen3ForCausalLM
 
 import minigrpo
-from minigrpo import layers
+import minigrpo.model.layers as layers
 
 ATOL = 1e-4
 
@@ -16,7 +16,7 @@ ATOL = 1e-4
 def hf_twin(model: minigrpo.Qwen3) -> Qwen3ForCausalLM:
     """transformers' Qwen3 holding the same weights (no disk involved)."""
     hf = Qwen3ForCausalLM(HFConfig(**model.config.to_dict())).eval()
-    missing, unexpected = hf.load_state_dict(minigrpo.weights.to_hf_state_dict(model), strict=False)
+    missing, unexpected = hf.load_state_dict(minigrpo.model.weights.to_hf_state_dict(model), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     return hf
 

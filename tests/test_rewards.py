@@ -86,8 +86,8 @@ def test_timeouts_are_counted_in_the_stats():
 
 def test_the_trainers_reward_stats_carry_the_timeout_frac():
     """The trainer logs its rollouts' reward stats: a rollout whose reward timed out counts there too."""
-    from minigrpo.metrics import reward_stats
     from minigrpo.rollout import Rollout
+    from minigrpo.run import reward_stats
 
     def rollout(reward: float, timed_out: bool) -> Rollout:
         return Rollout([1], [2], "stop", rewards={"accuracy": reward}, reward=reward, timed_out=timed_out)

@@ -6,7 +6,8 @@ from helpers import TINY, fixed_logits_model, tiny_model
 from reference_sampler import naive_generate, next_token_distribution
 
 import minigrpo
-from minigrpo import layers, next_token
+import minigrpo.model.layers as layers
+import minigrpo.rollout.next_token as next_token
 
 PROMPTS = [[5, 9, 2, 77, 31, 8, 64], [13, 4], [90, 1, 1, 3, 45], [7]]
 

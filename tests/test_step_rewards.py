@@ -9,11 +9,10 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from minigrpo import step_rewards
-from minigrpo.advantages import process_advantages
-from minigrpo.evaluate import evaluate, summarize
-from minigrpo.rollout import Rollout
-from minigrpo.sampler import Samples, SamplingConfig
+import minigrpo.step_rewards.monte_carlo as monte_carlo
+from minigrpo.config import SamplingConfig
+from minigrpo.rollout import Rollout, Samples
+from minigrpo.run import evaluate, summarize
 from minigrpo.step_rewards import (
     StepRewards,
     checked_step_rewards,
@@ -21,8 +20,8 @@ from minigrpo.step_rewards import (
     step_stats,
     token_ends,
 )
-from minigrpo.tasks import Problem
-from minigrpo.tasks.prompts import template
+from minigrpo.tasks import Problem, template
+from minigrpo.update import process_advantages
 from minigrpo.verifier import RewardSpec, check_steps
 from minigrpo.verifier.step_expression import MAX_DEPTH, MAX_DIGITS
 
@@ -217,7 +216,7 @@ def test_monte_carlo_values_are_the_mean_outcome_of_continuations_from_each_step
                 indices.append(p)
         return Samples(tokens=tokens, logprobs=[], finish_reasons=[], prompt_indices=indices)
 
-    monkeypatch.setattr(step_rewards, "generate", fake_generate)
+    monkeypatch.setattr(monte_carlo, "generate", fake_generate)
     prompt = "What is 12+30*2?"
     first = rollout(tokenizer, prompt, "30*2=60;12+60=72;####72", reward=1.0)
     second = rollout(tokenizer, prompt, "12+30=42", reward=0.0)  # its one step ends before EOS
@@ -269,7 +268,7 @@ def test_a_length_reward_in_tokens_scores_each_continuation_with_its_prefix(toke
             tokens=[continuation] * len(indices), logprobs=[], finish_reasons=[], prompt_indices=indices
         )
 
-    monkeypatch.setattr(step_rewards, "generate", fake_generate)
+    monkeypatch.setattr(monte_carlo, "generate", fake_generate)
     r = rollout(tokenizer, "What is 2+3?", "2+3=5; then 3+2=5; ####5", reward=1.0)
     written([r], checked_step_rewards([r], ["What is 2+3?"], tokenizer))
     length = RewardSpec("length", options={"unit": "tokens", "max": 0, "soft": 1000})
@@ -285,7 +284,7 @@ def test_a_length_reward_in_tokens_scores_each_continuation_with_its_prefix(toke
 
 
 def test_a_step_that_ends_the_completion_is_worth_the_completions_own_reward(tokenizer, monkeypatch):
-    monkeypatch.setattr(step_rewards, "generate", lambda *a, **k: pytest.fail("nothing to continue"))
+    monkeypatch.setattr(monte_carlo, "generate", lambda *a, **k: pytest.fail("nothing to continue"))
     r = rollout(tokenizer, "What is 2+3?", "2+3=5", reward=1.0)
     r.completion_ids = r.completion_ids[:-1]  # cut at the budget: no EOS, the step ends the completion
     written([r], checked_step_rewards([r], ["What is 2+3?"], tokenizer))

@@ -10,8 +10,9 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from minigrpo.evaluate import evaluate, pass_at_k, summarize
-from minigrpo.sampler import SamplingConfig, check_prompts
+from minigrpo.config import SamplingConfig
+from minigrpo.rollout import check_prompts
+from minigrpo.run import evaluate, pass_at_k, summarize
 from minigrpo.tasks import Problem, Task, to_task
 from minigrpo.tasks.datasets import load_jsonl, load_problems, parse_hub_path
 from minigrpo.tasks.prompts import INSTRUCTION, template

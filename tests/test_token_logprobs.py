@@ -9,7 +9,7 @@ import torch
 from helpers import tiny_model
 
 from minigrpo.rollout import Rollout, collate
-from minigrpo.token_logprobs import full_vocabulary_logprobs, token_logprobs
+from minigrpo.update import full_vocabulary_logprobs, token_logprobs
 
 
 def close(actual, expected, atol=1e-6):

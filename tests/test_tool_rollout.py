@@ -14,12 +14,10 @@ from reference_sampler import naive_generate_with_tools
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig
-from minigrpo.checkpoint import latest_checkpoint
-from minigrpo.loss import grpo_loss
 from minigrpo.rollout import Rollout, collate
-from minigrpo.tasks import synthetic, to_task
-from minigrpo.tasks.prompts import template
-from minigrpo.token_logprobs import token_logprobs
+from minigrpo.run import latest_checkpoint
+from minigrpo.tasks import generate_problems, template, to_task
+from minigrpo.update import grpo_loss, token_logprobs
 from minigrpo.verifier import register_reward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -281,7 +279,7 @@ def test_a_run_with_tool_calls_resumes_exactly(tmp_path):
     completion alone leave nothing of a step's tools for the checkpoint to carry."""
     model = os.path.join(ROOT, "models", "minigrpo-tiny-calc")
     task = to_task(
-        synthetic.generate("calc", 16, "train", seed=0), template("tiny"), [RewardSpec("test_calls")]
+        generate_problems("calc", 16, "train", seed=0), template("tiny"), [RewardSpec("test_calls")]
     )
     grpo = GRPOConfig(num_generations=4, max_completion_length=64, tools="calculator")
 

@@ -11,7 +11,8 @@ import torch
 from helpers import fixed_logits_model, tiny_tokenizer
 
 import minigrpo
-from minigrpo import tools
+import minigrpo.tools.registry as registry
+import minigrpo.tools.runner as runner_module
 from minigrpo.tools import TOOLS, Tool, ToolCall, ToolRunner, calculator, register_tool
 
 MARKERS = (
@@ -153,13 +154,13 @@ def test_a_marker_of_several_tokens_is_refused_with_its_name(tmp_path):
 
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="unknown tool"):
-        tools.check_tools(["abacus"], "calc", 4)
+        registry.check_tools(["abacus"], "calc", 4)
     with pytest.raises(ValueError, match="tool_format must be one of calc, qwen3"):
-        tools.check_tools(["calculator"], "xml", 4)
+        registry.check_tools(["calculator"], "xml", 4)
     with pytest.raises(ValueError, match="max_tool_calls must be an integer >= 0"):
-        tools.check_tools(["calculator"], "calc", -1)
+        registry.check_tools(["calculator"], "calc", -1)
     with pytest.raises(ValueError, match="calc calls the calculator alone"):
-        tools.check_tools(["python"], "calc", 4)
+        registry.check_tools(["python"], "calc", 4)
     with pytest.raises(ValueError, match="already registered"):
         register_tool("calculator")(lambda text: text)
 
@@ -236,7 +237,7 @@ def test_python_calls_answer_with_stdout_or_the_errors_last_line(tokenizer, quic
     """Hostile programs side by side in their sandboxes: each is answered within its limit, never raises."""
     cases = {
         "print(6 * 7)": "42\n",
-        "print('y' * 5000)": "y" * tools.MAX_RESPONSE_CHARS + tools.TRUNCATED,
+        "print('y' * 5000)": "y" * runner_module.MAX_RESPONSE_CHARS + runner_module.TRUNCATED,
         "1 / 0": "error: ZeroDivisionError: division by zero",
         "import time; time.sleep(60)": "error: timed out after 1 s",
         "import os\nwhile True:\n    os.fork()": "error: BlockingIOError: [Errno 11] Resource temporarily unavailable",  # noqa: E501
@@ -295,7 +296,9 @@ def test_a_call_end_without_its_own_start_does_not_reread_an_earlier_call(tokeni
 
 
 def test_a_custom_json_format_takes_any_registered_tool(tokenizer):
-    custom = tools.ToolFormat("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", tool=None)
+    custom = registry.ToolFormat(
+        "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", tool=None
+    )
     with ToolRunner(tokenizer, custom, ["calculator", "python"], max_tool_calls=4) as runner:
         call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
         assert answer(runner, 0, call, tokenizer) == "<tool_response>42</tool_response>"
@@ -303,7 +306,7 @@ def test_a_custom_json_format_takes_any_registered_tool(tokenizer):
 
 @pytest.mark.parametrize("expression", ["1 2", "1 .5", "1..2", "1.2.3"])
 def test_numbers_side_by_side_are_refused_not_multiplied(expression):
-    with pytest.raises(tools.ToolError, match="two numbers side by side"):
+    with pytest.raises(registry.ToolError, match="two numbers side by side"):
         calculator(expression)
 
 
@@ -388,7 +391,7 @@ def test_tool_stats_give_the_share_of_calls_that_timed_out():
         SimpleNamespace(tool_calls=calls[:1], finish_reason="stop"),
         SimpleNamespace(tool_calls=calls[1:], finish_reason="tool_limit"),
     ]
-    stats = tools.tool_stats(rollouts, ["calculator", "python"])
+    stats = runner_module.tool_stats(rollouts, ["calculator", "python"])
     assert (stats["tools/timeout_frac"], stats["tools/error_frac"]) == (0.5, 0.75)
     assert (stats["tools/calculator/timeout_frac"], stats["tools/python/timeout_frac"]) == (0.5, 0.5)
     assert stats["tools/calls_per_completion"] == 2.0 and stats["tools/limit_frac"] == 0.5
@@ -396,17 +399,17 @@ def test_tool_stats_give_the_share_of_calls_that_timed_out():
 
 def test_the_python_tool_answers_with_the_last_line_of_its_error(quick_python):
     """A program that writes to stderr and then fails: the error's own line, not the first line."""
-    with pytest.raises(tools.ToolError) as raised:
-        tools.python("import sys\nprint('a warning first', file=sys.stderr)\n1 / 0")
+    with pytest.raises(registry.ToolError) as raised:
+        registry.python("import sys\nprint('a warning first', file=sys.stderr)\n1 / 0")
     assert str(raised.value) == "ZeroDivisionError: division by zero"
 
 
 def test_a_queued_call_is_timed_from_when_it_starts_not_when_it_was_made(tokenizer, monkeypatch):
     """One call at a time: the second of two 0.6 s calls (limit 1 s) waits 0.6 s for the first, then runs
     0.6 s. That is 1.2 s after it was made, but 0.6 s after it started: it is answered, not timed out."""
-    monkeypatch.setattr(tools, "WORKERS", 1)
+    monkeypatch.setattr(runner_module, "WORKERS", 1)
     monkeypatch.setattr(
-        tools, "THREADS", tools.Threads()
+        runner_module, "THREADS", runner_module.Threads()
     )  # none of the process's threads idle: one at a time
 
     @register_tool("test_queued", time_limit=1.0, argument="text")
@@ -438,10 +441,10 @@ def test_a_call_nested_too_deep_for_the_json_parser_is_an_error_not_a_crash(toke
 def test_a_call_of_few_tokens_but_too_many_characters_is_refused(tokenizer):
     """Tokens of several characters each: under MAX_CALL_CHARS tokens, over MAX_CALL_CHARS characters."""
     body = "answer " * 400
-    assert len(tokenizer.encode(body)) < tools.MAX_CALL_CHARS < len(body)
+    assert len(tokenizer.encode(body)) < runner_module.MAX_CALL_CHARS < len(body)
     with ToolRunner(tokenizer, "calc", ["calculator"], max_tool_calls=4) as runner:
         observed = answer(runner, 0, "<calc>" + body + "</calc>", tokenizer)
-    assert f"error: call longer than {tools.MAX_CALL_CHARS} characters" in observed
+    assert f"error: call longer than {runner_module.MAX_CALL_CHARS} characters" in observed
 
 
 def test_a_registered_tool_this_run_does_not_use_is_an_unknown_tool(tokenizer):

@@ -12,7 +12,7 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
-from minigrpo.trace import Trace, render_html
+from minigrpo.run import Trace, render_html
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
@@ -163,7 +163,7 @@ def test_the_page_is_self_contained(traced):
 
 
 def test_the_console_shows_the_tokens_the_update_moved_most_in_their_order():
-    from minigrpo.trace import MAX_TOKENS_SHOWN, _most_moved
+    from minigrpo.run.trace import MAX_TOKENS_SHOWN, _most_moved
 
     # (text, log p before, after, trained): token t moves by t / 100, except the three planted large moves;
     # token 7 is a tool's observation, which moved most but is never the policy's to show

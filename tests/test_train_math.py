@@ -17,11 +17,9 @@ import torch
 from helpers import tiny_policy
 
 import minigrpo
-from minigrpo.checkpoint import latest_checkpoint
-from minigrpo.evaluate import evaluate
-from minigrpo.tasks import load_problems
-from minigrpo.tasks.prompts import template
-from minigrpo.weights import read_task
+from minigrpo.model import read_task
+from minigrpo.run import evaluate, latest_checkpoint
+from minigrpo.tasks import load_problems, template
 
 SMALL = [
     "--steps",
@@ -232,7 +230,7 @@ def test_curves_are_plotted_from_metrics(tmp_path, monkeypatch):
     matplotlib is in the test extra, so this runs wherever the suite does (it used to skip)."""
     import matplotlib.pyplot as plt
 
-    from minigrpo.plots import PANELS, plot_curves
+    from minigrpo.run.plots import PANELS, plot_curves
 
     # no "kl": beta 0 keeps no reference
     rows = [{"step": 0, "eval/accuracy": 0.25}] + [

@@ -13,8 +13,7 @@ from helpers import tiny_policy
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
-from minigrpo.checkpoint import latest_checkpoint, load_state
-from minigrpo.run import Run, initial_evaluation
+from minigrpo.run import Run, initial_evaluation, latest_checkpoint, load_state
 from minigrpo.tasks import PromptStream
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
@@ -128,9 +127,9 @@ class Recorder(Sampled):
     def __init__(self, trainer, monkeypatch):
         super().__init__()
         self.seeds, self.trained = [], []
-        generate = minigrpo.trainer.generate
+        generate = minigrpo.run.trainer.generate
         monkeypatch.setattr(
-            minigrpo.trainer,
+            minigrpo.run.trainer,
             "generate",
             lambda *a, seed, **k: self.seeds.append(seed) or generate(*a, seed=seed, **k),
         )
@@ -189,7 +188,7 @@ def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_b
     saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
     torch.manual_seed(1), random.seed(1), np.random.seed(1)  # what else the process drew since
     task = Task(ROWS, [RewardSpec("test_count_x")])
-    resumed = minigrpo.run.build_run(
+    resumed = minigrpo.run.training.build_run(
         checkpoint, task, grpo, TrainConfig(**train, output_dir=str(tmp_path / "stopped"), resume=True)
     ).trainer
     assert (
@@ -215,13 +214,13 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_
     trainer = make_trainer(checkpoint, tmp_path, max_steps=2)
     trainer.train_step()  # the optimizer has state now
     before, optimizer_before = weights(trainer.model), trainer.optimizer.state_dict()
-    real_loss = minigrpo.update.grpo_loss
+    real_loss = minigrpo.update.updater.grpo_loss
 
     def nan_loss(*args, **kwargs):
         loss, stats = real_loss(*args, **kwargs)
         return loss * float("nan"), {**stats, "loss": float("nan")}
 
-    monkeypatch.setattr(minigrpo.update, "grpo_loss", nan_loss)
+    monkeypatch.setattr(minigrpo.update.updater, "grpo_loss", nan_loss)
     stats, _ = trainer.train_step()
     assert stats["skipped"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
@@ -287,10 +286,10 @@ def test_saving_before_the_first_adamw_step_takes_no_step(checkpoint, tmp_path):
     trainer = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
     stats, _ = trainer.train_step()
     assert stats["update/no_groups"] == 1.0
-    state = minigrpo.checkpoint.trainer_state(trainer, wall_seconds=0.0)
+    state = minigrpo.run.checkpoint.trainer_state(trainer, wall_seconds=0.0)
     assert state["optimizer"] is None and not trainer.optimizer.state
     fresh = make_trainer(checkpoint, tmp_path, reward="test_constant", grpo=grpo)
-    minigrpo.checkpoint.restore(fresh, state)
+    minigrpo.run.checkpoint.restore(fresh, state)
     assert fresh.step == 1 and not fresh.optimizer.state
 
 
@@ -299,10 +298,10 @@ def test_a_loaded_optimizer_state_keeps_its_moments_and_this_runs_adamw_settings
     moments come back, and betas, eps and weight decay are this run's, not the checkpoint's."""
     trainer = make_trainer(checkpoint, tmp_path, weight_decay=0.1, adam_epsilon=1e-7)
     trainer.train_step()
-    saved = minigrpo.checkpoint.trainer_state(trainer, wall_seconds=0.0)
+    saved = minigrpo.run.checkpoint.trainer_state(trainer, wall_seconds=0.0)
     assert all(isinstance(name, str) for name in saved["optimizer"]["state"])
     fresh = make_trainer(checkpoint, tmp_path)  # other AdamW settings
-    minigrpo.checkpoint.restore(fresh, saved)
+    minigrpo.run.checkpoint.restore(fresh, saved)
     for a, b in zip(trainer.optimizer.state.values(), fresh.optimizer.state.values(), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
     assert (
@@ -491,17 +490,19 @@ def test_token_budget_batches_cover_every_rollout_within_the_budget():
 
 
 def test_the_stage_functions_are_public():
-    assert minigrpo.grpo_loss is minigrpo.loss.grpo_loss
-    assert minigrpo.group_advantages is minigrpo.advantages.group_advantages
-    assert minigrpo.train is minigrpo.run.train
+    assert minigrpo.grpo_loss is minigrpo.update.loss.grpo_loss
+    assert minigrpo.group_advantages is minigrpo.update.advantages.group_advantages
+    assert minigrpo.train is minigrpo.run.training.train
 
 
 def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_path):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
-    minigrpo.checkpoint.save_checkpoint(str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2)
+    minigrpo.run.checkpoint.save_checkpoint(
+        str(tmp_path / "run"), 100, model, tokenizer, {"step": 100}, keep=2
+    )
     config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
     with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
-        minigrpo.run.build_run(
+        minigrpo.run.training.build_run(
             checkpoint,
             Task(ROWS, [RewardSpec("test_count_x")]),
             GRPOConfig(num_generations=4, max_completion_length=12),
@@ -510,7 +511,7 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_
 
 
 def test_metrics_survive_a_line_cut_short_and_say_why_a_step_was_skipped(tmp_path):
-    from minigrpo.metrics import MetricsLogger, console_line
+    from minigrpo.run import MetricsLogger, console_line
 
     (tmp_path / "metrics.jsonl").write_text(
         '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo'
@@ -556,11 +557,11 @@ def test_a_checkpoint_loads_as_data_only_and_a_crafted_one_runs_nothing(checkpoi
     trainer = make_trainer(checkpoint, tmp_path)
     trainer.train_step()
     saved = Run(trainer).save()
-    state = torch.load(os.path.join(saved, minigrpo.checkpoint.STATE_FILE), weights_only=True)
+    state = torch.load(os.path.join(saved, minigrpo.run.checkpoint.STATE_FILE), weights_only=True)
     assert state["step"] == 1 and set(state["rng"][0]) >= {"python", "numpy", "torch"}
     draws = []
     for _ in range(2):
-        minigrpo.checkpoint.set_rng_states(state["rng"][0])
+        minigrpo.run.checkpoint.set_rng_states(state["rng"][0])
         draws.append((random.random(), float(np.random.rand()), float(torch.rand(1))))
     assert draws[0] == draws[1], draws
 
@@ -568,15 +569,15 @@ def test_a_checkpoint_loads_as_data_only_and_a_crafted_one_runs_nothing(checkpoi
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
-    torch.save({"step": 1, "payload": Payload()}, os.path.join(saved, minigrpo.checkpoint.STATE_FILE))
+    torch.save({"step": 1, "payload": Payload()}, os.path.join(saved, minigrpo.run.checkpoint.STATE_FILE))
     with pytest.raises(ValueError, match="holds more than tensors and plain data"):
-        minigrpo.checkpoint.load_state(saved)
+        minigrpo.run.checkpoint.load_state(saved)
     assert not (tmp_path / "pwned").exists()
 
 
 def test_trimming_metrics_on_resume_never_truncates_the_file_in_place(tmp_path, monkeypatch):
     """A kill between writing the trimmed history and publishing it leaves the whole old file."""
-    from minigrpo.metrics import MetricsLogger
+    from minigrpo.run import MetricsLogger
 
     history = "".join(f'{{"step": {i}, "loss": 0.5}}\n' for i in range(1, 601))
     (tmp_path / "metrics.jsonl").write_text(history)
@@ -596,7 +597,7 @@ def test_trimming_metrics_on_resume_never_truncates_the_file_in_place(tmp_path, 
 
 @pytest.mark.parametrize("damaged", ["model.safetensors", "trainer_state.pt", "config.json"])
 def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(checkpoint, tmp_path, damaged):
-    from minigrpo.checkpoint import latest_intact_checkpoint, save_checkpoint
+    from minigrpo.run import latest_intact_checkpoint, save_checkpoint
 
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     out = str(tmp_path / "run")
@@ -612,7 +613,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(checkpoint, tmp
 
 
 def test_a_prune_killed_midway_leaves_no_half_checkpoint(checkpoint, tmp_path):
-    from minigrpo.checkpoint import save_checkpoint
+    from minigrpo.run import save_checkpoint
 
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     out = tmp_path / "run"

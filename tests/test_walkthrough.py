@@ -82,7 +82,7 @@ def traced_step(output_dir: str, arguments: list[str]) -> tuple[list[str], str]:
     printed = io.StringIO()
     with (
         mock.patch.object(sys, "argv", argv),
-        mock.patch("minigrpo.plots.plot_curves", return_value=False),
+        mock.patch("minigrpo.run.plots.plot_curves", return_value=False),
         contextlib.redirect_stdout(printed),
     ):
         runpy.run_path(TRAIN_MATH, run_name="__main__")

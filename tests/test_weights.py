@@ -98,7 +98,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(minigrpo.weights, "save_file", crash)
+    monkeypatch.setattr(minigrpo.model.weights, "save_file", crash)
     with pytest.raises(OSError, match="disk full"):
         minigrpo.save_pretrained(tiny_model(seed=1), None, target)
     assert (target / "model.safetensors").read_bytes() == before
@@ -278,7 +278,7 @@ def test_error_bad_side_file_names_it(tmp_path, file, text, message):
 
 
 def test_error_unknown_or_absent_device(good):
-    from minigrpo.weights import parse_device
+    from minigrpo.model import parse_device
 
     with pytest.raises(ValueError, match="unknown device 'bogus'"):
         minigrpo.load_pretrained(str(good), device="bogus")

@@ -22,10 +22,7 @@ import traceback
 import tokenizers  # noqa: F401  (what the tools import: pretrain_tiny trains a tokenizer)
 import torch._dynamo  # noqa: F401  (the first model a process builds imports it: 0.5 s)
 
-import minigrpo.evaluate  # noqa: F401
-import minigrpo.plots  # noqa: F401
-import minigrpo.run  # noqa: F401  (and minigrpo.trainer, which it imports)
-import minigrpo.trace  # noqa: F401
+import minigrpo.run  # noqa: F401  (the trainer, evaluation, trace and plots: the folder's door imports them)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PARALLEL = 4  # cases running at once

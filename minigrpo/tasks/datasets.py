@@ -21,7 +21,8 @@ import re
 from urllib.parse import unquote
 
 from ..verifier import extract_answer, top_level_boxes
-from . import Problem, synthetic
+from . import synthetic
+from .problem import Problem
 
 FORMATS = ("auto", "gsm8k", "math")
 HUB_PREFIX = "hf://datasets/"

@@ -7,7 +7,7 @@ was drawn in. Kinds: arithmetic (multi-step integer expressions), fractions (ans
 \\frac{5}{6} that exercise the verifier's equivalence), linear (ax + b = c), countdown (reach a
 target with four numbers; scored by the verifier's `countdown` reward, since many answers are right),
 calc (3-digit by 2-digit products in multi-step expressions, worked with some steps sent to the
-calculator tool as `<calc>347*56</calc><out>19432</out>`: tools.py's compact format).
+calculator tool as `<calc>347*56</calc><out>19432</out>`: tools/runner.py's compact format).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import operator
 import random
 from fractions import Fraction
 
-from . import Problem
+from .problem import Problem
 
 TEST_SHARE = 10  # one problem in this many (by hash of its text) belongs to the test split
 SPLITS = ("train", "test")

@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .problem import Problem, sources_of
+
 if TYPE_CHECKING:  # a task names its rewards; scoring them is the verifier's stage, to the right
     from ..verifier import RewardSpec
 
@@ -107,3 +109,11 @@ class PromptStream:
         order = list(range(self.num_rows))
         random.Random(f"{self.seed}-{self.epoch}").shuffle(order)
         return order
+
+
+def to_task(problems: list[Problem], template, rewards, tokenizer=None):
+    """The trainer's Task: each problem's question rendered by `template`, its answer and extra columns."""
+    rows = [
+        {"prompt": template.render(p.question, tokenizer), "answer": p.answer, **p.extra} for p in problems
+    ]
+    return Task(rows, rewards, sources_of(problems))

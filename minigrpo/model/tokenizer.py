@@ -1,0 +1,216 @@
+"""Between the task and the sampler (and back, before the verifier): text <-> token ids, a thin wrapper
+over a `tokenizers.Tokenizer` read from tokenizer.json.
+
+It adds what a checkpoint's side files say (EOS and padding ids from generation_config.json and
+tokenizer_config.json) and Qwen3's chat format. It knows strings and ids, not tensors or models.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import unicodedata
+from collections import Counter
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from ..files import read_json_object, write_json
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+
+class Tokenizer:
+    """encode / decode text, plus the special ids the sampler and trainer need."""
+
+    def __init__(
+        self,
+        tokenizer: _HFTokenizer,
+        tokenizer_config: dict | None = None,
+        generation_config: dict | None = None,
+    ):
+        self.backend = tokenizer
+        self.tokenizer_config = dict(tokenizer_config or {})  # written back unchanged by save()
+        # written back by weights.write_files, with these EOS/pad ids
+        self.generation_config = dict(generation_config or {})
+        self.eos_token_ids = self._eos_ids()  # every id that ends a completion, first = the canonical one
+        self.pad_token_id = self._pad_id()  # id used to fill ragged batches (never attended to)
+
+    @classmethod
+    def from_directory(cls, directory: str) -> Tokenizer:
+        """The tokenizer of a checkpoint directory; a missing or unreadable file is a ValueError naming it."""
+        path = os.path.join(directory, "tokenizer.json")
+        if not os.path.exists(path):
+            raise ValueError(f"{directory} has no tokenizer.json")
+        configs = [
+            _read_json_if_exists(os.path.join(directory, name))
+            for name in ("tokenizer_config.json", "generation_config.json")
+        ]
+        try:
+            backend = _HFTokenizer.from_file(path)
+        except Exception as e:
+            # the tokenizers library raises a bare Exception: bad JSON, an unknown model, ...
+            cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(
+                f"{path} is not a tokenizer file the tokenizers library can read ({cause})"
+            ) from None
+        return cls(backend, *configs)
+
+    def save(self, directory: str) -> None:
+        self.backend.save(os.path.join(directory, "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.tokenizer_config}
+        write_json(os.path.join(directory, "tokenizer_config.json"), config)
+
+    # --- text <-> ids -------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; no BOS/EOS is added (Qwen3 uses none)."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_all(
+        self,
+        texts: list[str],
+        what: str = "prompts",
+        source: str = "this model",
+        max_tokens: int | None = None,
+        sources: list[str] | None = None,
+    ) -> list[list[int]]:
+        """Token ids of every text, refused when the tokenizer loses characters: a tokenizer without
+        a byte fallback drops what its vocabulary lacks (the embedded model's keeps digits and
+        operators), and a model trained on what is left learns from other prompts than it is given.
+        With `max_tokens`, a text too long to fit in that many tokens is refused before anything is
+        encoded (`fewest_tokens`; tokenizing costs seconds a megabyte); `sources` name the texts then."""
+        if max_tokens is not None:
+            self._refuse_too_long(texts, max_tokens, what, source, sources)
+        ids = [self.encode(text) for text in texts]
+        lost = 0
+        example = None
+        for text, row in zip(texts, ids):
+            back = self.decode(row)
+            if unicodedata.normalize("NFC", back) != unicodedata.normalize("NFC", text):
+                lost += max(1, sum((Counter(text) - Counter(back)).values()))
+                example = example or (text, back)
+        if example is not None:
+            text, back = (t if len(t) <= 80 else t[:77] + "..." for t in example)
+            raise ValueError(
+                f"the tokenizer of {source} cannot represent {lost / sum(map(len, texts)):.0%} "
+                f"of the characters of the {what} ({text!r} encodes to {back!r}); "
+                "use a checkpoint whose tokenizer can (a Qwen3 one)"
+            )
+        return ids
+
+    def fewest_tokens(self, text: str) -> int:
+        """At least how many tokens `text` takes, if encode_all accepts it, found in time linear in its length
+        without encoding it: a token decodes to at most `longest_token` characters, plus a space a decoder
+        may put between tokens, and NFC (under which encode_all compares) at most triples a text's length."""
+        return -(-len(unicodedata.normalize("NFC", text)) // (3 * (self.longest_token + 1)))
+
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most characters a token spells: its vocabulary entry's length (bytes, for byte-level ones)."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)))
+
+    def _refuse_too_long(
+        self, texts: list[str], max_tokens: int, what: str, source: str, sources: list[str] | None
+    ) -> None:
+        for i, text in enumerate(texts):
+            if self.fewest_tokens(text) > max_tokens:
+                if sources is not None:
+                    name = f"{sources[i]} ({what})"
+                else:
+                    name = f"row {i + 1} of the {what}" if len(texts) > 1 else f"the {what}"
+                raise ValueError(
+                    f"{name} has {len(text):,} characters, too many for the {max_tokens} tokens the "
+                    f"model's context leaves it: no token of {source}'s tokenizer spells more than "
+                    f"{self.longest_token} characters"
+                )
+
+    def decode(self, ids) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)  # the backend drops them by default
+
+    def decode_completion(self, ids) -> str:
+        """A sampled completion as text: a final EOS left out, other special tokens (<think>) kept."""
+        ids = list(ids)
+        if ids and ids[-1] in self.eos_token_ids:
+            ids = ids[:-1]
+        return self.decode(ids)
+
+    def token_at(self, ids, offsets: list[int]) -> list[int]:
+        """For each character offset into decode_completion(ids), the index of the token that spells
+        the character before it: the first k with len(decode(ids[:k + 1])) >= offset, found by a binary
+        search of decoded prefixes (a few decodes per offset, not one per token)."""
+        ids = list(ids)
+        found = []
+        for offset in offsets:
+            low = 0
+            high = len(ids) - 1  # the answer is in [low, high]
+            while low < high:
+                middle = (low + high) // 2
+                if len(self.decode(ids[: middle + 1])) >= offset:
+                    high = middle
+                else:
+                    low = middle + 1
+            found.append(low)
+        return found
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    # --- chat format ----------------------------------------------------------------------------
+    @property
+    def has_chat_format(self) -> bool:
+        return self.token_to_id(IM_START) is not None and self.token_to_id(IM_END) is not None
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True
+    ) -> str:
+        """Qwen3's ChatML text for [{"role", "content"}, ...] (tool calls are not supported).
+
+        With enable_thinking=False an empty <think></think> block is pre-filled, which is how
+        Qwen3's own template switches its reasoning off.
+        """
+        if not self.has_chat_format:
+            raise ValueError(
+                "this tokenizer has no <|im_start|>/<|im_end|> tokens: it is not a chat tokenizer"
+            )
+        parts = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {message!r}")
+            parts.append(f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n")
+        if add_generation_prompt:
+            parts.append(f"{IM_START}assistant\n")
+            if not enable_thinking:
+                parts.append("<think>\n\n</think>\n\n")
+        return "".join(parts)
+
+    # --- special ids from the side files ------------------------------------------------------
+    def _id_of(self, token) -> int | None:
+        if isinstance(token, dict):  # older tokenizer_config.json: {"content": "<|im_end|>", ...}
+            token = token.get("content")
+        return self.token_to_id(token) if isinstance(token, str) else None
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids = self.generation_config.get("eos_token_id")
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        from_tokenizer = self._id_of(self.tokenizer_config.get("eos_token"))
+        if from_tokenizer is not None and from_tokenizer not in ids:
+            ids.append(from_tokenizer)
+        return tuple(ids)
+
+    def _pad_id(self) -> int | None:
+        pad = self.generation_config.get("pad_token_id")
+        if pad is None:
+            pad = self._id_of(self.tokenizer_config.get("pad_token"))
+        return pad if pad is not None else self.eos_token_id
+
+
+def _read_json_if_exists(path: str) -> dict:
+    return read_json_object(path, "the tokenizer's settings") if os.path.exists(path) else {}

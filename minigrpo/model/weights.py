@@ -1,0 +1,363 @@
+"""Before and after the loop, the policy's weights in Hugging Face layout, as transformers and the Hub
+keep them.
+
+(Training checkpoints, which add the optimizer and the run's position to these files, are run/checkpoint.py.)
+
+In: a local directory or a Hub repo id. Out: a Qwen3 model and its Tokenizer (and back to disk).
+Weights move through safetensors only, never pickle. Every problem with the files is raised as a
+CheckpointError that names the file or tensor at fault; a save never leaves a half-written directory.
+It knows files, names and shapes, not training.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..files import read_json_object, replace_dir, write_json
+from .qwen3 import ConfigError, Qwen3, Qwen3Config
+from .tokenizer import Tokenizer
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# the files a checkpoint needs, the only ones fetched from the Hub
+CHECKPOINT_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "*.safetensors",
+    INDEX_FILE,
+]
+IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or written; the message names the file or tensor."""
+
+
+# --- name mapping ---------------------------------------------------------------------------------
+def hf_name(name: str) -> str:
+    """Hugging Face name of our parameter: the same path under "model.", except the LM head."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def to_hf_state_dict(model: Qwen3, weights: dict | None = None) -> dict[str, torch.Tensor]:
+    """Our parameters (or `weights`, a state dict of the model) under Hugging Face names."""
+    return {
+        hf_name(name): tensor for name, tensor in (model.state_dict() if weights is None else weights).items()
+    }
+
+
+# --- loading --------------------------------------------------------------------------------------
+def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision: str | None = None):
+    """(model, tokenizer) from a local Hugging Face directory or a Hub repo id such as 'Qwen/Qwen3-0.6B'.
+
+    dtype defaults to float32 on CPU and bfloat16 on GPU. tokenizer is None when the directory has
+    no tokenizer.json.
+    """
+    device = parse_device(device)
+    dtype = _parse_dtype(dtype, device)
+    directory = resolve_checkpoint(path_or_repo_id, revision=revision)
+    config = read_config(directory)
+    tokenizer = read_tokenizer(directory)  # before the weights: a bad tokenizer file fails fast
+    with torch.device("meta"):  # no memory, no random init: the weights come from the files
+        model = Qwen3(config).to(dtype)
+    model = model.to_empty(device=device)
+    _load_weights(model, directory)
+    model.eval()
+    return model, tokenizer
+
+
+def parse_device(device) -> torch.device:
+    """torch.device(device), or a ValueError saying why not: torch does not know the device, or this
+    machine does not have it. load_pretrained and run.build_run check every device here, first."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N (GPU N) or mps") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device!r} asks for a GPU, but torch sees none here (a CPU build of torch, or no "
+            "driver); use cpu"
+        )
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {device!r} asks for GPU {parsed.index}, but torch sees {torch.cuda.device_count()} "
+            f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+        )
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(
+            f"device {device!r} asks for Apple's GPU (MPS), which torch does not see here; use cpu"
+        )
+    return parsed
+
+
+def resolve_checkpoint(path_or_repo_id: str, revision: str | None = None) -> str:
+    """A local directory as is, or a Hub repo id downloaded (only the files we need) to the HF cache."""
+    if os.path.isdir(path_or_repo_id):
+        return path_or_repo_id
+    if os.path.exists(path_or_repo_id):
+        raise CheckpointError(
+            f"{path_or_repo_id} is a file; a checkpoint is a directory with config.json and *.safetensors"
+        )
+    looks_local = os.path.isdir(path_or_repo_id.split("/")[0])  # "models/x" when ./models exists
+    if looks_local or not re.fullmatch(r"[\w.-]+/[\w.-]+", path_or_repo_id):
+        raise CheckpointError(f"no such checkpoint directory: {path_or_repo_id}")
+    return download(path_or_repo_id, revision=revision)
+
+
+def download(repo_id: str, local_dir: str | None = None, revision: str | None = None) -> str:
+    """Fetch a checkpoint's files from the Hugging Face Hub; returns the local directory."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(
+            repo_id, revision=revision, local_dir=local_dir, allow_patterns=CHECKPOINT_FILES
+        )
+    except Exception as e:  # offline, unknown repo, gated repo, network error: all end here
+        raise CheckpointError(
+            f"could not fetch {repo_id!r} from the Hugging Face Hub "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+            "Check the repo id and your network, or pass a local directory (see models/README.md)."
+        ) from None
+
+
+def read_config(directory: str) -> Qwen3Config:
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        raise CheckpointError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
+    settings = _read_json(path, "the model's settings")
+    try:
+        return Qwen3Config.from_dict(settings)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def read_tokenizer(directory: str) -> Tokenizer | None:
+    """The directory's Tokenizer, None without a tokenizer.json, a CheckpointError for a bad one."""
+    if not os.path.exists(os.path.join(directory, "tokenizer.json")):
+        return None
+    try:
+        return Tokenizer.from_directory(directory)
+    except ValueError as e:  # names the file at fault
+        raise CheckpointError(str(e)) from None
+
+
+def weight_files(directory: str) -> dict[str, str]:
+    """Map each tensor name to the safetensors file (full path) that holds it."""
+    index_path = os.path.join(directory, INDEX_FILE)
+    single_path = os.path.join(directory, SINGLE_FILE)
+    if os.path.exists(index_path):
+        weight_map = _read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path} has no weight_map of tensor names to files")
+        return {name: os.path.join(directory, file) for name, file in weight_map.items()}
+    if os.path.exists(single_path):
+        with _open_safetensors(single_path) as f:
+            return {name: single_path for name in f.keys()}
+    pickled = [f for f in os.listdir(directory) if f.endswith((".bin", ".pt", ".pth"))]
+    hint = f" (found {pickled[0]}: minigrpo reads safetensors only, never pickle)" if pickled else ""
+    raise CheckpointError(f"{directory} has no {SINGLE_FILE} or {INDEX_FILE}{hint}")
+
+
+def check_tensors(directory: str) -> None:
+    """The weights files of `directory` hold every tensor its config.json implies, each of that shape and
+    with all its bytes, read from the files' headers (no tensor data is read); a CheckpointError names the
+    file or tensor that does not."""
+    with torch.device("meta"):  # shapes only: no memory
+        expected = to_hf_state_dict(Qwen3(read_config(directory)))
+    files = weight_files(directory)
+    _check_names(expected, files, directory)
+    handles = {}
+    for name, param in expected.items():
+        if files[name] not in handles:
+            # checks the length against the header
+            handles[files[name]] = _open_safetensors_listed(files[name])
+        shape = tuple(handles[files[name]].get_slice(name).get_shape())
+        if shape != tuple(param.shape):
+            raise CheckpointError(_shape_error(name, directory, shape, param.shape))
+
+
+def _load_weights(model: Qwen3, directory: str) -> None:
+    files = weight_files(directory)
+    params = to_hf_state_dict(model)
+    _check_names(params, files, directory)
+    handles = {}
+    for name, param in params.items():
+        tensor = _read_tensor(handles, files[name], name)
+        if tensor.shape != param.shape:
+            raise CheckpointError(_shape_error(name, directory, tensor.shape, param.shape))
+        with torch.no_grad():
+            param.copy_(tensor)
+
+
+def _check_names(params: dict, files: dict[str, str], directory: str) -> None:
+    """The files hold every parameter's tensor and nothing else but ignorable extras."""
+    unexpected = [n for n in files if n not in params and not IGNORED.match(n)]
+    if "lm_head.weight" not in params:
+        unexpected = [n for n in unexpected if n != "lm_head.weight"]  # a tied head saved anyway is a copy
+    missing = [n for n in params if n not in files]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint in {directory} does not match its config.json: "
+            + "; ".join(
+                f"{label}: {_first_names(names)}"
+                for label, names in (("missing", missing), ("unexpected", unexpected))
+                if names
+            )
+        )
+
+
+def _shape_error(name: str, directory: str, shape, expected) -> str:
+    return f"tensor {name} in {directory} has shape {tuple(shape)}, but config.json implies {tuple(expected)}"
+
+
+def _read_tensor(handles: dict, path: str, name: str) -> torch.Tensor:
+    if path not in handles:
+        handles[path] = _open_safetensors_listed(path)
+    try:
+        return handles[path].get_tensor(name)
+    except Exception as e:
+        raise CheckpointError(f"cannot read tensor {name} from {path}: {e}") from None
+
+
+def _open_safetensors_listed(path: str):
+    """_open_safetensors of a file the weight map names, which may not exist."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
+    return _open_safetensors(path)
+
+
+def _open_safetensors(path: str):
+    """safe_open(path), with a damaged file (truncated, empty, not safetensors) a CheckpointError naming
+    it."""
+    try:
+        return safe_open(path, framework="pt")
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError for unreadable files)
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (truncated or damaged?): {e}"
+        ) from None
+
+
+def read_task(directory: str) -> dict:
+    """The task a local checkpoint was made for, {} if it names none: tokenizer_config.json's
+    "minigrpo_task" (option names of the example scripts to their values, e.g. data, template,
+    tools). It travels with the tokenizer's config, so every checkpoint saved from the model keeps it.
+    A Hub id or a directory without the file gives {}; a malformed entry is a CheckpointError."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    task = _read_json(path, "the tokenizer's settings").get("minigrpo_task", {})
+    if not isinstance(task, dict):
+        raise CheckpointError(f"{path}: minigrpo_task must map option names to values, got {task!r:.80}")
+    return task
+
+
+def _read_json(path: str, holding: str) -> dict:
+    try:
+        return read_json_object(path, holding)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _first_names(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _parse_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+    return names[dtype]
+
+
+# --- saving ---------------------------------------------------------------------------------------
+def save_pretrained(
+    model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30
+) -> None:
+    """Write model (and tokenizer) in Hugging Face layout, atomically.
+
+    Everything is written to a temporary sibling directory which then replaces `directory`, so a
+    crash mid-save leaves either the old checkpoint or the new one, never a mix. Files larger than
+    max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index.
+    """
+    directory = os.path.abspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):  # replace_dir would delete it
+        raise CheckpointError(f"{directory} is a file; a checkpoint is saved as a directory")
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
+    try:
+        write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_files(
+    model: Qwen3,
+    tokenizer: Tokenizer | None,
+    directory: str,
+    *,
+    max_shard_bytes: int = 4 * 2**30,
+    weights: dict | None = None,
+) -> None:
+    """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
+    weights: the model's state dict, if not its own (a sharded model's, gathered)."""
+    _write_weights(model, directory, max_shard_bytes, weights)
+    write_json(
+        os.path.join(directory, "config.json"),
+        {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+    )
+    if tokenizer is not None:
+        tokenizer.save(directory)
+        generation = {**tokenizer.generation_config, "eos_token_id": list(tokenizer.eos_token_ids)}
+        if tokenizer.pad_token_id is not None:
+            generation["pad_token_id"] = tokenizer.pad_token_id
+        write_json(os.path.join(directory, "generation_config.json"), generation)
+
+
+def _write_weights(model: Qwen3, directory: str, max_shard_bytes: int, weights: dict | None) -> None:
+    tensors = {name: t.detach().cpu().contiguous() for name, t in to_hf_state_dict(model, weights).items()}
+    shards = []
+    current = {}
+    size = 0
+    for name, t in tensors.items():
+        if current and size + t.nbytes > max_shard_bytes:
+            shards.append(current)
+            current = {}
+            size = 0
+        current[name] = t
+        size = size + t.nbytes
+    shards.append(current)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(directory, SINGLE_FILE), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(directory, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    total = sum(t.nbytes for t in tensors.values())
+    write_json(
+        os.path.join(directory, INDEX_FILE), {"metadata": {"total_size": total}, "weight_map": weight_map}
+    )

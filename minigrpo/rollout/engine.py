@@ -1,0 +1,342 @@
+"""Stage 1 of the loop, rollout: the decode engine, the state machine behind sampler.generate.
+
+In: the model, prompts as token-id lists, the sampling settings, a seed and an optional `DecodeHook`
+(tool calls: tool_turns.py). Out: `Samples`. It keeps the KV cache (model/kv_cache.py) and, per request, the
+tokens and log-probs drawn so far; it knows token ids and tensors, not text, rewards or tools: the hook
+is the one place a decode step is steered by anything but sampling.
+
+How a call runs, how rows are refilled and compacted, and the graphed decode: sampler.py's docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.attention import sdpa_kernel
+
+from ..config import SamplingConfig
+from . import decode_graphs
+from .decode_hook import DecodeHook, Steering
+from .decode_modes import (
+    GPU_ATTENTION,
+    batch_buckets,
+    compiled_decode_step,
+    decode_mode,
+    decode_step,
+    span_bucket,
+)
+from .next_token import draw_counters, row_keys, sample, uniform
+
+STOPPED = "tool_limit"  # the finish reason of a row its hook stopped (tools: one call past max_tool_calls)
+
+
+@dataclass
+class Samples:
+    """What one generate() call produced, ordered prompt by prompt (prompt 0's samples first)."""
+
+    tokens: list[list[int]]  # completion ids per sample, EOS included when emitted
+    # per completion token: log softmax(logits / temperature), T = 1 when greedy; 0 for observation
+    # tokens, which were not drawn
+    logprobs: list[list[float]]
+    finish_reasons: list[str]  # "stop" (EOS), "length" (max_new_tokens reached), "tool_limit"
+    prompt_indices: list[int]  # the prompt each sample continues
+    generated: list[list[bool]] | None = None  # per completion token: sampled (True) or a tool's observation
+    tool_calls: list[list] | None = (
+        None  # per completion, the records of its calls; None: called without tools
+    )
+    prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
+    decode_seconds: float = 0.0  # every decode step, sampling included
+    decode_steps: int = 0  # model calls after the first prefill
+    batch_rows: int = 0  # rows of the KV cache: min(requested rows, max_batch_rows)
+    compiled: bool = False  # whether the decode steps ran as graphs (CUDA graphs, or torch.compile's on CPU)
+    warmup_seconds: float = 0.0  # capturing CUDA graphs not yet captured (not in decode_seconds)
+    kv_cache_bytes: int = 0  # the decode cache plus the largest prefill cache this call allocated
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.tokens))
+
+    @property
+    def tokens_per_second(self) -> float:
+        total = self.prefill_seconds + self.decode_seconds
+        return self.num_tokens / total if total > 0 else 0.0
+
+    @property
+    def ms_per_step(self) -> float:
+        """Milliseconds per decode step."""
+        return 1e3 * self.decode_seconds / max(self.decode_steps, 1)
+
+
+# --- the decode loop -----------------------------------------------------------------------------
+class Engine:
+    """One generate() call. Requests are the P x G completions asked for (request r continues prompt
+    r // G); the batch is the <= max_batch_rows of them decoding now, each batch row carrying its request
+    id, the column its next token goes to, whether it is done, its random stream and its next-token
+    logits. Column `max_new` of the per-request buffers is scratch: done and held rows write there."""
+
+    def __init__(
+        self, model: nn.Module, prompts, config: SamplingConfig, seed: int, hook: DecodeHook | None = None
+    ):
+        self.model = model
+        self.prompts = [list(p) for p in prompts]
+        self.config = config
+        self.hook = hook
+        self.group_size = config.num_samples
+        self.num_requests = len(prompts) * self.group_size
+        self.device = model.device
+        budgets = [n for n in config.budgets(len(prompts)) for _ in range(self.group_size)]
+        self.max_new = max(budgets)  # the longest completion budget: the per-request buffers' width
+        self.scratch = self.max_new  # the column past every budget
+        R = self.num_requests
+        W = self.max_new + 1
+        self.budgets = torch.tensor(budgets, device=self.device)  # (R,): each request's max_new_tokens
+        self.limits = self.budgets.clone()  # (R,): its budget, or the length its hook stopped it at
+        self.stopped = torch.zeros(R, dtype=torch.bool, device=self.device)  # (R,): its hook stopped it
+        self.eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=self.device)
+        self.request_keys = row_keys(seed, R, self.device)  # (R,): one random stream per request
+        self.tokens = torch.zeros(R, W, dtype=torch.long, device=self.device)  # (R, max_new + 1)
+        # fp32, or fp64 for a model in fp64 (a test's exact reference)
+        precision = torch.float64 if model.dtype == torch.float64 else torch.float32
+        self.logprobs = torch.zeros(R, W, dtype=precision, device=self.device)  # (R, max_new + 1)
+        # (R, max_new + 1): False where a token is a tool's observation, not sampled
+        self.generated = torch.ones(R, W, dtype=torch.bool, device=self.device)
+        self.check_every = config.check_every or (1 if self.device.type == "cpu" else 8)
+        if hook is not None:
+            self.check_every = 1  # the host sees every token: a call may end at any decode step
+        self.prefill_seconds = 0.0
+        self.decode_steps = 0
+        self.prefill_cache_bytes = 0
+
+    def run(self) -> Samples:
+        rows = min(self.num_requests, self.config.max_batch_rows or self.num_requests)
+        self.mode = decode_mode(self.config.compile, self.device)
+        self.compiled = self.mode != "eager"
+        self.allocate(rows)
+        if self.mode == "cuda graphs":
+            self.decode = self.graphs.step
+        elif self.mode == "inductor":
+            self.decode = compiled_decode_step()
+        else:
+            self.decode = decode_step
+        packing = self.model.packed_for_decoding(rows) if self.mode == "eager" else contextlib.nullcontext()
+        attention = sdpa_kernel(GPU_ATTENTION) if self.device.type == "cuda" else contextlib.nullcontext()
+        captured = self.graphs.capture_seconds if self.graphs is not None else 0.0
+        start = time.perf_counter()
+        with packing, attention:
+            self.prefill_seconds += time.perf_counter() - start  # packing the weights counts as prefill
+            self.logits = self.start_rows(list(range(rows)), list(range(rows)))  # (b, V)
+            first_prefill = self.prefill_seconds
+            start = time.perf_counter()
+            self.decode_loop()
+            refill_seconds = self.prefill_seconds - first_prefill  # refills are prefill
+            self.warmup_seconds = self.graphs.capture_seconds - captured if self.graphs is not None else 0.0
+            decode_seconds = time.perf_counter() - start - refill_seconds - self.warmup_seconds
+        return self.to_samples(decode_seconds)
+
+    def allocate(self, rows: int) -> None:
+        """The KV cache and the per-row state of a batch of `rows` rows, all empty."""
+        # a row never holds more than its prompt plus its budget - 1 tokens
+        slots = max(len(p) + n for p, n in zip(self.prompts, self.config.budgets(len(self.prompts))))
+        if self.compiled:  # the cache is a whole span bucket, so every span the loop asks for is a bucket
+            slots = span_bucket(slots, 10**9)
+        self.graphs = None  # the CUDA graphs and the cache they decode in, kept across calls
+        if self.mode == "cuda graphs":
+            self.graphs = decode_graphs.decoder_for(self.model, rows, slots)
+            self.cache = self.graphs.cache_for(rows)
+        else:
+            self.cache = self.model.new_cache(rows, slots)
+        self.batch_rows = rows
+        self.cache_bytes = self.cache.nbytes
+        self.batch_sizes = batch_buckets(rows)
+        # requests not yet in the batch, next last
+        self.waiting = list(range(self.num_requests - 1, rows - 1, -1))
+        self.requests = torch.arange(rows, device=self.device)  # (b,): the request each batch row decodes
+        # (b,): the column of the per-request buffers its next token goes to
+        self.columns = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
+        # (b,): its latest token, the next decode step's input
+        self.last_token = torch.zeros(rows, dtype=torch.long, device=self.device)
+        # (b, max_new + 1): its first draw for each column
+        self.noise = torch.zeros(rows, self.max_new + 1, device=self.device)
+        # (b,): its request's random key
+        self.row_keys = torch.zeros(rows, dtype=torch.long, device=self.device)
+        # host: each row's length minus the decode steps run so far; every decode step adds one to every
+        # row, so the longest row then holds decode_steps + max(reach) tokens
+        self.reach = [0] * rows
+
+    def start_rows(self, slots: list[int], requests: list[int]) -> torch.Tensor:
+        """Prefill `requests` into batch rows `slots`, each distinct prompt once and copied to its rows;
+        (b', V) logits of their first tokens."""
+        t = time.perf_counter()
+        prompt_of = [r // self.group_size for r in requests]
+        distinct = sorted(set(prompt_of))
+        source = torch.tensor([distinct.index(p) for p in prompt_of], device=self.device)  # (b',)
+        ids, lengths = right_pad([self.prompts[p] for p in distinct], self.device)  # (P', T), (P',)
+        scratch = self.model.new_cache(len(distinct), ids.shape[1])
+        self.prefill_cache_bytes = max(self.prefill_cache_bytes, scratch.nbytes)
+        logits = self.model.logits(self.model.prefill(ids, lengths, scratch))[source]  # (b', V)
+        where = torch.tensor(slots, device=self.device)  # (b',)
+        request_ids = torch.tensor(requests, device=self.device)  # (b',)
+        self.cache.copy_rows(where, scratch, source, ids.shape[1])
+        self.requests[where] = request_ids
+        self.columns[where] = 0
+        self.done[where] = False
+        self.row_keys[where] = self.request_keys[request_ids]
+        counters = draw_counters(self.max_new, 0, self.device)  # (1, max_new + 1)
+        self.noise[where] = uniform(self.row_keys[where, None], counters)  # (b', max_new + 1)
+        for slot, p in zip(slots, prompt_of):
+            self.reach[slot] = len(self.prompts[p]) - self.decode_steps
+        self.prefill_seconds += time.perf_counter() - t
+        return logits
+
+    def decode_loop(self) -> None:
+        while True:
+            self.choose(self.logits)
+            if (self.decode_steps + 1) % self.check_every == 0 and not self.check():
+                return
+            span = self.span()
+            if self.compiled:
+                span = span_bucket(span, self.cache.max_len)
+            self.logits = self.decode(self.model, self.last_token, self.cache, span)  # (b, V)
+            self.cache.lengths -= self.done.long()  # done rows stay where they are
+            self.decode_steps += 1
+
+    def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
+        """Draw the next token of the batch rows `which` (all by default) and record it; with a hook (tool
+        calls), recorded as it steers: a row may take a forced token instead, or none (held), or stop."""
+        requests = self.requests[which]  # (b,)
+        columns = self.columns[which]  # (b,)
+        # token, logprob: (b,) each
+        token, logprob = sample(logits, self.config, self.noise[which], columns, self.row_keys[which])
+        if self.hook is None:
+            self.record(which, requests, columns, token, logprob)
+        else:
+            steering = self.hook.steer(self, which, token)  # the one place a hook meets the loop
+            self.record_steered(which, requests, columns, token, logprob, steering)
+
+    def record(self, which, requests, columns, token, logprob) -> None:
+        """Store the rows' tokens at their columns. A row ends at an EOS or at its budget's last column."""
+        self.tokens[requests, columns] = token
+        self.logprobs[requests, columns] = logprob
+        ends = torch.isin(token, self.eos)  # (b,)
+        done = self.done[which] | ends | (columns == self.budgets[requests] - 1)  # (b,)
+        self.done[which] = done
+        self.last_token[which] = token
+        self.columns[which] = torch.where(done, self.scratch, columns + 1)  # done rows write to scratch
+
+    def record_steered(self, which, requests, columns, drawn, logprob, steering: Steering) -> None:
+        """`record` as the hook steers it. A forced token is stored with log-prob 0 and generated False,
+        and its EOS ends nothing; a held row writes to the scratch column and stays as it was, and its
+        cache length steps back one, so that the next decode step feeds its last token into that token's
+        own slot; a stopped row ends after its token."""
+        forced = steering.forced
+        held = steering.held
+        token = torch.where(forced, steering.tokens, drawn)  # (b,)
+        written = torch.where(held, self.scratch, columns)  # (b,)
+        self.tokens[requests, written] = token
+        self.logprobs[requests, written] = logprob.masked_fill(forced, 0.0)
+        self.generated[requests, written] = ~forced
+        ends = torch.isin(token, self.eos) & ~(forced | held)  # (b,)
+        done = self.done[which] | ends | (written == self.budgets[requests] - 1) | steering.stopped  # (b,)
+        next_columns = torch.where(done, self.scratch, written + 1)  # (b,)
+        # before the columns move on: `columns` may be a view of them
+        self.limits[requests] = torch.where(steering.stopped, columns + 1, self.limits[requests])
+        self.stopped[requests] |= steering.stopped
+        self.done[which] = done
+        self.last_token[which] = torch.where(held, self.last_token[which], token)
+        self.columns[which] = torch.where(held, columns, next_columns)
+        self.cache.lengths[which] -= held.long()
+
+    def check(self) -> bool:
+        """Refill finished rows with waiting requests, or drop them; False once every request is done."""
+        finished = self.done.nonzero().squeeze(1).tolist()
+        if finished and self.waiting:
+            refill = finished[: len(self.waiting)]
+            requests = [self.waiting.pop() for _ in refill]
+            logits = self.start_rows(refill, requests)
+            # their first tokens, from the prefill
+            self.choose(logits, torch.tensor(refill, device=self.device))
+            return True
+        running = len(self.reach) - len(finished)
+        if running == 0:
+            return False
+        if self.config.compact and running <= len(self.reach) // 2:
+            self.compact(running)
+        return True
+
+    def compact(self, running: int) -> None:
+        """Move the running rows to the front and shrink the batch (to a batch bucket when compiled)."""
+        size = running if not self.compiled else min(b for b in self.batch_sizes if b >= running)
+        order = torch.argsort(self.done.to(torch.int8), stable=True)[:size]  # running rows first, in order
+        self.cache = self.cache.keep_rows(order, self.span(), fresh=self.mode == "inductor")
+        self.requests = self.requests[order]
+        self.columns = self.columns[order]
+        self.done = self.done[order]
+        self.last_token = self.last_token[order]
+        self.noise = self.noise[order]
+        self.row_keys = self.row_keys[order]
+        self.reach = [self.reach[i] for i in order.tolist()]
+
+    def span(self) -> int:
+        """Cache slots the next decode step reads: one more than the longest row will then hold (a
+        host-side bound)."""
+        return self.decode_steps + max(self.reach) + 1
+
+    def to_samples(self, decode_seconds: float) -> Samples:
+        # an observation's EOS (Qwen3's <|im_end|> before a tool response) does not end a completion
+        budget_columns = slice(0, self.max_new)  # (R, max_new): the scratch column left out
+        lengths = completion_lengths(
+            self.tokens[:, budget_columns], self.eos, self.limits, self.generated[:, budget_columns]
+        )
+        lengths = lengths.tolist()
+        tokens = [row[:n] for row, n in zip(self.tokens.tolist(), lengths)]
+        generated = [row[:n] for row, n in zip(self.generated.tolist(), lengths)]
+        eos = set(self.config.eos_token_ids)
+        finish_reasons = []
+        for row, sampled, stopped in zip(tokens, generated, self.stopped.tolist()):
+            if row and row[-1] in eos and sampled[-1]:
+                finish_reasons.append("stop")
+            elif stopped:
+                finish_reasons.append(STOPPED)
+            else:
+                finish_reasons.append("length")
+        return Samples(
+            tokens,
+            [row[:n] for row, n in zip(self.logprobs.tolist(), lengths)],
+            finish_reasons=finish_reasons,
+            prompt_indices=[r // self.group_size for r in range(self.num_requests)],
+            generated=generated,
+            tool_calls=self.hook.calls if self.hook is not None else None,
+            prefill_seconds=self.prefill_seconds,
+            decode_seconds=decode_seconds,
+            decode_steps=self.decode_steps,
+            batch_rows=self.batch_rows,
+            compiled=self.compiled,
+            warmup_seconds=self.warmup_seconds,
+            kv_cache_bytes=self.cache_bytes + self.prefill_cache_bytes,
+        )
+
+
+# --- prompts in, completions out -------------------------------------------------------------------
+def right_pad(prompts, device):
+    """(P, T) token ids, each prompt from column 0 and padded with 0 on the right, and (P,) lengths."""
+    ids = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(p, dtype=torch.long) for p in prompts], batch_first=True
+    )  # (P, T)
+    return ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
+
+
+def completion_lengths(
+    tokens: torch.Tensor, eos: torch.Tensor, limit, generated: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(R,) tokens up to and including each row's first sampled EOS (of those `generated`, (R, N), when
+    given), at most `limit` (an int, or (R,) per row: a row's slots past its own are never written)."""
+    hits = torch.isin(tokens, eos)  # (R, N)
+    if generated is not None:
+        hits &= generated
+    first = hits.to(torch.int8).argmax(-1)  # (R,): first True, or 0 if none
+    return torch.minimum(torch.where(hits.any(-1), first + 1, limit), torch.as_tensor(limit))

@@ -1,0 +1,411 @@
+"""The GRPO loop: the one module that combines the stages, numbered as in the README's diagram.
+
+In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
+TrainConfig. Out: the policy trained by one step at a time, and each step's stats. It knows the
+order of the stages, not how any stage works, nor how a run starts, resumes, logs or saves (training.py).
+One step, `Trainer.train_step`:
+
+  1. sample      P prompts x G completions (rollout/, generate)           -> rollout buffer
+  2. verify      decode, score every reward, weight and sum (verifier/)   -> reward per completion
+                 with process supervision, also each step's reward        -> step rewards
+                 (step_rewards/)
+                 dynamic sampling (DAPO) repeats 1-2 on new prompts for the groups with no signal
+  3. advantages  group-relative (update/advantages.py)                    -> advantage per completion
+                 or, with process supervision, per token
+  4. update      old / reference log-probs, then num_iterations passes, each over shuffled
+                 micro-batches with gradient accumulation, gradient clipping and one AdamW step
+                 (update/updater.py)
+  5. metrics     the step's stats for the logger (training.py logs them and saves checkpoints)
+
+The stages a run takes are chosen once, when the trainer is built (`_choose_stages`): whether tools
+run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (per completion,
+per token, or both), which stats. A stage returns what it computes; the trainer writes it into the
+rollouts, in one place per stage.
+
+Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
+short, up to max_sampling_rounds. A group has no signal when its outcome rewards are all equal,
+also under process supervision, whose step rewards might still differ. An observer (trace.py) sees
+the rollouts after stage 3 and the update's stats after stage 4; `train_step` returns the stats with
+the first completion of a few groups and their rewards.
+
+With num_iterations = 1 the old log-probs are the current ones detached: the ratio is exactly 1,
+the clipped surrogate reduces to the advantage, and since advantages are centred within each
+group the loss reads about 0 with clip fraction 0 (its gradient is not 0). This matches TRL.
+
+Departures from DeepSeekMath GRPO beyond update/loss.py's: every sampling seed, the data order and the
+micro-batch shuffles derive from TrainConfig.seed and the step number, so a resumed run repeats
+a straight one bit for bit on CPU; each of the num_iterations passes is one AdamW step over the
+whole batch (the paper leaves the split open); the learning rate is scheduled per GRPO step
+(warm-up, then constant or cosine over max_steps), set on the optimizer before each step.
+
+Under torchrun (see distributed.py) every rank draws the same prompts and samples and scores its
+own contiguous block of whole groups (stages 1-2). The rollouts are then gathered, so stage 3
+(advantages, including scale_rewards="batch"; dynamic sampling's decisions) and every logged
+metric see the whole batch, on every rank. In stage 4 each rank trains a block of the groups;
+DistributedDataParallel, or FSDP2 with config.fsdp, averages the gradients, and the loss is
+scaled by the world size because its shares are taken against the whole step's totals (dapo's
+token count, grpo's sequence count): one process and several compute the same update. Only
+the completions differ with the number of ranks, since each rank seeds its own sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+from dataclasses import replace
+
+import torch
+
+from .. import distributed
+from ..config import GRPOConfig, TrainConfig, as_dict
+from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
+from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
+from ..tasks import PromptStream, Task
+from ..tools import ToolRunner, tool_stats
+from ..update import (
+    SamplingCopy,
+    Updater,
+    frozen_copy,
+    group_advantages,
+    token_advantages,
+    zero_variance_groups,
+)
+from ..verifier import compute_rewards, sandbox_stats
+from .metrics import Clock, reward_stats
+
+
+class Trainer:
+    """GRPO on one task: `train_step` is one step of the README's diagram (training.py drives the steps)."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        task: Task,
+        grpo: GRPOConfig,
+        config: TrainConfig,
+        *,
+        model_path: str = "",
+        reference=None,
+        dist: distributed.Dist | None = None,
+    ):
+        if model.dtype == torch.float16:  # AdamW's eps (1e-8) is 0 in float16: a step divides by zero
+            raise ValueError(
+                "the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 "
+                "rounds to 0 and the first step turns most weights into NaN or inf); use "
+                "bfloat16 or float32"
+            )
+        self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
+        config.check_against(grpo, self.dist.world_size)
+        if self.dist.world_size > 1:  # (the digest reads every row: not for one process)
+            self.dist.check_same(
+                {
+                    "configs": as_dict(grpo, config),
+                    "model_path": model_path,
+                    "dtype": str(model.dtype),
+                    "device": model.device.type,
+                    "task": distributed.digest(task.rows),
+                    "rewards": repr(task.rewards),
+                }
+            )
+        task.check_rewards()  # every row, before anything runs: not at the step that samples a bad one
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task = task
+        self.grpo = grpo
+        self.config = config
+        self.model_path = model_path  # where the run started: the reference model is reloaded from it
+        room = model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
+        prompts = [self._text(row["prompt"]) for row in task.rows]
+        self.prompt_ids = tokenizer.encode_all(
+            prompts, "task's prompts", model_path or "the policy", room, task.sources
+        )
+        self.check_context(self.prompt_ids, "task's prompts", task.sources)
+        self.eos_ids = tuple(tokenizer.eos_token_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        # stage 1's own copy of the policy in another precision (sampling_dtype), as another engine's
+        self.sampling_copy = SamplingCopy(model, grpo.sampling_dtype)
+        self.reference = None  # a frozen copy of the starting policy, only when the KL needs one
+        if grpo.beta > 0:
+            self.reference = frozen_copy(reference if reference is not None else model)
+        self.updater = Updater(
+            model,
+            self.reference,
+            grpo,
+            config,
+            self.dist,
+            padding_rollout(self.prompt_ids[0][0], self.pad_id),
+            self.pad_id,
+        )
+        self.policy = self.updater.policy  # sampling and checkpoints use it and the optimizer
+        self.optimizer = self.updater.optimizer
+        self.stream = PromptStream(len(task.rows), config.seed)
+        self.step = 0
+        self.updated_step = 0  # the step whose update the weights hold; None while an update runs
+        model.gradient_checkpointing = config.gradient_checkpointing
+        self._choose_stages()
+
+    def _choose_stages(self) -> None:
+        """The stages this run takes, chosen once: train_step's callees test no feature switch."""
+        grpo = self.grpo
+        # a fresh ToolRunner per sampling call (its requests are that call's rows), or no tools at all
+        self.tool_runner = contextlib.nullcontext
+        if grpo.tool_names:
+            self.tool_runner = functools.partial(
+                ToolRunner, self.tokenizer, grpo.tool_format, grpo.tool_names, grpo.max_tool_calls
+            )
+            # one runner built now, not at the first step: it checks that the tools exist and that the
+            # tokenizer has the format's markers
+            with self.tool_runner():
+                pass
+        self.sampling_rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
+        self.drops_flat_groups = grpo.dynamic_sampling or grpo.drop_zero_variance_groups
+        # stage 2's step rewards: none when advantages are per completion alone
+        self.step_rewards = _no_step_rewards
+        if grpo.advantage_type != "outcome" and grpo.process_rewards == "monte_carlo":
+            self.step_rewards = self._monte_carlo_steps
+        elif grpo.advantage_type != "outcome":
+            self.step_rewards = self._checked_steps
+        # stage 3's per-token advantages: none (the update reads each rollout's one advantage), the
+        # steps' alone, or the steps' plus the outcome's
+        self.token_advantages = {
+            "outcome": _no_token_advantages,
+            "process": functools.partial(_step_advantages, with_outcome=False),
+            "outcome+process": functools.partial(_step_advantages, with_outcome=True),
+        }[grpo.advantage_type]
+        # stage 5's stats over the sampled rollouts
+        self.rollout_stats = [reward_stats]
+        if grpo.advantage_type != "outcome":
+            self.rollout_stats.append(step_stats)
+        if grpo.tool_names:
+            self.rollout_stats.append(functools.partial(tool_stats, names=grpo.tool_names))
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
+        """One step of the module docstring's stages: (stats to log, a few completions with rewards)."""
+        self.step += 1
+        self._set_learning_rate()
+        clock = Clock()
+        batch = StepRollouts(self.grpo.num_generations, self.config.batch_size, self.drops_flat_groups)
+        for round_ in range(self.sampling_rounds):
+            indices = self.stream.next(batch.missing_groups())  # the next prompts of the task
+            mine = self.dist.block_of(indices)  # this rank's block of them (one process: all)
+            with clock("sample"):
+                rollouts, warmup = self.sample(mine, round_)  # 1. sample G completions per prompt
+            if warmup:  # graphs captured in this step's sampling: logged by the steps that capture any
+                clock.add("warmup", warmup)
+            with clock("verify"):
+                self.verify(rollouts, mine)  # 2. verify: every reward of the task
+            rollouts = self.dist.gather_joined(rollouts)  # every rank's, in prompt order
+            rewards = torch.tensor([r.reward for r in rollouts])  # (N,)
+            # (N / G,) the groups whose rewards are all equal: no signal
+            flat = zero_variance_groups(rewards, self.grpo.num_generations).tolist()
+            batch.add(rollouts, flat)
+            if batch.full():
+                break
+        self.advantages(batch.trained)  # 3. advantages, over the groups trained on
+        if observer is not None:
+            observer.rollouts(self, batch.sampled)
+        self.updated_step = None  # until it ends, the weights are neither this step's nor the last's
+        with clock("update"):
+            update = self.updater(batch.trained, self.step)  # 4. update: num_iterations AdamW steps
+        self.updated_step = self.step
+        if observer is not None:
+            observer.updated(self, update)
+        stats = self.metrics(batch, update, clock)  # 5. metrics
+        return stats, self._examples(batch.sampled)
+
+    # -- 1. sample ------------------------------------------------------------------------------
+    def sample(self, indices: list[int], round_: int) -> tuple[list[Rollout], float]:
+        """Stage 1 on this rank's prompts: G rollouts per prompt, group by group, each with the tool
+        calls it made; and the seconds the sampler spent capturing graphs (Samples.warmup_seconds)."""
+        samples = self._sample(indices, round_)
+        expected = len(indices) * self.grpo.num_generations
+        assert len(samples.tokens) == expected, f"{len(samples.tokens)} completions, {expected} expected"
+        prompt_ids = [self.prompt_ids[i] for i in indices]
+        rollouts = from_samples(samples, prompt_ids, self.grpo.mask_truncated_completions)
+        return rollouts, samples.warmup_seconds
+
+    def _sample(self, indices: list[int], round_: int) -> Samples:
+        """Stage 1 on this rank's prompts. Its seed depends on the rank: completions depend on how the
+        prompts are cut across ranks (everything after sampling does not)."""
+        rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
+        seed = random.Random(f"{self.config.seed}-{self.step}-{round_}{rank}").getrandbits(62)
+        self.model.eval()
+        with self.policy.gathered():  # FSDP2: every rank all-gathers the weights, then samples on its own
+            if not indices:  # dynamic sampling may leave a rank nothing to sample this round
+                return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
+            prompts = [self.prompt_ids[i] for i in indices]
+            with self.tool_runner() as tools:
+                return generate(
+                    self.sampling_copy.synced(),
+                    prompts,
+                    self.grpo.sampling_config(),
+                    tools=tools,
+                    eos_token_ids=self.eos_ids,
+                    seed=seed,
+                )
+
+    # -- 2. verify ------------------------------------------------------------------------------
+    def verify(self, rollouts: list[Rollout], indices: list[int]) -> None:
+        """Stage 2 for the rollouts of these prompts: decode each completion and score it with every
+        reward of the task (plus DAPO's overlong penalty), then its steps (process supervision)."""
+        if not rollouts:
+            return
+        texts = [self.tokenizer.decode_completion(r.completion_ids) for r in rollouts]
+        rows = [self.task.rows[i] for i in indices]
+        columns = self.task.columns(rows, self.grpo.num_generations)  # each row's values, once per completion
+        # for a length reward in tokens
+        columns["completion_tokens"] = [len(r.completion_ids) for r in rollouts]
+        scored = compute_rewards(texts, columns, self.task.rewards)
+        components = dict(scored.components)
+        totals = list(scored.total)
+        if self.grpo.overlong_buffer:  # DAPO's soft overlong punishment, a reward of its own
+            components["overlong"] = [_overlong_penalty(len(r.completion_ids), self.grpo) for r in rollouts]
+            totals = [t + p for t, p in zip(totals, components["overlong"])]
+        for i, r in enumerate(rollouts):  # stage 2's fields of each rollout
+            r.text = texts[i]
+            r.rewards = {name: values[i] for name, values in components.items()}
+            r.reward = totals[i]
+            r.timed_out = scored.timed_out[i]
+        steps = self.step_rewards(rollouts, indices, columns)
+        for r, step in zip(rollouts, steps):  # process supervision's fields (none without it)
+            r.step_rewards = step.rewards
+            r.step_ends = step.ends
+            r.step_continuations = step.continuations
+
+    def _checked_steps(self, rollouts: list[Rollout], indices: list[int], columns: dict) -> list[StepRewards]:
+        """Each completion's arithmetic steps, checked against its prompt: step rewards on the token where
+        each step ends (step_rewards/)."""
+        texts = [self._text(self.task.rows[i]["prompt"]) for i in indices]  # each prompt once
+        problems = [text for text in texts for _ in range(self.grpo.num_generations)]  # one per rollout
+        return checked_step_rewards(rollouts, problems, self.tokenizer)
+
+    def _monte_carlo_steps(
+        self, rollouts: list[Rollout], indices: list[int], columns: dict
+    ) -> list[StepRewards]:
+        """The checker's steps, valued by Math-Shepherd's Monte-Carlo continuations instead."""
+        checked = self._checked_steps(rollouts, indices, columns)
+        rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
+        self.model.eval()
+        with self.policy.gathered():
+            return monte_carlo_step_rewards(
+                self.model,
+                self.tokenizer,
+                rollouts,
+                checked,
+                columns,
+                self.task.rewards,
+                replace(self.grpo.sampling_config(), eos_token_ids=self.eos_ids),
+                self.grpo.process_samples,
+                seed=f"{self.config.seed}-{self.step}-{indices[0]}{rank}",
+            )
+
+    # -- 3. advantages --------------------------------------------------------------------------
+    def advantages(self, rollouts: list[Rollout]) -> None:
+        """Stage 3: each rollout's advantage, relative to its group (a group of equal rewards: exactly 0);
+        with process supervision, each token's, from the group's step rewards (plus the outcome's)."""
+        if not rollouts:
+            return
+        G = self.grpo.num_generations
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
+        outcome = group_advantages(rewards, G, self.grpo.scale_rewards).tolist()  # (N,)
+        per_token = self.token_advantages(rollouts, outcome, G)  # each (Tc,), or None
+        for r, advantage, tokens in zip(rollouts, outcome, per_token):  # stage 3's fields of each rollout
+            r.advantage = advantage
+            r.token_advantages = tokens
+
+    # -- 5. metrics -----------------------------------------------------------------------------
+    def metrics(self, batch: StepRollouts, update: dict[str, float], clock: Clock) -> dict[str, float]:
+        """Stage 5: the step's stats for the logger, over the whole batch, the same on every rank."""
+        # the step waits for the slowest rank's sampling
+        clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]
+        stats = {}
+        for rollout_stats in self.rollout_stats:
+            stats.update(rollout_stats(batch.sampled))
+        stats.update(batch.stats(clock.seconds["sample"]))
+        stats.update(sandbox_stats())  # tool calls' and code rewards' sandboxes, once any has run
+        stats.update(update)
+        stats["lr"] = self.optimizer.param_groups[0]["lr"]
+        stats.update(clock.stats())
+        return stats
+
+    def _examples(self, rollouts: list[Rollout], count: int = 2) -> list[dict]:
+        """The first completion of the first `count` groups, with its prompt and rewards."""
+        firsts = rollouts[: count * self.grpo.num_generations : self.grpo.num_generations]
+        return [
+            {
+                "prompt": self.tokenizer.decode(r.prompt_ids),
+                "completion": r.text,
+                "rewards": {**r.rewards, "total": r.reward},
+            }
+            for r in firsts
+        ]
+
+    # -- beside the loop ------------------------------------------------------------------------
+    def check_context(self, prompt_ids: list[list[int]], what: str, sources: list[str] | None = None) -> None:
+        """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens;
+        `sources` name them in an error ("data.jsonl, line 7")."""
+        check_prompts(
+            prompt_ids,
+            self.grpo.sampling_config(),
+            self.model.config.vocab_size,
+            self.model.config.max_position_embeddings,
+            what,
+            sources,
+        )
+
+    def resume_at(self, step: int, optimizer_state: dict, data: dict) -> None:
+        """Go on from a checkpoint's step: its AdamW state (under this run's AdamW settings; the
+        learning rate is set per step) and its place in the prompt stream."""
+        self.go_back(step, data)
+        self.updated_step = step
+        self.policy.load_optimizer_state(self.optimizer, optimizer_state)
+        for group in self.optimizer.param_groups:
+            group.update(
+                betas=self.config.adam_betas,
+                eps=self.config.adam_epsilon,
+                weight_decay=self.config.weight_decay,
+            )
+
+    def go_back(self, step: int, data: dict) -> None:
+        """Back to the end of step `step`, the prompt stream at `data`, after a failure in stages 1-3 of
+        the step after it (whose weights are still those of `step`)."""
+        self.step = step
+        self.stream.load_state(data)
+
+    def _text(self, prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
+
+    def _set_learning_rate(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.learning_rate_at(self.step)
+
+
+def _no_step_rewards(rollouts: list[Rollout], indices: list[int], columns: dict) -> list[StepRewards]:
+    """Outcome advantages alone read no step rewards: each rollout keeps none."""
+    return [StepRewards() for _ in rollouts]
+
+
+def _no_token_advantages(rollouts: list[Rollout], outcome: list[float], G: int) -> list[None]:
+    """Outcome advantages alone: no rollout gets per-token advantages (the update reads its one advantage)."""
+    return [None] * len(rollouts)
+
+
+def _step_advantages(rollouts: list[Rollout], outcome: list[float], G: int, with_outcome: bool) -> list:
+    """Each rollout's per-token advantages, each (Tc,), from its group's step rewards; `with_outcome`
+    adds the rollout's outcome advantage on every token (advantage_type "outcome+process")."""
+    return token_advantages(
+        [r.step_rewards for r in rollouts],
+        [r.step_ends for r in rollouts],
+        [len(r.completion_ids) for r in rollouts],
+        G,
+        outcome if with_outcome else None,
+    )
+
+
+def _overlong_penalty(length: int, grpo: GRPOConfig) -> float:
+    """DAPO's soft overlong punishment: 0 up to L - buffer tokens, then down linearly to -penalty at L."""
+    free = grpo.max_completion_length - grpo.overlong_buffer
+    return -grpo.overlong_penalty * max(0, length - free) / grpo.overlong_buffer

@@ -1,0 +1,31 @@
+"""Stage 1 of the loop, rollout: the tools a completion may call, and the runner that answers its calls.
+
+- `register_tool`, `Tool`, `TOOLS`, the tool formats and the built-in `calculator` and `python` tools
+  (registry.py);
+- `ToolRunner` (runner.py): calls on reused threads, their records (`ToolCall`), `tool_stats`;
+- the calculator's worker processes (calculator_pool.py) and the worker program itself, exact
+  arithmetic under a deterministic budget (calculator_worker.py, started as
+  `python -m minigrpo.tools.calculator_worker`).
+The sampler meets the runner at one hook (rollout/tool_turns.py); the tools know text, not tokens or
+tensors. Nothing outside this folder imports from inside it: only the names below.
+"""
+
+from .calculator_pool import CalculatorError, calculate
+from .registry import FORMATS, TOOLS, Tool, ToolError, ToolFormat, calculator, python, register_tool
+from .runner import ToolCall, ToolRunner, tool_stats
+
+__all__ = [
+    "FORMATS",
+    "TOOLS",
+    "CalculatorError",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "ToolFormat",
+    "ToolRunner",
+    "calculate",
+    "calculator",
+    "python",
+    "register_tool",
+    "tool_stats",
+]

@@ -1,0 +1,255 @@
+"""Stage 1 of the loop, rollout: the calculator tool's worker process and its arithmetic, under a
+deterministic budget (`python -m minigrpo.tools.calculator_worker`, started by calculator_pool.py).
+
+In: an expression a completion wrote (`347*56`, `\\sum_{k=1}^{10} k^2`). Out: its exact value as text, or
+a CalculatorError saying why there is none. It reads through the verifier's parser (verifier/parse.py,
+never eval) and knows nothing of tokens, rows or the runner: calculator_pool.py starts this module as its
+worker processes, which `serve` one expression per line, and registry.py registers the result as the
+"calculator".
+
+The budget, so that an answer is a function of the call alone:
+  - the parser's own checks: powers and factorials estimated before they are computed, exact numbers up
+    to 400,000 bits (verifier/arithmetic.py);
+  - sums and products are evaluated here, not by sympy: one term at a time, each through the parser's
+    checked arithmetic; their operations counted before any is computed, at most MAX_OPERATIONS in all
+    (a term of `\\sqrt{k}+1` costs two; a nested sum's terms count once per outer term), and their
+    partial results measured as they grow, within MAX_PARTIAL_BITS;
+  - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits;
+  - the answer: exact up to MAX_RESULT_CHARS characters, else 15 significant digits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import signal
+import sys
+from functools import reduce
+
+import sympy
+
+from ..verifier import Unsupported
+from ..verifier import checked_add as add
+from ..verifier import checked_binomial as binomial
+from ..verifier import checked_factorial as factorial
+from ..verifier import checked_mul as mul
+from ..verifier import checked_power as power
+from ..verifier import parse_math as parse
+from .calculator_pool import CPU_LIMIT, MEMORY_LIMIT_BYTES, CalculatorError
+
+MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
+MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
+MAX_OPERATIONS = 500  # in all the terms of an expression's sums and products (see `_operations`)
+MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
+MAX_ARGUMENT_DIGITS = 300  # digits of a number inside a function (sin, exp, log) evaluated to 15 digits
+_SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply
+WARM_UP = ["1+1", "0.5", "\\sqrt{2}", "\\sum_{k=1}^{3} \\sin k"]  # sympy's first of each, before "ready"
+_BIG_OPERATOR = re.compile(r"\\(?:sum|prod)(?![A-Za-z])")
+
+
+# --- the arithmetic, under the budget --------------------------------------------------------------
+def evaluate(expression: str) -> str:
+    """The value of `expression`, computed in this process under the budget: 19432, 7/2, or
+    1.41421356237310 for sqrt(2). Raises CalculatorError for a call it refuses."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    text = expression.strip().replace("×", "*").replace("÷", "/")
+    if not text:
+        raise CalculatorError("empty expression")
+    if _SIDE_BY_SIDE.search(text):
+        raise CalculatorError("two numbers side by side: write an operator between them")
+    try:
+        return _written(_Evaluation().text(text, {}))
+    except (Unsupported, RecursionError) as error:
+        raise CalculatorError(_reason(str(error))) from None
+    except MemoryError:
+        raise CalculatorError("result too large") from None
+
+
+def _reason(reason: str) -> str:
+    """The parser's reason, as a short observation."""
+    if "division by zero" in reason:
+        return "division by zero"
+    if "too large" in reason:
+        return "result too large"
+    return f"not an arithmetic expression ({reason[:60]})"
+
+
+class _Evaluation:
+    """One expression's value, the operations of its sums and products counted against MAX_OPERATIONS."""
+
+    def __init__(self):
+        self.operations = 0  # in the terms of the sums and products evaluated so far
+
+    def text(self, text: str, indices: dict) -> sympy.Expr:
+        """The value of `text`, in which the sums' `indices` (symbol -> its value now) may appear."""
+        lazy, uppers = _lazy_big_operators(text)
+        value = parse(lazy).value
+        if not isinstance(value, sympy.Expr):
+            raise CalculatorError("not an arithmetic expression")
+        return self.value(value, uppers, indices)
+
+    def value(self, value: sympy.Expr, uppers: dict, indices: dict) -> sympy.Expr:
+        """`value` with its sums and products evaluated and `indices` put in, through the parser's checked
+        arithmetic; what holds neither the parser has evaluated already."""
+        if value in indices:
+            return indices[value]
+        if isinstance(value, (sympy.Sum, sympy.Product)):
+            return self.big_operator(value, uppers, indices)
+        if not value.has(sympy.Sum, sympy.Product, *indices):
+            return value
+        args = [self.value(arg, uppers, indices) for arg in value.args]
+        return _CHECKED.get(value.func, value.func)(*args)
+
+    def big_operator(self, node: sympy.Expr, uppers: dict, indices: dict) -> sympy.Expr:
+        """A sum or product, one term at a time: its operations counted before any is computed, its size
+        measured as each term comes in. The exact (rational) part of each term is added (multiplied) in
+        at once, so that a partial result is measured as it is; the rest (sqrt(k), sin(k)) is combined
+        at the end, in one sympy call, and measured as the sum of its terms' sizes."""
+        *inner, (index, lower, placeholder) = node.limits  # sympy merges a sum of a sum into one node
+        body = type(node)(node.function, *inner) if inner else node.function
+        first = self.value(lower, uppers, indices)
+        last = self.text(uppers[placeholder], indices)
+        if not (first.is_Integer and last.is_Integer):
+            raise CalculatorError("a sum or product needs whole numbers as its bounds")
+        self.operations += max(int(last) - int(first) + 1, 0) * _operations(body, index)
+        if self.operations > MAX_OPERATIONS:
+            raise CalculatorError(f"more than {MAX_OPERATIONS} operations in sums and products")
+        is_sum = isinstance(node, sympy.Sum)
+        exact = sympy.Integer(0 if is_sum else 1)  # the exact part so far
+        others = []  # the terms' other parts
+        others_bits = 0  # their sizes, added up
+        for k in range(int(first), int(last) + 1):
+            term = self.value(body, uppers, {**indices, index: sympy.Integer(k)})
+            number, other = term.as_coeff_Add() if is_sum else term.as_coeff_Mul()
+            exact = exact + number if is_sum else exact * number
+            others.append(other)
+            others_bits += _bits(other)
+            if _bits(exact) + others_bits > MAX_PARTIAL_BITS:
+                raise CalculatorError("result too large")
+        return sympy.Add(exact, *others) if is_sum else sympy.Mul(exact, *others)
+
+
+_CHECKED = {  # the operations a sum's body is built of, as the parser performs them: sizes checked first
+    sympy.Add: lambda *terms: reduce(add, terms),
+    sympy.Mul: lambda *factors: reduce(mul, factors),
+    sympy.Pow: power,
+    sympy.binomial: binomial,
+    sympy.factorial: factorial,
+}
+
+
+def _lazy_big_operators(text: str) -> tuple[str, dict]:
+    """`text` with the upper bound of each sum and product replaced by a placeholder N_{i}, and the bound
+    (as written) of each placeholder. The parser evaluates a sum at once, by sympy and with no budget,
+    unless a bound holds a variable: with the placeholder it leaves the sum to `_Evaluation`."""
+    pieces = []
+    uppers = {}
+    done = 0  # text[:done] is in pieces
+    for match in _BIG_OPERATOR.finditer(text):
+        lower = _argument(text, match.end(), "_")
+        upper = _argument(text, lower[1], "^")
+        if _BIG_OPERATOR.search(text, lower[0], upper[1]):
+            raise CalculatorError("a sum or product in the bounds of another")
+        uppers[sympy.Symbol(f"N_{len(uppers)}")] = text[upper[0] : upper[1]]
+        pieces += [text[done : upper[0]], f"{{N_{{{len(uppers) - 1}}}}}"]
+        done = upper[1]
+    return "".join(pieces) + text[done:], uppers
+
+
+def _argument(text: str, start: int, mark: str) -> tuple[int, int]:
+    """Where the argument after `mark` ("_" or "^", from text[start], spaces around it allowed) begins and
+    ends: a {group}, or one digit or letter, as the parser reads the bounds of `\\sum_{k=1}^9`."""
+    found = re.compile(rf"\s*{re.escape(mark)}\s*").match(text, start)
+    if found is None or found.end() == len(text):
+        raise CalculatorError("write a sum as \\sum_{k=1}^{10} and a product as \\prod_{k=1}^{10}")
+    begin = found.end()
+    if text[begin] != "{":
+        if not (text[begin].isascii() and text[begin].isalnum()):
+            raise CalculatorError("write a sum as \\sum_{k=1}^{10} and a product as \\prod_{k=1}^{10}")
+        return begin, begin + 1
+    depth = 0
+    i = begin
+    while i < len(text):
+        if text[i] == "\\":  # a command, or an escaped brace (\{ opens a set, not a group)
+            i += 2
+            continue
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+        if depth == 0:
+            return begin, i
+    raise CalculatorError("not an arithmetic expression (unclosed group)")
+
+
+def _operations(body: sympy.Expr, index: sympy.Symbol) -> int:
+    """What a term of a sum or product costs: the operations (+, *, ^, a function) of its body that
+    involve the index, and so are computed again for each term; at least one."""
+    return max(1, sum(1 for node in sympy.preorder_traversal(body) if node.args and node.has(index)))
+
+
+def _bits(value: sympy.Expr) -> int:
+    """The size of the exact numbers in `value`: bits of each numerator and denominator, added up."""
+    return sum(abs(number.p).bit_length() + number.q.bit_length() for number in value.atoms(sympy.Rational))
+
+
+def _written(value: sympy.Expr) -> str:
+    """The answer's text: exact if short, else 15 significant digits (a function of a huge number
+    refused before it is evaluated)."""
+    if not value.is_number or value.has(sympy.zoo, sympy.nan):
+        raise CalculatorError("not an arithmetic expression")
+    if not value.is_real:
+        raise CalculatorError("not a real number")
+    if value.is_Rational and _bits(value) <= 4 * MAX_RESULT_CHARS:  # never str() a huge number
+        exact = str(value)  # sympy writes 19432, and a fraction reduced, 7/2
+        if len(exact) <= MAX_RESULT_CHARS:
+            return exact
+    for function in value.atoms(sympy.Function):
+        if _bits(function) * 0.30103 > MAX_ARGUMENT_DIGITS:  # 0.30103 digits per bit
+            raise CalculatorError(f"a number of more than {MAX_ARGUMENT_DIGITS} digits in {function.func}")
+    return str(sympy.N(value, 15))
+
+
+# --- a worker process -----------------------------------------------------------------------------
+class _OutOfTime(BaseException):
+    """Raised by the CPU timer; a BaseException, so that no `except Exception` in sympy swallows it."""
+
+
+def _out_of_time(signum, frame):
+    raise _OutOfTime
+
+
+def _answer(expression: str) -> list:
+    """What a worker sends back for `expression`: ["value", "19432"], ["error", "division by zero"], or
+    ["timeout", ""] once the call has used CPU_LIMIT seconds of the worker's CPU time."""
+    try:
+        signal.setitimer(signal.ITIMER_PROF, CPU_LIMIT)
+        try:
+            return ["value", evaluate(expression)]
+        except CalculatorError as error:
+            return ["error", str(error)]
+        except Exception as error:  # sympy failing on an odd input: still an answer, never a dead worker
+            return ["error", f"{type(error).__name__}: {error}"[:200]]
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+    except _OutOfTime:  # the timer fires once, wherever in here it lands
+        return ["timeout", ""]
+
+
+def serve() -> None:
+    """A worker's loop: an expression per line of stdin, an answer per line of stdout, each as JSON."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which kills its workers
+    signal.signal(signal.SIGPROF, _out_of_time)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    except (ValueError, OSError):
+        pass  # a lower hard limit is already in place
+    for expression in WARM_UP:
+        _answer(expression)
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        print(json.dumps(_answer(json.loads(line))), flush=True)
+
+
+if __name__ == "__main__":
+    serve()

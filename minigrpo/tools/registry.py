@@ -1,0 +1,147 @@
+"""Stage 1 of the loop, rollout: the tools a completion may call, and the formats it writes a call in.
+
+In: a tool's name and settings (`register_tool`), or a tool format's name. Out: `TOOLS` and `FORMATS`,
+which the runner (runner.py) reads calls and writes responses by; `check_tools` says what is wrong with a
+run's tool settings. It knows text and functions; not tokens, rows, threads or the sampler.
+
+Two formats (`FORMATS`):
+  calc   `<calc>347*56</calc>` answered `<out>19432</out>`: compact, for tiny tokenizers; the body is
+         the calculator's expression.
+  qwen3  Qwen3's chat template: the model writes `<tool_call>\\n{"name": ..., "arguments": {...}}\\n
+         </tool_call>`, its assistant turn ends there, and the response comes back in a user turn as
+         `<tool_response>\\n...\\n</tool_response>`, after which a new assistant turn opens.
+The call's end marker must be one token of the tokenizer: the sampler watches for that id.
+
+Two tools are registered (`register_tool` adds yours, as `register_reward` does rewards):
+  calculator  exact arithmetic through the verifier's bounded parser, never eval (calculator_arithmetic.py:
+              its budget; calculator_pool.py: the worker processes it runs in): an integer or reduced
+              fraction, or 15 significant digits for an irrational value.
+  python      the code in the verifier's sandbox (verifier/code.py, all its guarantees), its stdout
+              (truncated) or its error's last line.
+A tool raises ToolError for a call it cannot answer, and TimeoutError when it stops itself at its own
+time limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import check_max_tool_calls, check_tool_settings
+from ..verifier import SandboxConfig, run_cases
+from .calculator_pool import CalculatorError, calculate
+
+
+# --- formats --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a call is written and how its response is put back into the completion."""
+
+    call_start: str  # opens a call
+    call_end: str  # closes it: one token, the id the sampler pauses on
+    response_start: str  # written before the response (the observation starts here)
+    response_end: str  # and after it (the observation ends here)
+    tool: str | None  # the one tool the call's body is the argument of; None: the body is JSON naming it
+
+
+FORMATS = {
+    "calc": ToolFormat("<calc>", "</calc>", "<out>", "</out>", tool="calculator"),
+    # Qwen3's chat template (tokenizer_config.json of Qwen/Qwen3-*): a tool message is rendered as
+    # "<|im_start|>user\n<tool_response>\n" + content + "\n</tool_response><|im_end|>\n", after the
+    # assistant turn that made the call has ended with <|im_end|>.
+    "qwen3": ToolFormat(
+        "<tool_call>",
+        "</tool_call>",
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+        "\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        tool=None,
+    ),
+}
+
+
+# --- tools ----------------------------------------------------------------------------------------
+class ToolError(ValueError):
+    """A call a tool cannot answer; its message becomes the observation "error: <message>". (A tool that
+    stops itself at its own time limit raises TimeoutError instead: the call then counts as timed out.)"""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function a completion may call."""
+
+    name: str  # what a call names it by
+    run: Callable[[str], str]  # the call's input -> the response text; raises ToolError for a bad call
+    time_limit: float = 5.0  # seconds, from when its thread starts it, before it is answered "timed out"
+    argument: str = "input"  # in a JSON call, the argument that holds the input
+
+    def parse(self, arguments) -> str:
+        """The input of a call: the bare body (calc format), or the named argument of a JSON call."""
+        if isinstance(arguments, str):
+            return arguments
+        if not isinstance(arguments, dict) or not isinstance(arguments.get(self.argument), str):
+            raise ToolError(f'{self.name} takes {{"{self.argument}": "..."}} as its arguments')
+        return arguments[self.argument]
+
+
+TOOLS: dict[str, Tool] = {}
+
+
+def register_tool(name: str, time_limit: float = 5.0, argument: str = "input"):
+    """Decorator: make `fn(input: str) -> str` a tool completions may call as `name`."""
+
+    def register(fn: Callable[[str], str]) -> Callable[[str], str]:
+        if name in TOOLS:
+            raise ValueError(f"a tool called {name!r} is already registered")
+        if not 0 < time_limit < 1e6:
+            raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+        TOOLS[name] = Tool(name, fn, time_limit, argument)
+        return fn
+
+    return register
+
+
+# The calculator times its calls itself, from when one of its worker processes takes one (a TimeoutError
+# after calculator.CPU_LIMIT of computing); the runner's limit is a backstop for a call that waits long
+# for a free worker while the others are busy.
+@register_tool("calculator", time_limit=30.0, argument="expression")
+def calculator(expression: str) -> str:
+    """The exact value of an arithmetic expression: 19432, 7/2, or 1.41421356237310 for sqrt(2)."""
+    try:
+        return calculate(expression)
+    except CalculatorError as error:
+        raise ToolError(str(error)) from None
+
+
+@register_tool("python", time_limit=5.0, argument="code")
+def python(code: str) -> str:
+    """Run `code` in the verifier's sandbox: its stdout, or the last line of its error."""
+    limit = TOOLS["python"].time_limit
+    config = SandboxConfig(timeout=limit, cpu_seconds=max(1, int(limit)), max_output_bytes=64 << 10)
+    (result,) = run_cases(code, [{"input": "", "output": ""}], config)
+    if result.timed_out:
+        raise TimeoutError(f"timed out after {limit:g} s")
+    if result.exit_code != 0:  # the error's own line: not a traceback's header or frames
+        lines = [line for line in result.stderr.splitlines() if line.strip() and not _traceback_line(line)]
+        raise ToolError(lines[-1] if lines else f"exited with code {result.exit_code}")
+    return result.stdout
+
+
+def _traceback_line(line: str) -> bool:
+    """A line of a traceback's header or frames, not its error: "Traceback (most recent call last):",
+    or an indented frame or source line."""
+    return line.startswith(("Traceback (most recent call last)", " ", "\t"))
+
+
+def check_tools(names: list[str], tool_format: str | ToolFormat, max_tool_calls: int) -> None:
+    """Tool settings as GRPOConfig and the examples take them; a ValueError names what is wrong."""
+    unknown = [name for name in names if name not in TOOLS]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered: {', '.join(TOOLS)}")
+    if isinstance(tool_format, ToolFormat):  # a format of the caller's own: its limit alone to check
+        check_max_tool_calls(max_tool_calls)
+    else:
+        check_tool_settings(tool_format, max_tool_calls)  # the settings' one check (config.py)
+    single = (tool_format if isinstance(tool_format, ToolFormat) else FORMATS[tool_format]).tool
+    if single is not None and names and names != [single]:
+        shown = tool_format if isinstance(tool_format, str) else tool_format.call_start
+        raise ValueError(f"tool_format {shown} calls the {single} alone; got tools {', '.join(names)}")

@@ -1,0 +1,293 @@
+"""Stage 4 of the loop, update: a step's rollouts in, num_iterations AdamW steps and their stats out.
+
+In: rollouts with advantages (stage 3). Per step: their old log-probs (num_iterations > 1) and
+reference log-probs (beta > 0), then each pass cuts them into micro-batches (by rows, by a budget
+of padded tokens, or whole groups for the shared-prompt forward), takes grpo_loss of each with
+gradient accumulation, clips the gradient and makes one AdamW step. A non-finite loss or gradient
+skips the pass and leaves weights and AdamW state as they were; weights that are not finite after a
+step stop the run (NonFiniteWeights), before anything saves them. It knows rollouts, tensors and
+the configs, not text, rewards or where the rollouts came from; distributed.ParallelModel hides the ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+
+import torch
+
+from .. import distributed
+from ..config import GRPOConfig, TrainConfig
+from ..rollout import (
+    Rollout,
+    collate,
+    group_batches,
+    micro_batches,
+    padding_fraction,
+    split_logprobs,
+    token_budget_batches,
+)
+from .logprobs import TokenLogprobs
+from .loss import grpo_loss, sampler_mismatch
+
+# Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
+# ranks); the others are token means, or maxima (names ending in _max).
+SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean"})
+
+
+class NonFiniteWeights(RuntimeError):
+    """An AdamW step left NaN or inf in the weights; the message names the GRPO step."""
+
+
+class Updater:
+    """The policy's optimizer step from rollouts; holds the policy (and reference) as every rank uses them."""
+
+    def __init__(
+        self,
+        model,
+        reference,
+        grpo: GRPOConfig,
+        config: TrainConfig,
+        dist: distributed.Dist,
+        padding: Rollout,
+        pad_id: int,
+    ):
+        self.model = model
+        self.grpo = grpo
+        self.config = config
+        self.dist = dist
+        self.pad_id = pad_id
+        self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
+        # The log-probs as modules: one process, or DDP copies, or FSDP2 shards (config.fsdp).
+        self.policy = distributed.ParallelModel(
+            TokenLogprobs(model),
+            dist,
+            shard=config.fsdp,
+            blocks=model.layers,
+            padding=padding,
+            warm_up=lambda module: self._forward(module, [padding]),
+        )
+        self.reference = None
+        if reference is not None:
+            self.reference = distributed.ParallelModel(
+                TokenLogprobs(reference),
+                dist,
+                shard=config.fsdp,
+                blocks=reference.layers,
+                trainable=False,
+                padding=padding,
+            )
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_epsilon,
+            weight_decay=config.weight_decay,
+        )
+
+    def __call__(self, rollouts: list[Rollout], step: int) -> dict[str, float]:
+        """num_iterations AdamW steps on the whole batch's rollouts at GRPO step `step`, each rank
+        training its share of the groups; stats averaged over tokens and passes, and over ranks."""
+        if not rollouts:
+            return {"skipped": 1.0, "update/no_groups": 1.0}
+        # The step's totals, for exact shares of the loss on every rank and in every micro-batch.
+        tokens = sum(r.loss_tokens for r in rollouts)
+        totals = {"sequences": len(rollouts), "tokens": tokens}
+        G = self.grpo.num_generations
+        groups = self.dist.block(len(rollouts) // G)
+        rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
+        self.model.train()
+        if self.grpo.num_iterations > 1:
+            for r, logprobs in self._logprobs(rollouts, self.policy):
+                r.old_logprobs = logprobs  # (Tc,) a field of stage 4's own
+        if self.reference is not None:
+            for r, logprobs in self._logprobs(rollouts, self.reference):
+                r.ref_logprobs = logprobs  # (Tc,) a field of stage 4's own
+        passes = []
+        for k in range(self.grpo.num_iterations):
+            passes.append(self._one_pass(rollouts, totals, f"{self.config.seed}-{step}-pass{k}"))
+            self._check_finite_weights(step)
+        names = []  # every stat of any pass, in the order they first appear
+        for p in passes:
+            names += [name for name in p if name not in names]
+        out = {}  # each stat's mean over the passes (0 in a pass that lacks it)
+        for name in names:
+            out[name] = sum(p.get(name, 0.0) for p in passes) / len(passes)
+        out["skipped"] = max(p["skipped"] for p in passes)  # 1 if any pass was skipped, not a mean
+        return out
+
+    def _one_pass(self, rollouts: list[Rollout], totals: dict, seed: str) -> dict[str, float]:
+        """One AdamW step over every micro-batch of this rank's rollouts, gradients accumulated; its stats.
+        `seed` (from TrainConfig.seed, the step and the pass) shuffles the micro-batches."""
+        generator = torch.Generator().manual_seed(random.Random(seed).getrandbits(62))
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = self._micro_batches(rollouts, generator)
+        parts = self.policy.parts(rollouts, chunks)
+        micro_stats = []
+        for n, part in enumerate(parts):
+            with self.policy.accumulating(last=n == len(parts) - 1):
+                micro_stats.append(self._micro_step(part, totals))
+        out = self._combine(micro_stats)
+        grad_norm = self.policy.clip_gradients(self.config.max_grad_norm)
+        skipped = not (math.isfinite(out["loss"]) and math.isfinite(grad_norm))
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
+        else:
+            self.optimizer.step()
+        tokens_per_s = out.pop("tokens") / max(time.perf_counter() - started, 1e-9)
+        out["grad_norm"] = grad_norm
+        out["skipped"] = float(skipped)
+        out["training/tokens_per_s"] = tokens_per_s
+        out["update/padding_frac"] = padding_fraction(rollouts, chunks, self._group_size)
+        return out
+
+    def _check_finite_weights(self, step: int) -> None:
+        """Raise NonFiniteWeights if any weight, on any rank, is NaN or inf (a rank holds its shards under
+        FSDP2). Per pass: one fused sum of the parameters' norms and one host sync. A NaN or inf weight
+        makes the sum so; so can finite weights past ~1e19, whose squares overflow, hence the exact
+        check of each tensor, only then. (A fused max-abs norm would need no second look, but costs
+        more on CPU than the sum of 2-norms.)"""
+        with torch.no_grad():
+            norms = torch._foreach_norm([_local(p) for p in self.model.parameters()])
+            suspect = self.dist.max([float(not torch.isfinite(torch.stack(norms).sum()))])[0]
+        if not suspect:
+            return
+        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(_local(p)).all()]
+        if self.dist.max([float(len(bad))])[0]:  # every rank takes this branch (`suspect` is over all ranks)
+            raise NonFiniteWeights(
+                f"step {step}: the AdamW step left NaN or inf in the weights "
+                f"({_tensor_names(bad)}), so the run stops without saving them (lower the learning "
+                "rate, or train in float32)"
+            )
+
+    def _combine(self, micro_stats: list[dict]) -> dict[str, float]:
+        """One pass's stats from its micro-batches' on every rank: shares of the step's totals add up,
+        maxima (names ending in _max) take the largest, token means are weighted by tokens."""
+        weighted = {"loss": 0.0, "tokens": 0.0}  # shares, and token means times their tokens
+        peaks = {}
+        for stats in micro_stats:
+            for key, value in stats.items():
+                if key.endswith("_max"):
+                    peaks[key] = max(peaks.get(key, value), value)
+                elif key in SHARES:
+                    weighted[key] = weighted.get(key, 0.0) + value
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + value * stats["tokens"]
+        weighted = _over_ranks(weighted, self.dist.sum)
+        peaks = _over_ranks(peaks, self.dist.max)
+        tokens = max(weighted["tokens"], 1.0)
+        out = {}
+        for key, value in weighted.items():
+            out[key] = value if key in SHARES else value / tokens
+        out.update(peaks)
+        return out
+
+    def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
+        batch, logprobs, entropies = self._forward(self.policy, rollouts)
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
+        loss, stats = grpo_loss(
+            logprobs,
+            old,
+            batch.advantages,
+            batch.completion_mask,
+            ref_logprobs=batch.ref_logprobs,
+            beta=self.grpo.beta,
+            epsilon=self.grpo.epsilon,
+            epsilon_high=self.grpo.epsilon_high,
+            loss_type=self.grpo.loss_type,
+            importance_sampling_level=self.grpo.importance_sampling_level,
+            sampler_logprobs=batch.sampler_logprobs,
+            sampler_correction=self.grpo.sampler_correction,
+            sampler_correction_cap=self.grpo.sampler_correction_cap,
+            max_completion_length=self.grpo.max_completion_length,
+            num_sequences=totals["sequences"],
+            num_tokens=totals["tokens"],
+            entropies=entropies,
+        )
+        # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart
+        # in fp32.
+        if batch.sampler_logprobs is not None:
+            mismatch = sampler_mismatch(
+                old, batch.sampler_logprobs, batch.completion_mask, totals["sequences"]
+            )
+            stats.update(mismatch)
+        # Every rank runs every backward, even of a non-finite loss, so that the gradient collectives
+        # match; a non-finite loss or gradient on any rank then skips the step on all of them.
+        # DDP and FSDP2 average gradients over ranks, while the loss shares above already add up over
+        # every rank's micro-batches: scaling by the world size turns that average back into the sum.
+        (loss * self.dist.world_size).backward()
+        return stats
+
+    def _logprobs(self, rollouts: list[Rollout], policy) -> list[tuple[Rollout, torch.Tensor]]:
+        """Each rollout's completion log-probs under `policy`, without gradients, beside it: (Tc,) each."""
+        pairs = []
+        with torch.no_grad():
+            for part in policy.parts(rollouts, self._micro_batches(rollouts)):
+                pairs += zip(part, split_logprobs(part, self._forward(policy, part)[1]))
+        return pairs
+
+    def _forward(self, policy, rollouts: list[Rollout]):
+        """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling
+        temperature."""
+        batch = collate(rollouts, self.pad_id, self.model.device)
+        # the padding rollout shares its prompt with no other row
+        rows_per_prompt = 1 if rollouts[0] is self.padding else self._group_size
+        with self._autocast():
+            logprobs, entropies = policy(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.completion_start,
+                self.grpo.temperature,
+                rows_per_prompt,
+            )
+        return batch, logprobs, entropies
+
+    def _micro_batches(
+        self, rollouts: list[Rollout], generator: torch.Generator | None = None
+    ) -> list[list[int]]:
+        """Micro-batches of this rank's rollouts: by rows, or by a token budget over rollouts of similar
+        length."""
+        lengths = [(len(r.prompt_ids), len(r.completion_ids)) for r in rollouts]
+        rows = self.config.micro_batch_size
+        budget = self.config.micro_batch_tokens
+        if self._group_size > 1:  # whole groups, for the shared-prompt forward
+            return group_batches(lengths, self._group_size, rows, budget, generator)
+        if budget:
+            return token_budget_batches(lengths, rows, budget, generator)
+        return micro_batches(len(rollouts), rows, generator)
+
+    @property
+    def _group_size(self) -> int:
+        """Rows that share one prompt in the update's forward passes: G with shared_prompt, else 1.
+        FSDP2 shards each block, and a block runs twice in a shared-prompt forward (prompts, then
+        completions), which FSDP2's backward does not follow: sharded runs take the plain path."""
+        shared = self.config.shared_prompt and not self.policy.sharded
+        return self.grpo.num_generations if shared else 1
+
+    def _autocast(self):
+        if self.model.device.type != "cuda":
+            return contextlib.nullcontext()  # CPU: fp32, as bf16 matmuls there are slower, not faster
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16)
+
+
+def _over_ranks(values: dict[str, float], reduce) -> dict[str, float]:
+    """Each value reduced over the ranks (`reduce`: Dist.sum or Dist.max), the names in one order on
+    every rank."""
+    names = sorted(values)
+    reduced = reduce([values[name] for name in names])
+    return dict(zip(names, reduced))
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's tensor on this rank: its shard under FSDP2 (a DTensor), else itself."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def _tensor_names(names: list[str], n: int = 3) -> str:
+    """Up to n names and how many more; under FSDP2 this rank's shards may hold none of them."""
+    if not names:
+        return "in another rank's shard"
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more tensors" if len(names) > n else "")
