@@ -55,6 +55,8 @@ from .values import Interval, Parsed, Relation, Set, Text, Tuple, Union, Unsuppo
 MAX_ANSWER_CHARS = 20_000  # longer answers are compared as plain strings only
 MIN_SIGNIFICANT_DIGITS = 7  # a decimal approximation of a non-terminating gold needs this many
 _NAME_OPS = ("=", "in")
+# each inequality operator read from the other side: a < b is b > a
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _PLAIN_NUMBER = re.compile(r"[\d\s.,]*\d[\d\s.,]*")  # digits, separators and spaces only
 
 
@@ -200,8 +202,10 @@ def _as_intervals(value):
     if isinstance(value, Interval):
         return [value]
     if isinstance(value, Union):
-        parts = [_as_intervals(p) for p in value.parts]
-        return None if any(p is None for p in parts) else [i for p in parts for i in p]
+        parts = [_as_intervals(p) for p in value.parts]  # each part's intervals, or None
+        if any(p is None for p in parts):
+            return None
+        return [interval for intervals in parts for interval in intervals]
     if isinstance(value, Tuple) and len(value.items) == 2 and value.brackets == "()":
         return [Interval(value.items[0], value.items[1], False, False)]
     return _inequality_intervals(value)
@@ -255,8 +259,10 @@ def _inequality_bounds(value):
         op = rel.op
         var = rel.lhs
         bound = rel.rhs
-        if bound.free_symbols and not var.free_symbols:
-            op, var, bound = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op], bound, var
+        if bound.free_symbols and not var.free_symbols:  # the bound on the left: 2 < x is read as x > 2
+            op = _MIRRORED[op]
+            var = rel.rhs
+            bound = rel.lhs
         if not var.free_symbols or bound.free_symbols:
             return None
         names.add(var)
@@ -266,7 +272,9 @@ def _inequality_bounds(value):
         else:
             hi = bound
             hi_closed = op == "<="
-    return (names.pop(), Interval(lo, hi, lo_closed, hi_closed)) if len(names) == 1 else None
+    if len(names) != 1:
+        return None  # no relation, or bounds on different expressions
+    return names.pop(), Interval(lo, hi, lo_closed, hi_closed)
 
 
 def _intervals_match(p_parts, g_parts, decimals) -> bool:

@@ -129,9 +129,10 @@ def main() -> None:
     # orphans of a test become our children, so we reap them (PID 1 may not)
     confine.prctl(confine.PR_SET_CHILD_SUBREAPER, 1)
     try:
-        job["isolated"] = isolated = _isolate(job)
+        isolated = _isolate(job)
     except OSError as error:  # fail closed: never run tests in a half-made mount namespace
         return process_io.reply({"error": f"sandbox isolation failed: {error}"})
+    job["isolated"] = isolated
     if not isolated and not job["unisolated"]:
         return process_io.reply({"error": UNISOLATED_REFUSAL})
     job["supervisor_pid"] = os.getpid()  # each test checks that we are still its parent
@@ -201,7 +202,12 @@ def _enter_user_namespace() -> bool:
     gid = os.getgid()
     if not _unshare(CLONE_NEWUSER):
         return False
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+    mappings = (
+        ("setgroups", "deny"),  # before gid_map: a process without CAP_SETGID may not write it otherwise
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    )
+    for name, text in mappings:
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
     return True
@@ -231,7 +237,8 @@ def _become_init_of_a_pid_namespace() -> None:
     if child:
         signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-        os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) & 0xFF)
+        exit_code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+        os._exit(exit_code & 0xFF)  # as the child exited (killed by signal n: 256 - n)
     confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
@@ -281,8 +288,9 @@ def _run_case(job: dict, case: dict) -> dict:
     """Fork the test's process, wait for it up to the timeout, kill and reap everything it left; its
     report."""
     nonce = os.urandom(16).hex().encode()  # fresh per test: a proof from one test says nothing about another
-    # unnamed: unreachable by path
-    stdin, stdout, stderr = files = [tempfile.TemporaryFile() for _ in range(3)]
+    # the test's stdin, stdout and stderr, unnamed: unreachable by path
+    files = [tempfile.TemporaryFile() for _ in range(3)]
+    stdin, stdout, stderr = files
     stdin.write(case.get("input", "").encode())
     stdin.seek(0)
     proof_read, proof_write = os.pipe()
@@ -318,7 +326,8 @@ def _check_uid(uid: int) -> str | None:
     if pid == 0:
         try:
             confine.become(uid)
-            os._exit(0 if os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK) else 2)
+            readable = os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)
+            os._exit(0 if readable else 2)
         finally:
             os._exit(1)
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -362,7 +371,9 @@ def _kill_all_as(uid: int) -> None:
 
 
 def _unshare(flags: int) -> bool:
-    return getattr(confine.LIBC, "unshare", lambda _: -1)(flags) == 0
+    """unshare(2): False if it is refused, or this libc has none."""
+    unshare = getattr(confine.LIBC, "unshare", None)
+    return unshare is not None and unshare(flags) == 0
 
 
 def _mount(

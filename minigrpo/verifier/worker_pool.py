@@ -177,7 +177,8 @@ class WorkerPool:
             for i, result in zip(slow, again):
                 results[i] = result
         timed_out = [result == OUT_OF_TIME for result in results]
-        return [failed if out else result for result, out in zip(results, timed_out)], timed_out
+        results = [failed if out else result for result, out in zip(results, timed_out)]
+        return results, timed_out
 
     def _in_flight(self, parallel: int) -> int:
         return max(1, min(parallel, self.max_workers))
@@ -242,10 +243,10 @@ class WorkerPool:
         `poll`: jobs wait for a free worker); record what happened and give the workers back."""
         if not busy:
             return
-        timeout = max(min(w.deadline for w in busy) - time.monotonic(), 0.0)
-        ready = select.select(
-            [w.process.stdout for w in busy], [], [], min(timeout, POLL_SECONDS) if poll else timeout
-        )[0]
+        timeout = max(min(w.deadline for w in busy) - time.monotonic(), 0.0)  # until the first deadline
+        if poll:
+            timeout = min(timeout, POLL_SECONDS)
+        ready = select.select([w.process.stdout for w in busy], [], [], timeout)[0]
         for worker in list(busy):
             if worker.process.stdout in ready:
                 result = worker.receive()
