@@ -5,6 +5,7 @@ passes)."""
 import concurrent.futures
 import contextlib
 import ctypes
+import json
 import os
 import resource
 import signal
@@ -1052,3 +1053,56 @@ def test_the_admission_rules_peak_is_reported_once_a_sandbox_has_run(monkeypatch
     stats = code_module.sandbox_stats()
     assert stats["sandbox/peak_running"] == 1.0
     assert stats["sandbox/peak_reserved_gib"] == FAST.reserved_bytes / 2**30
+
+
+UNDER_TMP = """
+import os, subprocess, sys
+print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+print(sys.prefix.startswith("/tmp/"))
+for attempt in (lambda: open(SECRET).read(), lambda: open(os.path.join(sys.prefix, "forged"), "w")):
+    try:
+        attempt()
+        print("reached")
+    except OSError as error:
+        print(type(error).__name__)
+open("/tmp/scratch", "w").write("ok")
+print(open("/tmp/scratch").read())
+"""
+
+# Run by the interpreter of a virtual environment under /tmp: the sandbox's tmpfs covers /tmp, so the
+# interpreter's own directories must be shown again, read-only, and nothing else of /tmp.
+UNDER_TMP_DRIVER = """
+import contextlib, json, sys
+from minigrpo.verifier import code, run_cases
+if sys.argv[1] == "plain":
+    code._sandbox_uid = lambda config: contextlib.nullcontext((None, None))
+program = "SECRET = " + repr(sys.argv[2]) + "\\n" + sys.argv[3]
+result = run_cases(program, [{"input": "", "output": ""}])[0]
+print(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
+"""
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+def test_a_program_starts_python_when_the_interpreter_lives_under_tmp(user, tmp_path):
+    """A clone and its virtual environment under /tmp (tmp_path is there): the program starts
+    sys.executable again, cannot write into the environment, and reaches nothing else of /tmp."""
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    assert str(tmp_path).startswith("/tmp/")
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
+    )
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the trainer's")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [str(venv / "bin" / "python"), "-c", UNDER_TMP_DRIVER, user, str(secret), UNDER_TMP]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    # the secret is hidden (FileNotFoundError); the environment is read-only (EROFS)
+    expected = ["42", "True", "FileNotFoundError", "OSError", "ok"]
+    assert result["stdout"].splitlines() == expected, result["stderr"]
+    assert not (venv / "forged").exists() and secret.read_text() == "the trainer's"

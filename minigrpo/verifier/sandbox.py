@@ -81,6 +81,8 @@ AT_FDCWD = -100
 MS_NOSUID = 2  # mount() flags, from <linux/mount.h>
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_RDONLY = 1
+MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
@@ -181,14 +183,17 @@ def _isolate(job: dict) -> bool:
         _read_only_mounts()
     _mount_scratch(job)
     # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no
-    # longer resolves
+    # longer resolves, nor does an interpreter that lives there
     directory = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    interpreter = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in _interpreter_under_shared()}
     for shared in SHARED_DIRECTORIES:
         if os.path.isdir(shared):
             _mount(f"/proc/self/fd/{directory}", shared, None, MS_BIND)  # keeps the tmpfs's size and flags
     os.close(directory)
+    for path, fd in interpreter.items():
+        _show_read_only(fd, path)
     if job["uid"] is not None:
-        _expose_python()
+        _expose_python(job["uid"])
     if plain_user:
         _become_init_of_a_pid_namespace()
     return True
@@ -255,12 +260,46 @@ def _mount_scratch(job: dict) -> None:
     os.chdir(here)  # into the tmpfs, which now covers the directory we were in
 
 
-def _expose_python() -> None:
+def _interpreter_paths() -> set[str]:
+    """Where the interpreter lives, as a program run with it sees it: its prefixes, the directory of
+    sys.executable (a virtual environment's bin/, whose python a program starts again), and sys.path."""
+    paths = (sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path)
+    return {os.path.abspath(p) for p in paths if p and os.path.isdir(p)}
+
+
+def _interpreter_under_shared() -> list[str]:
+    """The interpreter's paths that lie in a directory the scratch tmpfs covers (a virtual environment or a
+    clone under /tmp), outermost only: each is shown again, read-only, once the tmpfs covers the rest."""
+    inside = sorted(
+        path
+        for path in _interpreter_paths()
+        if any(path == shared or path.startswith(shared + "/") for shared in SHARED_DIRECTORIES)
+    )
+    outermost = []
+    for path in inside:
+        if not any(path.startswith(kept + "/") for kept in outermost):
+            outermost.append(path)
+    return outermost
+
+
+def _show_read_only(fd: int, path: str) -> None:
+    """The directory opened as `fd` (before the tmpfs covered it) bound again at `path`, read-only, with
+    the flags it had (a user namespace may not clear nosuid, nodev or noexec on a mount it was given)."""
+    os.makedirs(path, exist_ok=True)  # in the scratch tmpfs, root's: the test's uid cannot remove it
+    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    flags = os.statvfs(f"/proc/self/fd/{fd}").f_flag
+    kept = [(os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC)]
+    remount = MS_BIND | MS_REMOUNT | MS_RDONLY | sum(mount for st, mount in kept if flags & st)
+    _mount(None, path, None, remount)
+    os.close(fd)
+
+
+def _expose_python(uid: int) -> None:
     """Let the sandbox uid reach the interpreter even where a directory above it is closed to others (pyenv
     under /root, mode 0700): in our mount namespace such a directory becomes a tmpfs holding just the way
     on."""
-    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if os.path.isdir(p)}
-    while blocked := _first_blocked_ancestors(paths):
+    paths = {os.path.realpath(p) for p in _interpreter_paths()}
+    while blocked := _first_blocked_ancestors(paths, uid):
         for ancestor, children in blocked.items():
             # the children, opened before hiding
             keep = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}
@@ -271,14 +310,16 @@ def _expose_python() -> None:
                 os.close(fd)
 
 
-def _first_blocked_ancestors(paths: set[str]) -> dict[str, set[str]]:
-    """For each path, its highest ancestor that others cannot search, with the child on the way; grouped."""
+def _first_blocked_ancestors(paths: set[str], uid: int) -> dict[str, set[str]]:
+    """For each path, its highest ancestor that `uid` cannot search (closed to others and not its own: the
+    scratch tmpfs over /tmp is the uid's), with the child on the way; grouped."""
     blocked: dict[str, set[str]] = {}
     for path in paths:
         parts = path.split("/")
         for depth in range(1, len(parts) - 1):
             ancestor = "/".join(parts[:depth]) or "/"
-            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+            status = os.stat(ancestor)
+            if status.st_uid != uid and not status.st_mode & stat.S_IXOTH:
                 blocked.setdefault(ancestor, set()).add(parts[depth])
                 break
     return blocked
