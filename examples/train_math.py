@@ -144,7 +144,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.set_defaults(**{**model_task(model, options), **config})  # the file's values beat the task's
     except ValueError as error:
         sys.exit(f"train_math.py: {error}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_counts(args)
+    return args
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """The problem counts, named by their flags (load_problems would name its own parameter, count)."""
+    for flag in ("train_count", "eval_count"):
+        value = getattr(args, flag)
+        if value < 1:
+            sys.exit(f"train_math.py: --{flag} must be a positive integer, got {value}")
 
 
 def model_task(model: str, options: dict[str, argparse.Action]) -> dict:

@@ -287,6 +287,24 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
 CASES += [
     (
         "train_math.py",
+        "completion_beyond_context",
+        ["--model", "{ckpt}", "--max_completion_length", "100000"],
+        "max_completion_length 100000 leaves no room for a prompt: the model's context is",
+    ),
+    (
+        "train_math.py",
+        "eval_count_negative",
+        ["--eval_count", "-5"],
+        "--eval_count must be a positive integer, got -5",
+    ),
+    (
+        "train_math.py",
+        "train_count_zero",
+        ["--train_count", "0"],
+        "--train_count must be a positive integer, got 0",
+    ),
+    (
+        "train_math.py",
         "temperature_inf",
         ["--model", "{ckpt}", "--temperature", "inf"],
         "temperature must be a finite number, got inf",

@@ -116,7 +116,13 @@ class Trainer:
         self.grpo = grpo
         self.config = config
         self.model_path = model_path  # where the run started: the reference model is reloaded from it
-        room = model.config.max_position_embeddings - grpo.max_completion_length  # tokens a prompt may have
+        context = model.config.max_position_embeddings
+        if grpo.max_completion_length >= context:
+            raise ValueError(
+                f"max_completion_length {grpo.max_completion_length} leaves no room for a prompt: the "
+                f"model's context is {context} tokens"
+            )
+        room = context - grpo.max_completion_length  # tokens a prompt may have
         prompts = [self._text(row["prompt"]) for row in task.rows]
         self.prompt_ids = tokenizer.encode_all(
             prompts, "task's prompts", model_path or "the policy", room, task.sources
