@@ -10,21 +10,29 @@ worker processes, which `serve` one expression per line, and registry.py registe
 The budget, so that an answer is a function of the call alone:
   - the parser's own checks: powers and factorials estimated before they are computed, exact numbers up
     to 400,000 bits (verifier/arithmetic.py);
-  - sums and products are evaluated here, not by sympy: one term at a time, each through the parser's
-    checked arithmetic; their operations counted before any is computed, at most MAX_OPERATIONS in all
-    (a term of `\\sqrt{k}+1` costs two; a nested sum's terms count once per outer term), and their
-    partial results measured as they grow, within MAX_PARTIAL_BITS;
-  - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits;
+  - sums and products are evaluated here, not by sympy, one term at a time, their cost bounded before
+    any term is computed and their partial results measured as they grow, within MAX_PARTIAL_BITS. A
+    term that is a ratio of polynomials in the index with rational coefficients (`k`, `k^2+1`,
+    `\\frac{1}{k(k+1)}`) is computed with Python's exact integers and fractions: its cost is word
+    operations (multiply-adds times the words of the numbers they multiply, see `_polynomial_work`), at
+    most MAX_WORK in all, so a sum of ten thousand small terms is cheap and one of a billion is refused.
+    Any other term (`\\sqrt{k}`, `\\sin k`) goes through the parser's checked arithmetic and sympy, and
+    its operations are counted, at most MAX_OPERATIONS in all (a term of `\\sqrt{k}+1` costs two; a
+    nested sum's terms count once per outer term);
+  - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits, and no root
+    taken of an exact number over the parser's MAX_ROOT_BITS (verifier/arithmetic.py);
   - the answer: exact up to MAX_RESULT_CHARS characters, else 15 significant digits.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import resource
 import signal
 import sys
+from fractions import Fraction
 from functools import reduce
 
 import sympy
@@ -40,8 +48,11 @@ from .calculator_pool import CPU_LIMIT, MEMORY_LIMIT_BYTES, CalculatorError
 
 MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
 MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
-MAX_OPERATIONS = 500  # in all the terms of an expression's sums and products (see `_operations`)
+MAX_OPERATIONS = 500  # in all the terms of its sums and products that sympy computes (see `_operations`)
+MAX_WORK = 2_000_000  # word operations in all its sums' and products' polynomial terms (`_polynomial_work`)
 MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
+FRACTION_WORK = 20  # a fraction added to a partial result, in word operations (`_polynomial_work`)
+MAX_DEGREE = 100  # a polynomial term's powers of the index, at most (beyond it sympy computes the term)
 MAX_ARGUMENT_DIGITS = 300  # digits of a number inside a function (sin, exp, log) evaluated to 15 digits
 _SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply
 WARM_UP = ["1+1", "0.5", "\\sqrt{2}", "\\sum_{k=1}^{3} \\sin k"]  # sympy's first of each, before "ready"
@@ -71,16 +82,20 @@ def _reason(reason: str) -> str:
     """The parser's reason, as a short observation."""
     if "division by zero" in reason:
         return "division by zero"
+    if "a root of a number" in reason:
+        return reason
     if "too large" in reason:
         return "result too large"
     return f"not an arithmetic expression ({reason[:60]})"
 
 
 class _Evaluation:
-    """One expression's value, the operations of its sums and products counted against MAX_OPERATIONS."""
+    """One expression's value, the cost of its sums and products counted against MAX_OPERATIONS (terms
+    sympy computes) and MAX_WORK (polynomial terms)."""
 
     def __init__(self):
-        self.operations = 0  # in the terms of the sums and products evaluated so far
+        self.operations = 0  # in the terms sympy computed so far
+        self.work = 0  # word operations of the polynomial terms computed so far
 
     def text(self, text: str, indices: dict) -> sympy.Expr:
         """The value of `text`, in which the sums' `indices` (symbol -> its value now) may appear."""
@@ -113,10 +128,13 @@ class _Evaluation:
         last = self.text(uppers[placeholder], indices)
         if not (first.is_Integer and last.is_Integer):
             raise CalculatorError("a sum or product needs whole numbers as its bounds")
+        is_sum = isinstance(node, sympy.Sum)
+        polynomials = _as_polynomials(body.xreplace(indices), index)
+        if polynomials is not None:
+            return self.polynomial_terms(*polynomials, int(first), int(last), is_sum)
         self.operations += max(int(last) - int(first) + 1, 0) * _operations(body, index)
         if self.operations > MAX_OPERATIONS:
             raise CalculatorError(f"more than {MAX_OPERATIONS} operations in sums and products")
-        is_sum = isinstance(node, sympy.Sum)
         exact = sympy.Integer(0 if is_sum else 1)  # the exact part so far
         others = []  # the terms' other parts
         others_bits = 0  # their sizes, added up
@@ -124,11 +142,38 @@ class _Evaluation:
             term = self.value(body, uppers, {**indices, index: sympy.Integer(k)})
             number, other = term.as_coeff_Add() if is_sum else term.as_coeff_Mul()
             exact = exact + number if is_sum else exact * number
-            others.append(other)
-            others_bits += _bits(other)
+            if other != (0 if is_sum else 1):  # a term with no other part adds nothing to measure
+                others.append(other)
+                others_bits += _bits(other)
             if _bits(exact) + others_bits > MAX_PARTIAL_BITS:
                 raise CalculatorError("result too large")
         return sympy.Add(exact, *others) if is_sum else sympy.Mul(exact, *others)
+
+    def polynomial_terms(
+        self, numerator: list[Fraction], denominator: list[Fraction], first: int, last: int, is_sum: bool
+    ) -> sympy.Rational:
+        """A sum or product of numerator(k) / denominator(k) for k from first to last (coefficients highest
+        degree first), in exact Python integers and fractions: its work counted before any term, its
+        partial result measured as it grows."""
+        self.work += _polynomial_work(numerator, denominator, first, last)
+        if self.work > MAX_WORK:
+            raise CalculatorError(f"more than {MAX_WORK:,} word operations in sums and products")
+        scale = _common_denominator(numerator + denominator)
+        above = [int(c * scale) for c in numerator]  # numerator(k) * scale, in integers
+        below = [int(c * scale) for c in denominator]
+        if len(below) == 1:  # a constant denominator: whole numbers throughout, one division at the end
+            result = _integer_terms(above, first, last, is_sum)
+            divisor = below[0] ** (1 if is_sum else max(last - first + 1, 0))
+            return sympy.Rational(result, divisor)
+        result = Fraction(0 if is_sum else 1)
+        for k in range(first, last + 1):
+            under = _horner(below, k)
+            if under == 0:
+                raise CalculatorError("division by zero")
+            term = Fraction(_horner(above, k), under)
+            result = result + term if is_sum else result * term
+            _check_partial(result.numerator.bit_length() + result.denominator.bit_length())
+        return sympy.Rational(result.numerator, result.denominator)
 
 
 _CHECKED = {  # the operations a sum's body is built of, as the parser performs them: sizes checked first
@@ -180,6 +225,72 @@ def _argument(text: str, start: int, mark: str) -> tuple[int, int]:
         if depth == 0:
             return begin, i
     raise CalculatorError("not an arithmetic expression (unclosed group)")
+
+
+def _as_polynomials(body: sympy.Expr, index: sympy.Symbol) -> tuple[list, list] | None:
+    """The coefficients (highest degree first, as Fractions) of a numerator and a denominator whose ratio
+    is `body`, when `body` is a ratio of polynomials in `index` with rational coefficients and no other
+    symbol or function; else None. Degrees past the body's size are refused (x^{1000000} is a
+    polynomial too, but no cheap one)."""
+    if body.free_symbols - {index} or body.atoms(sympy.Function) or not body.is_rational_function(index):
+        return None
+    if any(not power.exp.is_Integer or abs(power.exp) > MAX_DEGREE for power in body.atoms(sympy.Pow)):
+        return None
+    numerator, denominator = sympy.fraction(sympy.together(body))
+    try:
+        polynomials = [sympy.Poly(part, index, domain="QQ") for part in (numerator, denominator)]
+    except sympy.PolynomialError:
+        return None
+    coefficients = []
+    for polynomial in polynomials:
+        coefficients.append([Fraction(int(c.numerator), int(c.denominator)) for c in polynomial.all_coeffs()])
+    return coefficients[0], coefficients[1]
+
+
+def _polynomial_work(numerator: list[Fraction], denominator: list[Fraction], first: int, last: int) -> int:
+    """Word operations of numerator(k) / denominator(k) for every k from first to last, by Horner's rule:
+    per term, a multiply-add per coefficient, each on numbers of at most the coefficients' bits plus the
+    degree times the index's bits, in 64-bit words; a term with a denominator that depends on k is
+    also a fraction added in, at FRACTION_WORK more (the greatest common divisor it takes)."""
+    terms = max(last - first + 1, 0)
+    index_bits = max(abs(first), abs(last), 1).bit_length()
+    coefficients = numerator + denominator
+    coefficient_bits = max(c.numerator.bit_length() + c.denominator.bit_length() for c in coefficients)
+    degree = max(len(numerator), len(denominator)) - 1
+    words = 1 + (coefficient_bits + degree * index_bits) // 64
+    per_term = len(coefficients) * words + (FRACTION_WORK if len(denominator) > 1 else 0)
+    return terms * per_term
+
+
+def _integer_terms(coefficients: list[int], first: int, last: int, is_sum: bool) -> int:
+    """The sum or product of the integer polynomial's values at first..last, measured as it grows."""
+    result = 0 if is_sum else 1
+    for k in range(first, last + 1):
+        term = _horner(coefficients, k)
+        if is_sum:
+            result += term
+        else:
+            result *= term
+            _check_partial(result.bit_length())
+    _check_partial(result.bit_length())  # a sum's terms are measured by its work: only the total here
+    return result
+
+
+def _check_partial(bits: int) -> None:
+    if bits > MAX_PARTIAL_BITS:
+        raise CalculatorError("result too large")
+
+
+def _common_denominator(coefficients: list[Fraction]) -> int:
+    """The least common multiple of the coefficients' denominators."""
+    return reduce(lambda a, b: a * b // math.gcd(a, b), (c.denominator for c in coefficients), 1)
+
+
+def _horner(coefficients: list[int], k: int) -> int:
+    value = 0
+    for coefficient in coefficients:
+        value = value * k + coefficient
+    return value
 
 
 def _operations(body: sympy.Expr, index: sympy.Symbol) -> int:
