@@ -127,12 +127,15 @@ def test_hostile_calls_beside_benign_ones_are_bounded_and_the_interpreter_exits(
         (r"\sum_{k=1}^{10^{9}} \frac{1}{k^2}", "more than 2,000,000 word operations"),
         (r"\sum_{k=1}^{100000} k^{50}", "more than 2,000,000 word operations"),  # 51 coefficients a term
         (r"\sqrt{10^{5000}+1}", "a root of a number of more than 2000 bits"),  # sympy's perfect powers
+        (r"\ln(10^{20000}+1)", "ln of a number of more than 2000 bits"),  # minutes on some hash seeds
+        (r"\log_{10^{1000}} 5", "log of a number of more than 2000 bits"),
         (r"\sum_{k=0}^{60} 2^{2^k}", "result too large"),  # a term's power, estimated as the parser does
         (r"\prod_{k=1}^{300} 3^{1000}", "result too large"),  # the partial product, as it grows
         (r"\sum_{k=1}^{200} \frac{1}{10^{20}+k}", "result too large"),  # its denominator, as it grows
         (r"\sum_{k=1}^{n} k", "a sum or product needs whole numbers as its bounds"),
         (r"\sum_{k=1}^{\sum_{j=1}^{3} j} k", "a sum or product in the bounds of another"),
-        (r"\sin(10^{1000})", "a number of more than 300 digits in sin"),
+        (r"\sin(10^{1000})", "sin of a number of more than 2000 bits"),  # refused by the parser
+        (r"\sin(10^{500})", "a number of more than 300 digits in sin"),  # by the calculator
     ],
 )
 def test_a_call_over_the_budget_is_refused_before_it_is_computed(tokenizer, expression, error):

@@ -20,7 +20,7 @@ The budget, so that an answer is a function of the call alone:
     its operations are counted, at most MAX_OPERATIONS in all (a term of `\\sqrt{k}+1` costs two; a
     nested sum's terms count once per outer term);
   - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits, and no root
-    taken of an exact number over the parser's MAX_ROOT_BITS (verifier/arithmetic.py);
+    taken of an exact number over the parser's MAX_ARGUMENT_BITS (verifier/arithmetic.py);
   - the answer: exact up to MAX_RESULT_CHARS characters, else 15 significant digits.
 """
 
@@ -82,7 +82,7 @@ def _reason(reason: str) -> str:
     """The parser's reason, as a short observation."""
     if "division by zero" in reason:
         return "division by zero"
-    if "a root of a number" in reason:
+    if "of a number of more than" in reason:  # a root or a function of a huge exact number
         return reason
     if "too large" in reason:
         return "result too large"

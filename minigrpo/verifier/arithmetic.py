@@ -15,10 +15,10 @@ from .values import Interval, Relation, Set, Tuple, Union, Unsupported
 
 MAX_BITS = 400_000  # exact rationals larger than this (about 120,000 digits) are not computed
 MAX_FACTORIAL = 1_000  # n! is computed for n up to this
-# A root of an exact number (x^{1/2}, x^{2/3}) is taken for numbers up to this many bits (about 600
-# digits): sympy looks for the perfect powers in it, by trial division, at a cost that grows faster
-# than the number's length (seconds at 3,000 digits)
-MAX_ROOT_BITS = 2_000
+# A root (x^{1/2}, x^{2/3}) or a function (log, sin) of an exact number is taken for numbers up to this
+# many bits (about 600 digits): sympy looks for the perfect powers in it, by trial division, at a cost
+# that grows faster than the number's length (seconds at 3,000 digits; for log, on some hash seeds only)
+MAX_ARGUMENT_BITS = 2_000
 MAX_DISTINCT = 100  # distinct elements of a set (matching them is quadratic)
 PM = sympy.Dummy("pm")  # stands for the sign of a ± until the value is split in two
 
@@ -74,14 +74,22 @@ def power(base, exponent):
         raise Unsupported("power too large")
     if base == 0 and exponent.is_number and exponent.is_negative:
         raise Unsupported("division by zero")
-    if exponent.is_Rational and not exponent.is_Integer and _root_too_large(base):
-        raise Unsupported(f"a root of a number of more than {MAX_ROOT_BITS} bits, too large to take exactly")
+    if exponent.is_Rational and not exponent.is_Integer:
+        checked_argument(base, "a root")
     return _checked(base**exponent)
 
 
-def _root_too_large(base) -> bool:
-    """Whether `base` is an exact number past MAX_ROOT_BITS, whose perfect powers sympy would look for."""
-    return isinstance(base, sympy.Rational) and max(base.p.bit_length(), base.q.bit_length()) > MAX_ROOT_BITS
+def checked_argument(value, what: str):
+    """`value`, refused when it is an exact number past MAX_ARGUMENT_BITS: `what` (a root, log) of it would
+    cost sympy a search for its perfect powers."""
+    if (
+        isinstance(value, sympy.Rational)
+        and max(value.p.bit_length(), value.q.bit_length()) > MAX_ARGUMENT_BITS
+    ):
+        raise Unsupported(
+            f"{what} of a number of more than {MAX_ARGUMENT_BITS} bits, too large to take exactly"
+        )
+    return value
 
 
 def _result_bits(base, exponent) -> float:

@@ -11,7 +11,18 @@ from __future__ import annotations
 
 import sympy
 
-from .arithmetic import binomial, checked_literal, div, infinite, make_set, mul, power, root, scalar
+from .arithmetic import (
+    binomial,
+    checked_argument,
+    checked_literal,
+    div,
+    infinite,
+    make_set,
+    mul,
+    power,
+    root,
+    scalar,
+)
 from .values import REAL_LINE, Interval, Relation, Set, Tuple, Unsupported
 
 MAX_ITEMS = 10_000  # elements of a list, set, tuple or matrix, as written
@@ -275,7 +286,9 @@ class _Atoms:
             if exponent == -1 and fn in _INVERSES:
                 fn = _INVERSES[fn]
                 exponent = None
-        arg = self.function_argument()
+        arg = checked_argument(self.function_argument(), name)
+        if base is not None:
+            checked_argument(base, "log")
         value = fn(arg) if base is None else div(sympy.log(arg), sympy.log(base))
         return value if exponent is None else power(value, exponent)
 
