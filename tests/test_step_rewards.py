@@ -45,18 +45,6 @@ def tokenizer(tmp_path_factory):
     return tiny_tokenizer(str(tmp_path_factory.mktemp("tokenizer")))
 
 
-def test_token_at_is_the_first_token_whose_prefix_reaches_the_offset(tokenizer):
-    rng = random.Random(0)
-    for _ in range(20):
-        text = "".join(rng.choice("0123456789+*=; What is\\boxed{}") for _ in range(rng.randint(1, 40)))
-        ids = tokenizer.encode(text)
-        offsets = sorted(rng.randint(1, len(text)) for _ in range(4))
-        brute = []
-        for offset in offsets:
-            brute.append(next(k for k in range(len(ids)) if len(tokenizer.decode(ids[: k + 1])) >= offset))
-        assert tokenizer.token_at(ids, offsets) == brute
-
-
 def rollout(tokenizer, prompt: str, completion: str, reward: float = 0.0) -> Rollout:
     ids = tokenizer.encode(completion) + [tokenizer.eos_token_ids[0]]
     r = Rollout(prompt_ids=tokenizer.encode(prompt), completion_ids=ids, finish_reason="stop", reward=reward)
@@ -356,3 +344,19 @@ def test_held_out_evaluation_checks_the_steps_of_each_completion(tokenizer):
     for result, problem in zip(evaluation.results, problems):
         (text,) = result["completions"]
         assert result["steps"] == [[(s.correct, s.relevant) for s in check_steps(text, problem.question)]]
+
+
+def test_the_trace_and_held_out_evaluation_read_the_steps_training_credits(tokenizer):
+    """A tool that printed 40 right steps: the trace shows, and held-out evaluation counts, the policy's
+    one step and not the tool's, as checked_step_rewards credits them."""
+    from minigrpo.run.evaluation import _step_marks
+    from minigrpo.run.trace import _steps
+
+    problem = "What is 2+3?"
+    loud = tool_rollout(tokenizer, [("2+3=5; <run>", True), ("2+3=5;" * 40, False), ("####5", True)], 1.0)
+    written([loud], checked_step_rewards([loud], [problem], tokenizer))
+    assert len(loud.step_rewards) == 2  # the policy's step, then the answer
+    shown = _steps(loud, problem, tokenizer)
+    assert [step["text"] for step in shown] == ["2+3=5", "answer"]
+    marks = _step_marks(tokenizer, loud.completion_ids, loud.generated, loud.text, problem)
+    assert marks == [(True, True)]

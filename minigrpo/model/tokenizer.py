@@ -134,24 +134,6 @@ class Tokenizer:
             ids = ids[:-1]
         return self.decode(ids)
 
-    def token_at(self, ids, offsets: list[int]) -> list[int]:
-        """For each character offset into decode_completion(ids), the index of the token that spells
-        the character before it: the first k with len(decode(ids[:k + 1])) >= offset, found by a binary
-        search of decoded prefixes (a few decodes per offset, not one per token)."""
-        ids = list(ids)
-        found = []
-        for offset in offsets:
-            low = 0
-            high = len(ids) - 1  # the answer is in [low, high]
-            while low < high:
-                middle = (low + high) // 2
-                if len(self.decode(ids[: middle + 1])) >= offset:
-                    high = middle
-                else:
-                    low = middle + 1
-            found.append(low)
-        return found
-
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 

@@ -17,9 +17,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..rollout import generate
+from ..step_rewards import policy_steps
 from ..tasks import Problem, Template, to_task
 from ..tools import ToolRunner
-from ..verifier import RewardSpec, check_steps, compute_rewards, extract_answer, normalize
+from ..verifier import RewardSpec, compute_rewards, extract_answer, normalize
 
 
 @dataclass
@@ -88,6 +89,7 @@ def evaluate(
     # each completion's tool calls, as the sampler reports them (None: tools off)
     calls = [len(made) for made in out.tool_calls] if out.tool_calls is not None else [None] * len(out.tokens)
     texts = [tokenizer.decode_completion(ids) for ids in out.tokens]
+    marks = out.generated or [None] * len(out.tokens)  # per token: the policy's (True) or a tool's
     columns = task.columns(task.rows, samples)  # each row's values, once per completion
     columns["completion_tokens"] = [len(ids) for ids in out.tokens]  # for a length reward in tokens
     scores = compute_rewards(texts, columns, task.rewards).total
@@ -101,7 +103,10 @@ def evaluate(
                 "completions": texts[mine],
                 "correct": [s > 0.5 for s in scores[mine]],
                 # per completion, each step's (right, relevant): see verifier/steps.py
-                "steps": [_step_marks(text, p.question) for text in texts[mine]],
+                "steps": [
+                    _step_marks(tokenizer, out.tokens[j], marks[j], texts[j], p.question)
+                    for j in range(mine.start, mine.stop)
+                ],
                 "tool_calls": calls[mine],  # per completion; None without tools
             }
         )
@@ -131,9 +136,11 @@ def _calls_per_completion(results: list[dict]) -> float | None:
     return _mean(counts) if counts else None
 
 
-def _step_marks(completion: str, question: str) -> list[tuple[bool, bool]]:
-    """(right, relevant) of each arithmetic step of a completion."""
-    return [(step.correct, step.relevant) for step in check_steps(completion, question)]
+def _step_marks(tokenizer, ids, generated, completion: str, question: str) -> list[tuple[bool, bool]]:
+    """(right, relevant) of each arithmetic step the policy wrote in a completion, as training reads
+    them (none inside a tool's output)."""
+    steps = policy_steps(tokenizer, ids, generated, completion, question)
+    return [(step.correct, step.relevant) for step in steps]
 
 
 def _faithfulness(results: list[dict]) -> tuple[float | None, float | None]:

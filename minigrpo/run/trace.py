@@ -23,8 +23,9 @@ import torch
 
 from ..files import replaced_whole
 from ..rollout import collate
+from ..step_rewards import policy_steps
 from ..update import token_logprobs
-from ..verifier import check_steps, extract_answer
+from ..verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
 # the update stats shown, in order
@@ -64,7 +65,7 @@ class Trace:
                     reward=r.reward,
                     advantage=r.advantage,
                     finish_reason=r.finish_reason,
-                    steps=_steps(r, prompt),
+                    steps=_steps(r, prompt, trainer.tokenizer),
                     calls=[_call(call) for call in r.tool_calls],
                 )
                 for r in self.group
@@ -170,11 +171,12 @@ def _colour(delta: float, scale: float, decades: float = 3.0) -> str:
     return f"rgba(0, 170, 60, {alpha:.3f})" if delta >= 0 else f"rgba(220, 30, 30, {alpha:.3f})"
 
 
-def _steps(r, prompt: str) -> list[dict]:
+def _steps(r, prompt: str, tokenizer) -> list[dict]:
     """A completion's arithmetic steps, right or wrong, each with the step reward the run trains on
     (the checker's, or a Monte-Carlo value) where it has them, else the checker's; then, in a process-
-    supervised run, the answer step (step_rewards/checked.py) with its reward."""
-    steps = check_steps(r.text, prompt)
+    supervised run, the answer step (step_rewards/checked.py) with its reward. The steps are those
+    training reads: none inside a tool's output."""
+    steps = policy_steps(tokenizer, r.completion_ids, r.generated, r.text, prompt)
     trained = r.step_rewards if len(r.step_rewards) == len(steps) + 1 else [step.reward for step in steps]
     shown = [
         dict(text=r.text[step.start : step.end], correct=step.correct, reward=reward)

@@ -36,7 +36,14 @@ The folder, in that order: checked.py (the checker's steps and their token ends,
 names below.
 """
 
-from .checked import StepRewards, checked_step_rewards, step_stats, token_ends
+from .checked import StepRewards, checked_step_rewards, policy_steps, step_stats, token_ends
 from .monte_carlo import monte_carlo_step_rewards
 
-__all__ = ["StepRewards", "checked_step_rewards", "monte_carlo_step_rewards", "step_stats", "token_ends"]
+__all__ = [
+    "StepRewards",
+    "checked_step_rewards",
+    "monte_carlo_step_rewards",
+    "policy_steps",
+    "step_stats",
+    "token_ends",
+]

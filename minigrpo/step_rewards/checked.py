@@ -12,7 +12,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..rollout import Rollout
-from ..verifier import check_steps
+from ..verifier import Step, check_steps
 
 # tokens decoded before each one in token_ends: a character's bytes before its last token are at most 3
 # (UTF-8 spells one in at most 4), so they lie in at most 3 tokens
@@ -35,7 +35,7 @@ def checked_step_rewards(rollouts: list[Rollout], problems: list[str], tokenizer
     out = []
     for r, problem in zip(rollouts, problems, strict=True):
         ends = token_ends(tokenizer, list(r.completion_ids))  # (Tc,) characters spelled through each token
-        steps = check_steps(r.text, problem, unwritten=_observation_spans(ends, r.generated))
+        steps = _written_steps(r.text, problem, ends, r.generated)
         rewards = [step.reward for step in steps]
         # each step on its last character's token: the first whose decoded prefix reaches the step's end
         step_ends = [bisect.bisect_left(ends, step.end) for step in steps]
@@ -43,6 +43,21 @@ def checked_step_rewards(rollouts: list[Rollout], problems: list[str], tokenizer
         step_ends.append(len(r.completion_ids) - 1)
         out.append(StepRewards(rewards, step_ends))
     return out
+
+
+def policy_steps(
+    tokenizer, ids: list[int], generated: list[bool] | None, text: str, problem: str
+) -> list[Step]:
+    """The arithmetic steps the policy wrote in a completion (`text`, decoded from `ids`): none inside a
+    tool's output (the tokens `generated` marks False), as training credits them; the trace and
+    held-out evaluation read steps through this too."""
+    if generated is None or all(generated):
+        return check_steps(text, problem)
+    return _written_steps(text, problem, token_ends(tokenizer, list(ids)), generated)
+
+
+def _written_steps(text: str, problem: str, ends: list[int], generated: list[bool] | None) -> list[Step]:
+    return check_steps(text, problem, unwritten=_observation_spans(ends, generated))
 
 
 def token_ends(tokenizer, ids: list[int]) -> list[int]:
