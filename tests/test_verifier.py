@@ -393,6 +393,141 @@ def test_bounded_check_agrees_with_the_reference():
     assert math_rewards(responses, [g for _, g in pairs], workers=2) == [float(e) for e in expected]
 
 
+# Written as tests of their own, not as rows of EQUAL / NOT_EQUAL / test_normalize: those rows are also
+# benchmarks/data/verifier_cases.jsonl, which make_verifier_cases.py regenerates from them.
+APPROXIMATIONS = [
+    # a rounding after a number must be that number to half a unit in its own last digit
+    (r"5 \approx 100", "5", False),
+    (r"5 \simeq 6", "5", False),
+    ("5 ≈ 100", "5", False),
+    (r"\frac{1}{3} \approx 0.9", r"\frac{1}{3}", False),
+    (r"x = \frac{1}{3} \approx 0.9", r"\frac{1}{3}", False),
+    (r"\pi \approx 3.15", r"\pi", False),
+    (r"\frac{2}{3} \approx 0.66", r"\frac{2}{3}", False),  # 0.6667: 0.67, not 0.66
+    (r"\frac{1}{3} \approx 0.33, \frac{2}{3} \approx 0.6", r"\frac13, \frac23", False),
+    (r"\frac{1}{3} \approx 0.33 \approx 0.4", r"\frac{1}{3}", False),  # each rounding is checked
+    (r"\frac{1}{3}", r"\frac{1}{3} \approx 0.9", False),  # a gold's too
+    (r"\frac{1}{3} \approx 0.33", r"\frac{1}{3}", True),
+    (r"\frac{1}{3} \approx 0.3333", r"\frac{1}{3}", True),
+    (r"x = \frac{1}{3} \approx 0.33", r"\frac{1}{3}", True),
+    (r"\pi \approx 3.14", r"\pi", True),
+    (r"\frac{\sqrt{3}}{3} \approx 0.577", r"\frac{\sqrt{3}}{3}", True),
+    (r"\frac{10}{3} \approx 3", r"\frac{10}{3}", True),  # an integer rounding: to the unit
+    (r"-\frac{1}{3} \approx -0.33", r"-\frac{1}{3}", True),
+    (r"\frac{1}{8} \approx 0.13", r"\frac{1}{8}", True),  # exactly half a unit away, decided exactly
+    (r"\frac{1}{3} \approx 0.33, \frac{2}{3} \approx 0.67", r"\frac13, \frac23", True),
+    (r"\frac{1}{3}", r"\frac{1}{3} \approx 0.33", True),
+    # a name on the left is assigned the value on the right
+    (r"x \approx 5", "5", True),
+    (r"x \approx 5", "x = 5", True),
+    (r"x \approx 5", "6", False),
+    # what cannot be checked is not understood: a rounding that is not a written number, an expression
+    (r"\frac{1}{3} \approx \frac{33}{100}", r"\frac{1}{3}", False),
+    (r"\frac{1}{3} \approx 0.33x", r"\frac{1}{3}", False),
+    (r"2x \approx 5", "2x", False),
+]
+
+
+@pytest.mark.parametrize("pred, gold, expected", APPROXIMATIONS)
+def test_an_approximation_counts_only_when_its_rounding_is_right(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
+def test_a_wrong_approximation_scores_zero():
+    """Scored as responses, through the workers: the right side of \\approx is read there too."""
+    responses = [r"\boxed{5 \approx 100}", r"\boxed{5 \simeq 6}", r"\boxed{\frac{1}{3} \approx 0.9}"]
+    assert math_rewards(responses, ["5", "5", r"\frac{1}{3}"], workers=2) == [0.0, 0.0, 0.0]
+    assert math_reward(r"so $\boxed{\frac{1}{3} \approx 0.33}$", r"\frac13") == 1.0
+
+
+def test_normalize_gives_the_answer_and_canonical_keeps_its_roundings():
+    from minigrpo.verifier.normalize import canonical
+
+    assert normalize(r"5 \simeq 6") == "5" and canonical(r"5 \simeq 6") == r"5 \approx 6"
+    assert normalize("x ≈ 5") == "x = 5" and canonical("x ≈ 5") == r"x \approx 5"
+    assert normalize(r"\approx 5") == canonical(r"\approx 5") == r"\approx 5"  # nothing approximated
+
+
+@pytest.mark.parametrize(
+    "pred, gold, expected",
+    [
+        # as Math-Verify 0.9.0 judges them: a one-element set or bracketed list is its element
+        ("[5]", "5", True),
+        (r"\{5\}", "5", True),
+        ("5", r"\{5\}", True),
+        (r"\left\{ 5 \right\}", "5", True),
+        ("(5)", "5", True),  # parentheses group
+        (r"\{5\}", "[5]", True),
+        (r"\{5\}", "6", False),
+        ("[6]", "5", False),
+        (r"\{5, 6\}", "5", False),  # two values are a hedge
+        ("[5, 6]", "5", False),  # an interval
+        ("(5, 6)", "5", False),
+    ],
+)
+def test_a_one_element_set_or_list_is_its_element(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
+REPEATING_DECIMALS = [
+    (r"0.\overline{9}", "1", True),
+    (r"0.\overline{3}", r"\frac{1}{3}", True),
+    (r"0.1\overline{6}", r"\frac{1}{6}", True),
+    (r"1.\overline{142857}", r"\frac{8}{7}", True),
+    (r"0.\overline{12}", r"\frac{4}{33}", True),
+    (r"-0.\overline{3}", r"-\frac{1}{3}", True),
+    (r"2.\overline{0}", "2", True),
+    (r"0.\overline3", r"\frac{1}{3}", True),
+    (r"0.\bar{3}", r"\frac{1}{3}", True),
+    (r"0.\dot{3}", r"\frac{1}{3}", True),
+    (r"0.1\dot{6}", r"\frac{1}{6}", True),
+    (r"\frac{1}{3}", r"0.\overline{3}", True),
+    (r"0.\overline{3}", "0.3333333", False),  # exact, and a terminating gold is matched exactly
+    (r"0.\overline{3}", "0.3", False),
+    (r"0.\overline{6}", r"\frac{1}{3}", False),
+    (r"0.\overline{3}4", r"\frac{1}{3}", False),  # digits after the repeating block: not a number
+    (r"0.\overline{3}\overline{4}", r"\frac{1}{3}", False),
+    (r"0.\dot{1}4\dot{2}", r"\frac{142}{999}", False),  # dots on a block's ends: not read
+    (r"0.\overline{x}", "0", False),
+    (r"1\overline{3}", r"\frac{4}{3}", False),  # no decimal point
+    (r"\overline{3}", r"\frac{1}{3}", False),
+]
+
+
+@pytest.mark.parametrize("pred, gold, expected", REPEATING_DECIMALS)
+def test_a_repeating_decimal_is_its_exact_rational(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
+def test_a_repeating_block_too_long_is_refused_at_once():
+    block = "3" * 5_000
+    answers_match("1", "1")  # sympy imported outside the timed call
+    start = time.monotonic()
+    assert answers_match(r"0.\overline{" + block + "}", r"\frac{1}{3}") is False
+    assert time.monotonic() - start < IN_PROCESS_LIMIT
+    assert answers_match(r"0.\overline{" + "142857" * 10 + "}", r"\frac{1}{7}")  # 60 digits: read
+
+
+@pytest.mark.parametrize(
+    "pred, gold, expected",
+    [
+        (r"\lim_{x\to 0} 5", "5", True),
+        (r"\lim_{n \to \infty} \frac{7}{2}", "3.5", True),
+        (r"\lim\limits_{t \rightarrow 1} 2\pi", r"2\pi", True),
+        (r"3 + \lim_{x\to 0} 5", "8", True),
+        (r"\lim_{x\to 0} 5", "6", False),
+        # a limit whose body has its variable in it is not evaluated: not understood, never right
+        (r"\lim_{x\to 0} x", "0", False),
+        (r"\lim_{x\to 1} \frac{x^2 - 1}{x - 1}", "2", False),
+        (r"\lim_{x\to 0} 5 + x", "5", False),  # where its body ends is not clear
+        (r"\lim_{x\to 0} 5 + x", "5 + x", False),
+        (r"\lim_{x} 5", "5", False),
+    ],
+)
+def test_a_limit_of_a_body_without_its_variable_is_the_body(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
 # -- time bounds --------------------------------------------------------------------------------
 HOSTILE = [
     r"9^{9^{9^9}}",

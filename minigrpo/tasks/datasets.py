@@ -128,12 +128,12 @@ def gold_verdict(answer: str) -> str:
     """ "parsed", "not parsed" (only an identical answer matches it) or "never right" (nothing matches it)."""
     if _PLAIN_NUMBER.fullmatch(answer):  # every GSM8K gold, most of MATH's: nothing to check
         return "parsed"
-    from ..verifier import Unsupported, answers_match, normalize  # sympy: imported only once a gold needs it
+    from ..verifier import Unsupported, answers_match, canonical  # sympy: imported only once a gold needs it
     from ..verifier import parse_math as parse
 
     try:
         boxed = extract_answer("\\boxed{" + answer + "}")
-        normalised = normalize(answer)
+        normalised = canonical(answer)  # its approximations kept: a wrong one makes the gold never right
         if boxed is None or not normalised:  # an empty answer equals nothing
             return "never right"
         # answers_match(x, x): `normalised` non-empty

@@ -33,7 +33,7 @@ from .format import FormatConfig, format_reward
 from .json_schema import json_reward, json_rewards
 from .length import length_reward, length_rewards
 from .math_reward import is_equivalent, math_reward, math_rewards, start_math_workers
-from .normalize import normalize
+from .normalize import canonical, normalize
 from .rewards import REWARD_FUNCTIONS, Rewards, RewardSpec, compute_rewards, register_reward
 from .sandbox_config import CaseResult, SandboxConfig
 from .scores import Scores
@@ -75,6 +75,7 @@ __all__ = [
     "Unsupported",
     "VerifierError",
     "answers_match",
+    "canonical",
     "check_steps",
     "checked_add",
     "checked_binomial",

@@ -11,7 +11,7 @@ import math
 
 import sympy
 
-from .values import Interval, Relation, Set, Tuple, Union, Unsupported
+from .values import Approximation, Interval, Relation, Set, Tuple, Union, Unsupported
 
 MAX_BITS = 400_000  # exact rationals larger than this (about 120,000 digits) are not computed
 MAX_FACTORIAL = 1_000  # n! is computed for n up to this
@@ -171,4 +171,6 @@ def contains_pm(value) -> bool:
         return contains_pm(value.lhs) or contains_pm(value.rhs)
     if isinstance(value, Union):
         return any(map(contains_pm, value.parts))
+    if isinstance(value, Approximation):
+        return contains_pm(value.value)
     return False

@@ -1,17 +1,20 @@
 """Stage 2 of the loop, reward: the atoms of an answer, the part of `parse` that knows LaTeX.
 
-In: the tokens of a normalised answer. Out: the value of one atom (a number, with its decimals recorded; a
-letter, Greek name or constant; \\frac, \\sqrt, \\binom, \\sum, a function; a bracket, set, absolute value,
-rounding or matrix). The tables below and `_Atoms.command` are the whole vocabulary: any other command raises
-Unsupported. It knows single atoms, not precedence: what an atom encloses is read by `parse`'s grammar, which
-`_Atoms` calls back.
+In: the tokens of a normalised answer. Out: the value of one atom (a number, with its decimals recorded, or a
+repeating decimal, 0.\\overline{3}, exactly; a letter, Greek name or constant; \\frac, \\sqrt, \\binom, \\sum,
+the limit of a constant, a function; a bracket, set, absolute value, rounding or matrix). The tables below and
+`_Atoms.command` are the whole vocabulary: any other command raises Unsupported. It knows single atoms, not
+precedence: what an atom encloses is read by `parse`'s grammar, which `_Atoms` calls back.
 """
 
 from __future__ import annotations
 
+import re
+
 import sympy
 
 from .arithmetic import (
+    add,
     binomial,
     checked_argument,
     checked_literal,
@@ -26,6 +29,8 @@ from .arithmetic import (
 from .values import REAL_LINE, Interval, Relation, Set, Tuple, Unsupported
 
 MAX_ITEMS = 10_000  # elements of a list, set, tuple or matrix, as written
+MAX_NUMBER_CHARS = 4_000  # longest number literal read
+MAX_REPEATING_DIGITS = 100  # longest repeating block read: 0.\overline{...} with more digits is refused
 
 _FUNCTIONS = {
     "sin": sympy.sin,
@@ -53,6 +58,17 @@ _GREEK = frozenset(
 _HEDGES = frozenset("either maybe possibly approximately about".split())
 _ENUMERATIONS = frozenset(r"\ldots \cdots \dots \vdots \ddots".split())
 _MATRICES = frozenset("pmatrix bmatrix Bmatrix vmatrix Vmatrix matrix smallmatrix array".split())
+_REPEAT_MARKS = (r"\overline", r"\bar", r"\dot")  # over the repeating digits of a decimal
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def written_precision(text: str) -> tuple:
+    """How precisely a number literal is written: (significant digits, the unit of its last digit).
+    '0.330' -> (3, 1/1000), '1.2e3' -> (2, 100), '100' -> (3, 1)."""
+    mantissa, _, exponent = text.lower().partition("e")
+    fraction = mantissa.partition(".")[2]
+    digits = len(mantissa.replace(".", "").lstrip("0")) or 1
+    return digits, sympy.Integer(10) ** (int(exponent or 0) - len(fraction))
 
 
 class _Atoms:
@@ -87,6 +103,8 @@ class _Atoms:
         kind, text = self.peek()
         if kind == "num":
             self.next()
+            if self.at(*_REPEAT_MARKS):
+                return self.repeating_decimal(text)
             return self.mixed_number(self.number(text))
         if kind == "word":
             return self.word()
@@ -101,18 +119,45 @@ class _Atoms:
         raise Unsupported(f"unexpected {text!r}" if text else "answer ends too early")
 
     def number(self, text: str):
-        if len(text) > 4000:
+        if len(text) > MAX_NUMBER_CHARS:
             raise Unsupported("number literal too long")
         mantissa, _, exponent = text.lower().partition("e")
         if len(exponent) > 6:
             raise Unsupported("exponent too large")
         value = checked_literal(mantissa, int(exponent or 0))
         if "." in mantissa or exponent:
-            fraction = mantissa.partition(".")[2]
-            digits = len(mantissa.replace(".", "").lstrip("0")) or 1
-            ulp = sympy.Integer(10) ** (int(exponent or 0) - len(fraction))
-            self.decimals[value] = self.decimals[-value] = (digits, ulp)
+            self.decimals[value] = self.decimals[-value] = written_precision(text)
         return value
+
+    def repeating_decimal(self, text: str):
+        """0.\\overline{3} = 1/3, 0.1\\overline{6} = 1/6, 1.\\overline{142857} = 8/7, 0.\\dot{3} = 1/3:
+        exactly, as a rational (not a rounded decimal, so not recorded in `decimals`). Only after a plain
+        decimal, and only at its end: 0.\\overline{3}4 and 0.\\dot{1}4\\dot{2} are refused."""
+        if "." not in text or "e" in text.lower() or len(text) > MAX_NUMBER_CHARS:
+            raise Unsupported("a repeating block after a number that is not a plain decimal")
+        block = self.repeating_block()
+        if self.peek()[0] == "num" or self.at(*_REPEAT_MARKS):
+            raise Unsupported("digits after a repeating block")
+        fraction_digits = len(text.partition(".")[2])
+        # 0.1\overline{6} = 0.1 + 6 / (9 * 10): the block over as many 9s, shifted past the fixed digits
+        repeating = sympy.Rational(int(block), (10 ** len(block) - 1) * 10**fraction_digits)
+        return add(checked_literal(text, 0), repeating)
+
+    def repeating_block(self) -> str:
+        """The digits under \\overline{...} or \\bar{...}, or the one under \\dot{.}; the braces may be left
+        out around one digit."""
+        mark = self.next()[1]
+        braced = self.at("{")
+        if braced:
+            self.next()
+        kind, digits = self.next()
+        if braced:
+            self.expect("}")
+        if kind != "num" or not _DIGITS.fullmatch(digits):
+            raise Unsupported("a repeating block of something other than digits")
+        if len(digits) > (MAX_REPEATING_DIGITS if braced and mark != r"\dot" else 1):
+            raise Unsupported("repeating block too long")
+        return digits
 
     def mixed_number(self, whole):
         """4\\frac{2}{3} is 4 + 2/3 when both parts are written as integers."""
@@ -232,6 +277,8 @@ class _Atoms:
             return div(self.argument(), self.argument())
         if name in ("sum", "prod"):
             return self.big_operator(name)
+        if name == "lim":
+            return self.limit()
         if name == "binom":
             n = self.argument()
             k = self.argument()
@@ -264,6 +311,22 @@ class _Atoms:
         operator = sympy.Sum if name == "sum" else sympy.Product
         value = operator(scalar(self.term()), (lower.lhs, scalar(lower.rhs), scalar(upper)))
         return value if value.free_symbols else value.doit()
+
+    def limit(self):
+        """\\lim_{x \\to a} c is c when c has no x in it. Any other limit is not evaluated (Unsupported),
+        nor one followed by + or -, where its body may go on: \\lim_{x \\to 0} 5 + x."""
+        self.expect("_")
+        self.expect("{")
+        variable = self.atom()
+        if not (isinstance(variable, sympy.Symbol) and self.at(r"\to", r"\rightarrow")):
+            raise Unsupported("a limit needs a variable and a point: \\lim_{x \\to a}")
+        self.next()
+        scalar(self.sum())  # the point: read, to be sure it is one; a constant's limit does not depend on it
+        self.expect("}")
+        body = scalar(self.term())
+        if variable in body.free_symbols or self.at("+", "-", r"\pm", r"\mp"):
+            raise Unsupported("a limit is evaluated only when its body is a constant")
+        return body
 
     def function(self, name: str):
         """\\sin x, \\sin(x), \\sin^2 x, \\sin^{-1} x, \\log_2 8, \\sqrt{x}, \\sqrt[3]{x}."""

@@ -5,8 +5,15 @@ unguarded reference: it can take long on hostile input, so callers use `math_rew
 it in a killable worker with a deadline. It knows values, not responses (see `extract`).
 
 The rules, in order:
-- equal after `normalize` -> equal;
+- spelled the same by `normalize.canonical` -> equal;
 - either side not understood (`parse` raises) -> not equal (fail closed);
+- an approximation is checked, then stands for what it approximates (`_approximated`): a number followed
+  by \\approx and a written number must be that number to half a unit in the rounding's last digit,
+  "\\frac13 \\approx 0.33" ~ 1/3 (0.0033 <= 0.005), "\\pi \\approx 3.14" ~ \\pi; "5 \\approx 100" and
+  "\\frac13 \\approx 0.9" are wrong, and equal nothing but themselves written the same. A name on the left
+  is assigned the rounding, "x \\approx 5" ~ "x = 5" ~ 5; anything else approximated ("2x \\approx 5",
+  "\\frac13 \\approx \\frac{33}{100}") is not understood. Departure from Math-Verify, which reads the left
+  side alone: "x = 1/3 \\approx 1.3" is 1/3 there;
 - an equation between numbers is a computation, and stands for its result: "2 \\cdot 6 = 12" ~ 12;
 - a name on one side only is dropped: "x = 5" ~ "5", "(p, q) = (3, 2)" ~ "(3, 2)"; assignments to
   two or more names facing a tuple are a point, in the order written: "x = 1, y = 2" ~ "(1, 2)"
@@ -25,12 +32,14 @@ The rules, in order:
   values must agree wherever either side is real (\\sqrt{1/n} ~ 1/\\sqrt{n}: both real for n > 0 only);
 - equations and inequalities: the same relation, sides moved to one side and equal up to a
   constant factor (positive for inequalities): y = 2x + 3 ~ 3 + 2x = y, but x = 2 !~ y = 2;
-- tuples in order, sets and bare lists in any order (repeats ignored) with the same size,
+- tuples in order, sets and bare lists in any order (repeats ignored) with the same size, so a
+  one-element set or bracketed list is its element: \\{5\\} ~ [5] ~ (5) ~ 5, as Math-Verify 0.9.0
+  judges them too (a departure from hendrycks MATH's string match, where \\{5\\} != 5);
   intervals with the same open/closed ends (an inequality on one variable against an interval
   counts as one; one in |x| as the intervals of x it allows: 1 <= |z| <= 2 ~ [-2, -1] \\cup [1, 2]),
   matrices elementwise, a column vector as a tuple.
-A hedge ("3 or 5", \\pm 3, a list for a single gold, an interval for a number) never equals a
-single value.
+A hedge ("3 or 5", \\pm 3, a list of two or more values for a single gold, an interval for a
+number) never equals a single value.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import re
 
 import sympy
 
+from .arithmetic import make_set
 from .closed_forms import (
     PRECISION,
     close,
@@ -48,9 +58,9 @@ from .closed_forms import (
     numbers_match,
     values_at_samples,
 )
-from .normalize import normalize
+from .normalize import canonical
 from .parse import parse
-from .values import Interval, Parsed, Relation, Set, Text, Tuple, Union, Unsupported
+from .values import Approximation, Interval, Parsed, Relation, Set, Text, Tuple, Union, Unsupported
 
 MAX_ANSWER_CHARS = 20_000  # longer answers are compared as plain strings only
 MIN_SIGNIFICANT_DIGITS = 7  # a decimal approximation of a non-terminating gold needs this many
@@ -69,8 +79,8 @@ def answers_match(pred: str, gold: str) -> bool:
         return True  # equal before anything costly (normalising long runs of digits is slow)
     if max(len(pred), len(gold)) > MAX_ANSWER_CHARS:
         return False
-    p = normalize(pred)
-    g = normalize(gold)
+    p = canonical(pred)
+    g = canonical(gold)
     if not g or not p:
         return False
     if p == g:
@@ -87,7 +97,11 @@ def answers_match(pred: str, gold: str) -> bool:
 
 
 def values_match(pred: Parsed, gold: Parsed) -> bool:
-    return _match(pred.value, gold.value, (pred.decimals, gold.decimals))
+    p = _settled(pred.value)
+    g = _settled(gold.value)
+    if p is None or g is None:
+        return False  # a wrong rounding: a wrong answer, whatever it is compared with
+    return _match(p, g, (pred.decimals, gold.decimals))
 
 
 def _match(p, g, decimals) -> bool:
@@ -112,6 +126,59 @@ def _match(p, g, decimals) -> bool:
         g_items = _sequence(g)
         return p_items is not None and g_items is not None and _ordered_match(p_items, g_items, decimals)
     return _scalars_match(p, g, decimals)
+
+
+# -- approximations -----------------------------------------------------------------------------
+def _settled(value):
+    """The value with each approximation replaced by what it stands for (`_approximated`); None when
+    one of them is wrong."""
+    if isinstance(value, Approximation):
+        return _approximated(value)
+    parts = _parts(value)
+    if parts is None:
+        return value  # a number, an expression, a matrix or words: no approximation inside
+    settled = [_settled(part) for part in parts]
+    if any(part is None for part in settled):
+        return None
+    if isinstance(value, Relation):
+        return Relation(value.op, *settled)
+    if isinstance(value, Interval):
+        return Interval(*settled, value.left_closed, value.right_closed)
+    if isinstance(value, Tuple):
+        return Tuple(tuple(settled), value.brackets)
+    if isinstance(value, Union):
+        return Union(tuple(settled))
+    return make_set(settled)  # two items may now be one: 1/3 and 1/3 \approx 0.33
+
+
+def _parts(value):
+    """The values a structure holds, in order; None for anything else."""
+    if isinstance(value, Relation):
+        return [value.lhs, value.rhs]
+    if isinstance(value, Interval):
+        return [value.lo, value.hi]
+    if isinstance(value, (Tuple, Set)):
+        return list(value.items)
+    if isinstance(value, Union):
+        return list(value.parts)
+    return None
+
+
+def _approximated(approximation: Approximation):
+    """'\\frac13 \\approx 0.33' -> 1/3: a number, when each rounding is within half a unit of its last
+    digit of it; 'x \\approx 5' -> x = 5: a name is assigned its first rounding, and any later one is
+    checked against that; None for a wrong rounding or for anything else approximated."""
+    value = _settled(approximation.value)
+    roundings = list(approximation.roundings)
+    if value is not None and _is_name(value):
+        rounded, _ = roundings.pop(0)
+        settled = Relation("=", value, rounded)
+        value = rounded
+    elif isinstance(value, sympy.Expr) and _constant(value):
+        settled = value
+    else:
+        return None
+    return settled if all(_within(rounded, value, margin) for rounded, margin in roundings) else None
 
 
 # -- names --------------------------------------------------------------------------------------
@@ -379,10 +446,16 @@ def _terminates(g) -> bool:
 def _approximates(p, digits_and_ulp, g) -> bool:
     """A written decimal p for a non-terminating g: enough digits, within one unit of the last."""
     digits, ulp = digits_and_ulp
+    return digits >= MIN_SIGNIFICANT_DIGITS and _within(p, g, ulp)
+
+
+def _within(p, g, margin) -> bool:
+    """Whether the written number p lies within `margin` of g: exactly when g is rational, else by
+    g's value at PRECISION digits."""
+    if g.is_Rational:
+        return bool(abs(p - g) <= margin)
     g_value = evaluate(g)
-    if digits < MIN_SIGNIFICANT_DIGITS or g_value is None:
-        return False
-    return bool(abs(sympy.Float(p, PRECISION) - g_value) <= ulp)
+    return g_value is not None and bool(abs(sympy.Float(p, PRECISION) - g_value) <= margin)
 
 
 def _names(expr) -> set:

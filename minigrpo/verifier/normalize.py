@@ -3,8 +3,14 @@
 In: an answer string as the model or the dataset wrote it (LaTeX or plain text). Out: the same
 answer with presentation stripped: delimiters, \\left/\\right, spacing commands, \\dfrac and
 friends, \\text{} wrappers and unit words, degree and percent marks, currency, thousands
-separators, a trailing period. Two answers equal after this are the same answer; anything else
-is for `parse` and `equivalence`. Pure string work, linear in the length of the answer.
+separators, a trailing period. Two answers spelled the same by `canonical` are the same answer;
+anything else is for `parse` and `equivalence`. Pure string work, linear in the length of the answer.
+
+Two spellings come out. `canonical` keeps every approximation, written `a \\approx b` however it came
+(\\simeq, ≈), so that `equivalence` can check the rounding b against a: answers are compared in it.
+`normalize` is the answer alone, each approximation standing for what it approximates
+('x = 1/3 \\approx 0.33' -> 'x = 1/3', 'x \\approx 5' -> 'x = 5'): what groups equal answers, as a
+majority vote does, unchecked.
 """
 
 from __future__ import annotations
@@ -81,7 +87,12 @@ _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
 
 def normalize(answer: str) -> str:
-    """The canonical spelling of one answer (see the module docstring)."""
+    """The answer alone: `canonical`, with each approximation replaced by what it approximates."""
+    return _without_approximations(canonical(answer))
+
+
+def canonical(answer: str) -> str:
+    """The canonical spelling of one answer, approximations kept (see the module docstring)."""
     s = answer.strip()
     if "\\begin" not in s:
         s = re.sub(r"\\\\(?=[A-Za-z])", r"\\", s)  # a doubly escaped response: \\frac -> \frac
@@ -93,6 +104,7 @@ def normalize(answer: str) -> str:
     s = _PERCENT_AND_MONEY.sub(" ", s)
     s = _SPACING.sub(" ", s)
     s = _FRAC_ALIASES.sub(r"\\frac", s)
+    s = _APPROX.sub(r" \\approx ", s)
     s = _unwrap_text_commands(s, drop_units=True) or _unwrap_text_commands(s, drop_units=False)
     s = _join_thousands(s)
     s = _drop_unit_words(s)
@@ -207,10 +219,8 @@ def _split_trailing_words(s: str) -> tuple[str, list[str]]:
 
 
 def _final_link(s: str) -> str:
-    """The last link of a chain: 'x = 5+5+1 = 11' -> 'x = 11', 'x = 1/3 \\approx 0.33' -> 'x = 1/3'."""
-    approx = _split_top_level(s, _APPROX)
-    if len(approx) > 1:
-        s = approx[0] if not _is_name(approx[0]) else approx[0] + " = " + approx[1]
+    """The last link of a chain: 'x = 5+5+1 = 11' -> 'x = 11', 'x = 2/6 = 1/3 \\approx 0.33' -> 'x = 1/3
+    \\approx 0.33' (an approximation belongs to the link it follows)."""
     items = _split_top_level(s, _SEPARATOR)
     if len(items) > 1:
         links = [_final_link(item) for item in items]
@@ -219,6 +229,19 @@ def _final_link(s: str) -> str:
     if len(links) < 3:
         return s
     return (links[0] + " = " if _is_name(links[0]) else "") + links[-1]
+
+
+def _without_approximations(s: str) -> str:
+    """'x = 1/3 \\approx 0.33' -> 'x = 1/3', 'x \\approx 5' -> 'x = 5', in each item of a list; an item
+    with nothing before its \\approx stays as it is (an answer is never emptied here)."""
+    items = _split_top_level(s, _SEPARATOR)
+    if len(items) > 1:
+        answers = [_without_approximations(item) for item in items]
+        return s if answers == items else ", ".join(answers)
+    parts = _split_top_level(s, _APPROX)
+    if len(parts) == 1 or not parts[0]:
+        return s
+    return parts[0] + " = " + parts[1] if _is_name(parts[0]) else parts[0]
 
 
 def _is_name(s: str) -> bool:

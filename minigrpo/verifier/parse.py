@@ -1,12 +1,13 @@
 """Stage 2 of the loop, reward: read a normalised answer into a mathematical value.
 
-In: a string from `normalize`. Out: `Parsed(value, decimals)`, where the value is a sympy
-expression or matrix, or one of the structures in `values` (Tuple, Set, Interval, Union,
-Relation, Text), and `decimals` records how precisely each decimal literal was written. Anything
+In: a string from `normalize.canonical`. Out: `Parsed(value, decimals)`, where the value is a sympy
+expression or matrix, or one of the structures in `values` (Tuple, Set, Interval, Union, Relation,
+Approximation, Text), and `decimals` records how precisely each decimal literal was written. Anything
 this cannot read with certainty raises Unsupported: enumerations ("1, 2, \\ldots"), integrals,
-derivatives, unknown commands, sizes past the caps below, in `atoms` or in `arithmetic`. The
-caller then treats the answer as not understood, which never makes it correct. "3 or 5" and
-"3, 5" both read as a set of two values, which never equals one value.
+derivatives, limits other than a constant's, unknown commands, anything but a written number after
+\\approx, sizes past the caps below, in `atoms` or in `arithmetic`. The caller then treats the answer
+as not understood, which never makes it correct. "3 or 5" and "3, 5" both read as a set of two
+values, which never equals one value.
 
 A hand-written recursive-descent parser rather than sympy's LaTeX parser: that one needs
 antlr4 or lark (more dependencies), and it cannot check sizes before it computes. This file is
@@ -22,8 +23,8 @@ import re
 import sympy
 
 from .arithmetic import PM, add, as_interval_or_set, contains_pm, div, factorial, make_set, mul, power
-from .atoms import _CONSTANTS, _FUNCTIONS, _HEDGES, MAX_ITEMS, _Atoms
-from .values import Parsed, Relation, Text, Union, Unsupported
+from .atoms import _CONSTANTS, _FUNCTIONS, _HEDGES, MAX_ITEMS, _Atoms, written_precision
+from .values import Approximation, Parsed, Relation, Text, Union, Unsupported
 
 MAX_TOKENS = 20_000  # longer answers are not parsed (they can still match as identical strings)
 MAX_NESTING = 40  # deepest bracket nesting parsed
@@ -116,7 +117,8 @@ def _solutions(items: list) -> list:
 
 
 class _Parser(_Atoms):
-    """Recursive descent, loosest binding first: list, relation, ratio, union, sum, product, power, atom."""
+    """Recursive descent, loosest binding first: list, relation, approximation, ratio, union, sum, product,
+    power, atom."""
 
     # -- grammar ------------------------------------------------------------------------------
     def answer(self):
@@ -143,16 +145,38 @@ class _Parser(_Atoms):
         return [value]
 
     def relation(self):
-        left = self.ratio()
+        left = self.approximation()
         chain = []
         while self.peek()[1] in _RELATIONS:
             op = _RELATIONS[self.next()[1]]
-            right = self.ratio()
+            right = self.approximation()
             chain.append(Relation(op, left, right))
             left = right
         if not chain:
             return left
         return chain[0] if len(chain) == 1 else make_set(chain)
+
+    def approximation(self):
+        """a \\approx 0.33: the value a, with each rounding written after it, for `equivalence` to check
+        ('x = 1/3 \\approx 0.33' is x = (1/3, rounded to 0.33))."""
+        value = self.ratio()
+        roundings = []
+        while self.at(r"\approx"):
+            self.next()
+            roundings.append(self.rounding())
+        return Approximation(value, tuple(roundings)) if roundings else value
+
+    def rounding(self) -> tuple:
+        """A written number (a sign and one literal: 0.33, -3, 1.2e3) and half a unit in its last digit."""
+        start = self.pos
+        value = self.ratio()
+        written = self.tokens[start : self.pos]
+        if written and written[0][1] in ("-", "+"):
+            written = written[1:]
+        if len(written) != 1 or written[0][0] != "num":
+            raise Unsupported("only a written number can follow \\approx")
+        _, unit = written_precision(written[0][1])
+        return value, unit / 2
 
     def ratio(self):
         """a : b, read as the number a / b."""
@@ -241,6 +265,7 @@ class _Parser(_Atoms):
                 r"\pm",
                 r"\mp",
                 r"\cup",
+                r"\approx",
                 r"\}",
                 r"\end",
                 r"\rfloor",

@@ -47,6 +47,12 @@ class Relation:
 
 
 @dataclass(frozen=True)
+class Approximation:
+    value: object  # what is approximated: a number, or a name ("x \approx 5")
+    roundings: tuple  # (number written after \approx, half a unit in its last digit), for each one
+
+
+@dataclass(frozen=True)
 class Text:
     words: str  # lower-cased words separated by single spaces
 
