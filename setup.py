@@ -17,6 +17,9 @@ setup(
         "huggingface_hub",
         "sympy",
         "numpy",
+        # a checkpoint's own chat template (Jinja), rendered as transformers renders it; torch depends
+        # on jinja2 too, so it is installed wherever torch is
+        "jinja2>=3.1",
     ],
     extras_require={
         # transformers is a test oracle only: nothing under minigrpo/ imports it; trl is there for the

@@ -40,6 +40,7 @@ from minigrpo.run import (
     save_initial_evaluation,
 )
 from minigrpo.tasks import TEMPLATES, load_problems, sources_of, template, to_task
+from minigrpo.tools import declared_tools
 from minigrpo.update import NonFiniteWeights
 
 # The embedded default, found from this file: the default run works offline from any directory.
@@ -407,10 +408,14 @@ if __name__ == "__main__":
             note=rank_0_note,
         )
         rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
-        task = to_task(train_problems, prompt, rewards, tokenizer)
+        # with its own chat template, a chat prompt declares the run's tools to the model
+        tools = declared_tools(tokenizer, grpo.tool_names) if prompt.chat else None
+        task = to_task(train_problems, prompt, rewards, tokenizer, tools, grpo.template_kwargs)
         run = build_run(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
         trainer = run.trainer
-        held_out = [prompt.render(p.question, tokenizer) for p in eval_problems]
+        held_out = [
+            prompt.render(p.question, tokenizer, tools, **grpo.template_kwargs) for p in eval_problems
+        ]
         sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
         what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
         # tokens a prompt may have

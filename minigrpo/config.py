@@ -14,6 +14,7 @@ default and one-line comment are also its command-line flag (flags.py).
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -115,6 +116,7 @@ class GRPOConfig:
     tools: str = "none"  # tools a completion may call, comma-separated: calculator, python, ...; none: none
     tool_format: str = "calc"  # calc (<calc>2+3</calc> answered <out>5</out>) | qwen3 (<tool_call> JSON)
     max_tool_calls: int = 4  # calls per completion; one more ends it, finish reason tool_limit
+    chat_template_kwargs: str = "{}"  # the chat template's keywords, JSON: {"enable_thinking": false}
     num_iterations: int = 1  # mu: passes over each batch of rollouts; 1 is on-policy (ratio exactly 1)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length get no loss (DAPO)
     dynamic_sampling: bool = False  # DAPO: sample more until the batch's groups all have reward variance
@@ -160,6 +162,7 @@ class GRPOConfig:
             f"process_samples must be a positive integer, got {self.process_samples!r}",
         )
         check_tool_settings(self.tool_format, self.max_tool_calls)
+        self.template_kwargs  # noqa: B018 (parsed here, so that a bad object is refused before any work)
         self._check_process_settings()
         _require(
             isinstance(self.num_iterations, int) and self.num_iterations >= 1,
@@ -193,6 +196,20 @@ class GRPOConfig:
             f"process_samples={self.process_samples} is read only by process_rewards='monte_carlo' (its "
             f"continuations per step); with process_rewards={self.process_rewards!r} it does nothing",
         )
+
+    @property
+    def template_kwargs(self) -> dict:
+        """chat_template_kwargs as the keywords they are."""
+        try:
+            kwargs = json.loads(self.chat_template_kwargs)
+        except (TypeError, ValueError):
+            kwargs = None
+        _require(
+            isinstance(kwargs, dict),
+            f"chat_template_kwargs must be a JSON object such as '{{\"enable_thinking\": false}}', "
+            f"got {self.chat_template_kwargs!r}",
+        )
+        return kwargs
 
     @property
     def tool_names(self) -> list[str]:

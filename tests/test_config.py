@@ -36,6 +36,8 @@ def other_value(name, default):
         return not default
     if name == "tools":  # registered names only
         return "calculator,python"
+    if name == "chat_template_kwargs":  # a JSON object
+        return '{"enable_thinking": false}'
     if name in CHOICES:
         return next(choice for choice in CHOICES[name] if choice != default)
     if isinstance(default, tuple):

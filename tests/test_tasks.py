@@ -367,7 +367,7 @@ def test_chat_templates_use_the_tokenizers_chat_format(tokenizer):
     assert no_thinking.startswith("<|im_start|>user") and no_thinking.endswith(
         "assistant\n<think>\n\n</think>\n\n"
     )
-    with pytest.raises(ValueError, match="needs a tokenizer with a chat format"):
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
         template("chat").render("What is 2+3?")
 
 

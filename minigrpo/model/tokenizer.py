@@ -1,8 +1,11 @@
 """Between the task and the sampler (and back, before the verifier): text <-> token ids, a thin wrapper
 over a `tokenizers.Tokenizer` read from tokenizer.json.
 
-It adds what a checkpoint's side files say (EOS and padding ids from generation_config.json and
-tokenizer_config.json) and Qwen3's chat format. It knows strings and ids, not tensors or models.
+It adds what a checkpoint's side files say: EOS and padding ids (generation_config.json and
+tokenizer_config.json) and the checkpoint's own chat template (chat_template.py: tokenizer_config.json's
+`chat_template`, or chat_template.jinja beside it, which wins), kept as it came when the tokenizer is
+saved. A tokenizer with ChatML tokens and no template (the embedded models) gets Qwen3's ChatML written
+by hand, a fallback that declares no tools. It knows strings and ids, not tensors or models.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from collections import Counter
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ..files import read_json_object, write_json
+from .chat_template import SPECIAL_TOKENS, ChatTemplate, choose
+
+TEMPLATE_FILE = "chat_template.jinja"  # newer checkpoints keep their template here; it wins over the config's
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -28,9 +34,13 @@ class Tokenizer:
         tokenizer: _HFTokenizer,
         tokenizer_config: dict | None = None,
         generation_config: dict | None = None,
+        template_file: str | None = None,
+        where: str = "the tokenizer",
     ):
         self.backend = tokenizer
         self.tokenizer_config = dict(tokenizer_config or {})  # written back unchanged by save()
+        self.template_file = template_file  # chat_template.jinja's text, written back unchanged by save()
+        self.where = where  # the directory it was read from, for errors
         # written back by weights.write_files, with these EOS/pad ids
         self.generation_config = dict(generation_config or {})
         self.eos_token_ids = self._eos_ids()  # every id that ends a completion, first = the canonical one
@@ -54,10 +64,18 @@ class Tokenizer:
             raise ValueError(
                 f"{path} is not a tokenizer file the tokenizers library can read ({cause})"
             ) from None
-        return cls(backend, *configs)
+        template_path = os.path.join(directory, TEMPLATE_FILE)
+        template_file = None
+        if os.path.exists(template_path):
+            with open(template_path, encoding="utf-8") as f:
+                template_file = f.read()
+        return cls(backend, *configs, template_file=template_file, where=directory)
 
     def save(self, directory: str) -> None:
         self.backend.save(os.path.join(directory, "tokenizer.json"))
+        if self.template_file is not None:
+            with open(os.path.join(directory, TEMPLATE_FILE), "w", encoding="utf-8") as f:
+                f.write(self.template_file)
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.tokenizer_config}
         write_json(os.path.join(directory, "tokenizer_config.json"), config)
 
@@ -148,19 +166,67 @@ class Tokenizer:
     # --- chat format ----------------------------------------------------------------------------
     @property
     def has_chat_format(self) -> bool:
+        """A template of its own, or the ChatML tokens the hand-written fallback needs."""
+        return self.chat_template(tools=False) is not None or self._has_chatml
+
+    @property
+    def _has_chatml(self) -> bool:
         return self.token_to_id(IM_START) is not None and self.token_to_id(IM_END) is not None
 
-    def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True
-    ) -> str:
-        """Qwen3's ChatML text for [{"role", "content"}, ...] (tool calls are not supported).
+    def chat_template(self, tools: bool) -> ChatTemplate | None:
+        """The checkpoint's own template (the one for tool use when `tools` and it has one), or None."""
+        if self.template_file is not None:
+            source = self.template_file
+            where = os.path.join(self.where, TEMPLATE_FILE)
+        else:
+            where = os.path.join(self.where, "tokenizer_config.json")
+            source = choose(self.tokenizer_config.get("chat_template"), where, tools)
+        if source is None:
+            return None
+        return self._compiled(source, where)
 
-        With enable_thinking=False an empty <think></think> block is pre-filled, which is how
-        Qwen3's own template switches its reasoning off.
-        """
-        if not self.has_chat_format:
+    @functools.lru_cache(maxsize=4)  # noqa: B019 (a tokenizer lives as long as its run)
+    def _compiled(self, source: str, where: str) -> ChatTemplate:
+        return ChatTemplate(source, where, self._special_tokens())
+
+    def _special_tokens(self) -> dict[str, str]:
+        """bos_token, eos_token, ... as tokenizer_config.json names them, for a template."""
+        tokens = {}
+        for name in SPECIAL_TOKENS:
+            token = self.tokenizer_config.get(name)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str):
+                tokens[name] = token
+        return tokens
+
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs,
+    ) -> str:
+        """The prompt's text for a conversation [{"role", "content", ...}, ...], as transformers'
+        apply_chat_template(..., tokenize=False) gives it: the checkpoint's own template with `tools`
+        (JSON schemas) and `template_kwargs` (enable_thinking=False, ...); without one, Qwen3's ChatML
+        written by hand (no tools; enable_thinking=False pre-fills an empty <think></think> block, as
+        Qwen3's template does)."""
+        template = self.chat_template(tools=bool(tools))
+        if template is not None:
+            return template.render(messages, tools, add_generation_prompt, **template_kwargs)
+        if tools:
             raise ValueError(
-                "this tokenizer has no <|im_start|>/<|im_end|> tokens: it is not a chat tokenizer"
+                f"{self.where} has no chat template to declare tools in (tokenizer_config.json's "
+                "chat_template, or chat_template.jinja)"
+            )
+        return self._chatml(messages, add_generation_prompt, template_kwargs.get("enable_thinking", True))
+
+    def _chatml(self, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool) -> str:
+        """The fallback for a tokenizer with ChatML tokens and no template: Qwen3's format, text only."""
+        if not self._has_chatml:
+            raise ValueError(
+                f"{self.where} has no chat template and no <|im_start|>/<|im_end|> tokens: it is not a chat "
+                "tokenizer"
             )
         parts = []
         for i, message in enumerate(messages):

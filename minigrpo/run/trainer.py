@@ -62,7 +62,7 @@ from ..config import GRPOConfig, TrainConfig, as_dict
 from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
 from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from ..tasks import PromptStream, Task
-from ..tools import ToolRunner, tool_stats
+from ..tools import ToolRunner, declared_tools, tool_stats
 from ..update import (
     SamplingCopy,
     Updater,
@@ -382,7 +382,12 @@ class Trainer:
         self.stream.load_state(data)
 
     def _text(self, prompt) -> str:
-        return prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(prompt)
+        """A row's prompt as text: a conversation (a list of messages, earlier assistant turns and tool
+        calls included) rendered by the tokenizer's chat template, declaring the run's tools."""
+        if isinstance(prompt, str):
+            return prompt
+        tools = declared_tools(self.tokenizer, self.grpo.tool_names)
+        return self.tokenizer.apply_chat_template(prompt, tools=tools, **self.grpo.template_kwargs)
 
     def _set_learning_rate(self) -> None:
         for group in self.optimizer.param_groups:

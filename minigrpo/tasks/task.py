@@ -111,9 +111,12 @@ class PromptStream:
         return order
 
 
-def to_task(problems: list[Problem], template, rewards, tokenizer=None):
-    """The trainer's Task: each problem's question rendered by `template`, its answer and extra columns."""
+def to_task(problems: list[Problem], template, rewards, tokenizer=None, tools=None, template_kwargs=None):
+    """The trainer's Task: each problem's question rendered by `template` (a chat one declaring `tools`,
+    with `template_kwargs`), its answer and extra columns."""
+    kwargs = template_kwargs or {}
     rows = [
-        {"prompt": template.render(p.question, tokenizer), "answer": p.answer, **p.extra} for p in problems
+        {"prompt": template.render(p.question, tokenizer, tools, **kwargs), "answer": p.answer, **p.extra}
+        for p in problems
     ]
     return Task(rows, rewards, sources_of(problems))

@@ -25,9 +25,10 @@ time limit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import check_max_tool_calls, check_tool_settings
+from ..model import check_tool_schemas
 from ..verifier import SandboxConfig, run_cases
 from .calculator_pool import CalculatorError, calculate
 
@@ -73,6 +74,9 @@ class Tool:
     run: Callable[[str], str]  # the call's input -> the response text; raises ToolError for a bad call
     time_limit: float = 5.0  # seconds, from when its thread starts it, before it is answered "timed out"
     argument: str = "input"  # in a JSON call, the argument that holds the input
+    # the tool as a chat template declares it: {"type": "function", "function": {"name", "description",
+    # "parameters"}}, the JSON schema transformers and TRL pass as `tools`
+    schema: dict = field(default_factory=dict)
 
     def parse(self, arguments) -> str:
         """The input of a call: the bare body (calc format), or the named argument of a JSON call."""
@@ -86,24 +90,75 @@ class Tool:
 TOOLS: dict[str, Tool] = {}
 
 
-def register_tool(name: str, time_limit: float = 5.0, argument: str = "input"):
-    """Decorator: make `fn(input: str) -> str` a tool completions may call as `name`."""
+def register_tool(
+    name: str,
+    time_limit: float = 5.0,
+    argument: str = "input",
+    description: str | None = None,
+    argument_description: str = "",
+    schema: dict | None = None,
+):
+    """Decorator: make `fn(input: str) -> str` a tool completions may call as `name`. A chat template
+    declares it by its JSON schema: `schema` as given, else one string parameter, `argument`, described
+    by `argument_description`, the tool by `description` (else the first line of fn's docstring)."""
 
     def register(fn: Callable[[str], str]) -> Callable[[str], str]:
         if name in TOOLS:
             raise ValueError(f"a tool called {name!r} is already registered")
         if not 0 < time_limit < 1e6:
             raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-        TOOLS[name] = Tool(name, fn, time_limit, argument)
+        said = description if description is not None else (fn.__doc__ or "").strip().split("\n")[0]
+        declared = (
+            schema if schema is not None else string_tool_schema(name, said, argument, argument_description)
+        )
+        check_tool_schemas([declared])
+        if declared["function"]["name"] != name:
+            raise ValueError(f"the schema of tool {name!r} names it {declared['function']['name']!r}")
+        TOOLS[name] = Tool(name, fn, time_limit, argument, declared)
         return fn
 
     return register
 
 
+def string_tool_schema(name: str, description: str, argument: str, argument_description: str) -> dict:
+    """The JSON schema of a tool that takes one string argument."""
+    parameter = (
+        {"type": "string", "description": argument_description}
+        if argument_description
+        else {"type": "string"}
+    )
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {argument: parameter}, "required": [argument]},
+        },
+    }
+
+
+def declared_tools(tokenizer, names: list[str]) -> list[dict] | None:
+    """What a prompt declares of the tools `names`: their schemas when the tokenizer's own chat template
+    reads `tools`, else None (a template without tools, or the hand-written ChatML fallback)."""
+    template = tokenizer.chat_template(tools=True) if names else None
+    return tool_schemas(names) if template is not None and template.takes_tools else None
+
+
+def tool_schemas(names: list[str]) -> list[dict]:
+    """The JSON schemas of the registered tools `names`, in that order, for a chat template's `tools`."""
+    check_tools(names, "qwen3", 1)  # the names alone: any format takes a JSON-declared tool
+    return [TOOLS[name].schema for name in names]
+
+
 # The calculator times its calls itself, from when one of its worker processes takes one (a TimeoutError
 # after calculator.CPU_LIMIT of computing); the runner's limit is a backstop for a call that waits long
 # for a free worker while the others are busy.
-@register_tool("calculator", time_limit=30.0, argument="expression")
+@register_tool(
+    "calculator",
+    time_limit=30.0,
+    argument="expression",
+    argument_description="an arithmetic expression in plain text or LaTeX, such as 347*56 or \\frac{7}{2}",
+)
 def calculator(expression: str) -> str:
     """The exact value of an arithmetic expression: 19432, 7/2, or 1.41421356237310 for sqrt(2)."""
     try:
@@ -112,7 +167,13 @@ def calculator(expression: str) -> str:
         raise ToolError(str(error)) from None
 
 
-@register_tool("python", time_limit=5.0, argument="code")
+@register_tool(
+    "python",
+    time_limit=5.0,
+    argument="code",
+    description="Run a Python program and return what it prints, or the last line of its error.",
+    argument_description="the program's source",
+)
 def python(code: str) -> str:
     """Run `code` in the verifier's sandbox: its stdout, or the last line of its error."""
     limit = TOOLS["python"].time_limit
@@ -145,3 +206,29 @@ def check_tools(names: list[str], tool_format: str | ToolFormat, max_tool_calls:
     if single is not None and names and names != [single]:
         shown = tool_format if isinstance(tool_format, str) else tool_format.call_start
         raise ValueError(f"tool_format {shown} calls the {single} alone; got tools {', '.join(names)}")
+
+
+def check_format_against_template(tokenizer, tool_format: ToolFormat, name: str) -> None:
+    """A JSON format's markers as the tokenizer's own chat template writes a call and its response: the
+    template renders a conversation with one call and one tool message, and the text must hold the
+    format's call start and, around the response, its response markers. A checkpoint whose template
+    differs is refused with one line, not trained on a format it never saw. Nothing to check for a
+    format of one tool's bare calls (calc) or a tokenizer with no template of its own."""
+    template = tokenizer.chat_template(tools=True)
+    if tool_format.tool is not None or template is None:
+        return
+    response = "RESPONSE-7f3a"  # text no template writes by itself
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}
+    conversation = [
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": response},
+    ]
+    text = template.render(conversation, tool_schemas(["calculator"]), add_generation_prompt=True)
+    expected = tool_format.response_start + response + tool_format.response_end
+    if tool_format.call_start not in text or expected not in text:
+        raise ValueError(
+            f"tool_format {name}'s markers are not how {template.where} writes a tool call and its response "
+            f"(it writes {text[text.find(response) - 60 : text.find(response) + 60]!r} around a response): "
+            "choose the format the checkpoint was trained on"
+        )

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .registry import FORMATS, TOOLS, Tool, ToolError, ToolFormat, check_tools
+from .registry import FORMATS, TOOLS, Tool, ToolError, ToolFormat, check_format_against_template, check_tools
 
 MAX_CALL_CHARS = 2_000  # a call's text longer than this is refused unread
 WORKERS = 64  # threads the process runs calls in at once; more calls wait for one
@@ -116,6 +116,9 @@ class ToolRunner:
         check_tools(tools, format, max_tool_calls)
         self.tokenizer = tokenizer
         self.format = FORMATS[format] if isinstance(format, str) else format
+        check_format_against_template(
+            tokenizer, self.format, format if isinstance(format, str) else "(custom)"
+        )
         self.tools = {name: TOOLS[name] for name in tools}
         self.max_tool_calls = max_tool_calls
         self.start_token_id = self._one_token(self.format.call_start)

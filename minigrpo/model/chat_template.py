@@ -1,0 +1,150 @@
+"""Between the task and the sampler: a checkpoint's own chat template, rendered as transformers renders it.
+
+In: the template's Jinja source (tokenizer_config.json's `chat_template`, a named one of a list, or
+chat_template.jinja), a conversation ([{"role", "content", ...}, ...]), tool schemas and the template's
+keywords (`enable_thinking`, ...). Out: the prompt's text. It knows text and the template language, not
+token ids or the model.
+
+transformers' `apply_chat_template` compiles a template in jinja2's immutable sandbox with
+trim_blocks and lstrip_blocks and the loop controls, gives it `raise_exception` and `strftime_now`, and
+replaces the `tojson` filter by `json.dumps` (jinja2's own escapes HTML characters); the special tokens
+(`bos_token`, `eos_token`, ...) are passed by name. This does the same, so the text is transformers'
+for any conversation a template accepts. A template that does not parse, one that raises, a message
+without a role and a tool without a schema are each a ValueError of one line.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import jinja2
+import jinja2.meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# tokenizer_config.json's names of the special tokens a template may use, passed to it by these names
+SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class _Refused(Exception):
+    """raise_exception(...) in a template: the conversation is one it does not accept."""
+
+
+def _raise_exception(message: str):
+    raise _Refused(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    """transformers' tojson: json.dumps with its keywords, no HTML escaping."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    return environment
+
+
+class ChatTemplate:
+    """One chat template, compiled once; `where` names it in errors (a file, or a config's key)."""
+
+    def __init__(self, source: str, where: str, special_tokens: dict[str, str] | None = None):
+        self.source = source
+        self.where = where
+        self.special_tokens = dict(special_tokens or {})  # bos_token -> "<s>", ...
+        try:
+            self.compiled = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"the chat template in {where} does not parse: line {error.lineno}: {error.message}"
+            ) from None
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template reads a `tools` variable (declares the tools it is given)."""
+        return "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(self.source))
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs,
+    ) -> str:
+        check_messages(messages)
+        check_tool_schemas(tools)
+        try:
+            return self.compiled.render(
+                messages=messages,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+                **kwargs,
+            )
+        except _Refused as refused:
+            raise ValueError(
+                f"the chat template in {self.where} refuses this conversation: {refused}"
+            ) from None
+        except jinja2.TemplateError as error:
+            raise ValueError(f"the chat template in {self.where} failed: {error}") from None
+
+
+def check_messages(messages) -> None:
+    """A conversation: a non-empty list of dicts, each with a string role."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"a conversation must be a non-empty list of messages, got {messages!r:.80}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"message {i} of the conversation has no role: {message!r:.80}")
+
+
+def check_tool_schemas(tools) -> None:
+    """Tool schemas as templates read them: {"type": "function", "function": {"name", "description",
+    "parameters"}}, each with a name and an object of parameters."""
+    for i, tool in enumerate(tools or []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(
+                f'tool {i} has no JSON schema: give {{"type": "function", "function": {{"name", '
+                f'"description", "parameters"}}}}, got {tool!r:.80}'
+            )
+        if not isinstance(function.get("parameters", {}), dict):
+            raise ValueError(f"tool {function['name']!r}: its parameters must be a JSON-schema object")
+
+
+def choose(chat_template, where: str, tools: bool) -> str | None:
+    """The template's source from tokenizer_config.json's `chat_template`: a string, or of a list of
+    {"name", "template"} the "tool_use" one when tools are declared and it exists, else "default" (as
+    transformers chooses); None for none."""
+    if chat_template is None or isinstance(chat_template, str):
+        return chat_template
+    if not isinstance(chat_template, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+        for t in chat_template
+    ):
+        raise ValueError(f"{where}: chat_template must be a string or a list of {{name, template}}")
+    named = {t["name"]: t["template"] for t in chat_template}
+    if tools and "tool_use" in named:
+        return named["tool_use"]
+    if "default" not in named:
+        raise ValueError(f"{where}: its chat templates ({', '.join(named)}) have no 'default' one")
+    return named["default"]

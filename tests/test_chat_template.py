@@ -1,0 +1,245 @@
+"""A checkpoint's own chat template, rendered as transformers renders it (transformers as the oracle):
+Qwen3's and DeepSeek-V3's real templates (tests/data/chat_templates) over single turns, system turns,
+thinking on and off, earlier assistant turns that thought, one and two tools declared, a tool call and
+its response in the history, and add_generation_prompt both ways: the same text and the same token ids.
+Then the tools a run declares, the qwen3 format's markers checked against the template, conversations
+as task rows, the template kept as it came when a checkpoint is saved, and bad input in one line."""
+
+import json
+import os
+
+import pytest
+from helpers import SPECIALS, tiny_tokenizer
+
+import minigrpo
+from minigrpo.model import Tokenizer
+from minigrpo.tools import FORMATS, ToolFormat, check_format_against_template, declared_tools, tool_schemas
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat_templates")
+FAMILIES = ["qwen3", "deepseek_v3"]
+
+CALCULATOR, PYTHON = tool_schemas(["calculator", "python"])
+CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "65*7"}}}
+CONVERSATIONS = {
+    "one turn": [{"role": "user", "content": "70+65*7"}],
+    "system turn": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}],
+    "earlier thinking": [
+        {"role": "user", "content": "1+1"},
+        {"role": "assistant", "content": "<think>\nadd one\n</think>\n\n2"},
+        {"role": "user", "content": "and 2+2?"},
+    ],
+    "tool call and response": [
+        {"role": "user", "content": "70+65*7"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": "455"},
+    ],
+}
+TOOL_SETS = {"no tools": None, "one tool": [CALCULATOR], "two tools": [CALCULATOR, PYTHON]}
+
+
+def checkpoint_tokenizer(directory, family: str, **config_changes) -> str:
+    """A tiny tokenizer, with a family's added and special tokens, beside that family's real
+    tokenizer_config.json (its template and special tokens; the added tokens' ids, which are the real
+    vocabulary's, and its tokenizer class left out)."""
+    with open(os.path.join(TEMPLATES, family, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    # its added tokens (<|im_start|>, <tool_call>, ...) and special tokens, tokens of the tiny tokenizer too
+    specials = [token["content"] for token in config.get("added_tokens_decoder", {}).values()]
+    specials += [config.get(name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")]
+    specials = [token["content"] if isinstance(token, dict) else token for token in specials]
+    tiny_tokenizer(str(directory), tuple(sorted({t for t in specials if t} - set(SPECIALS))))
+    config.pop("added_tokens_decoder", None)
+    # the tiny tokenizer.json as it is: a family's class (Qwen2Tokenizer) would pre-tokenize its own way
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.update(config_changes)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return str(directory)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request, tmp_path_factory):
+    """(transformers' tokenizer, minigrpo's) of one family's template."""
+    from transformers import AutoTokenizer
+
+    directory = checkpoint_tokenizer(tmp_path_factory.mktemp(request.param), request.param)
+    return AutoTokenizer.from_pretrained(directory), Tokenizer.from_directory(directory)
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("tools", list(TOOL_SETS))
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_the_text_and_ids_are_transformers(pair, conversation, tools, thinking, add_generation_prompt):
+    hf, mine = pair
+    messages = CONVERSATIONS[conversation]
+    settings = dict(
+        tools=TOOL_SETS[tools], add_generation_prompt=add_generation_prompt, enable_thinking=thinking
+    )
+    expected = hf.apply_chat_template(messages, tokenize=False, **settings)
+    text = mine.apply_chat_template(messages, **settings)
+    assert text == expected
+    ids = hf.apply_chat_template(messages, tokenize=True, **settings)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    assert mine.encode(text) == list(ids)
+
+
+def test_qwen3_drops_earlier_thinking_and_declares_the_tools(tmp_path):
+    tokenizer = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path, "qwen3"))
+    text = tokenizer.apply_chat_template(CONVERSATIONS["earlier thinking"])
+    assert "add one" not in text and "<|im_start|>assistant\n2<|im_end|>" in text
+    declared = tokenizer.apply_chat_template(
+        CONVERSATIONS["one turn"], tools=[CALCULATOR], enable_thinking=False
+    )
+    assert declared.startswith("<|im_start|>system\n# Tools\n")
+    assert json.dumps(CALCULATOR) in declared and declared.endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+
+
+def test_a_run_declares_its_tools_where_the_template_takes_them(tmp_path):
+    qwen3 = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path / "q", "qwen3"))
+    assert declared_tools(qwen3, ["calculator"]) == [CALCULATOR]
+    assert declared_tools(qwen3, []) is None
+    chatml = Tokenizer.from_directory(tiny_tokenizer(str(tmp_path / "c")) and str(tmp_path / "c"))
+    assert chatml.chat_template(tools=True) is None and declared_tools(chatml, ["calculator"]) is None
+    # the hand-written ChatML stays the fallback: a template row declares no tool through it
+    assert (
+        chatml.apply_chat_template(CONVERSATIONS["one turn"])
+        == "<|im_start|>user\n70+65*7<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with pytest.raises(ValueError, match="has no chat template to declare tools in"):
+        chatml.apply_chat_template(CONVERSATIONS["one turn"], tools=[CALCULATOR])
+
+
+def test_a_registered_tool_carries_its_schema():
+    assert CALCULATOR["function"]["name"] == "calculator"
+    assert CALCULATOR["function"]["parameters"]["required"] == ["expression"]
+    assert PYTHON["function"]["parameters"]["properties"]["code"]["type"] == "string"
+    with pytest.raises(ValueError, match="tool 0 has no JSON schema"):
+        minigrpo.register_tool("schemaless", schema={"name": "schemaless"})(lambda text: text)
+
+
+def test_the_qwen3_format_agrees_with_qwen3s_template_and_a_different_one_is_refused(tmp_path):
+    qwen3 = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path / "q", "qwen3"))
+    check_format_against_template(qwen3, FORMATS["qwen3"], "qwen3")
+    elsewhere = ToolFormat("<tool_call>", "</tool_call>", "<|im_start|>tool\n", "<|im_end|>\n", tool=None)
+    with pytest.raises(ValueError, match="tool_format other's markers are not how .* writes a tool call"):
+        check_format_against_template(qwen3, elsewhere, "other")
+    deepseek = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path / "d", "deepseek_v3"))
+    with pytest.raises(ValueError, match="tool_format qwen3's markers are not how"):
+        check_format_against_template(deepseek, FORMATS["qwen3"], "qwen3")
+
+
+def test_a_conversation_row_is_rendered_by_the_template(tmp_path):
+    """A task row whose prompt is a conversation: the trainer renders it with the checkpoint's template,
+    earlier thinking dropped where the template drops it, the run's tools declared."""
+    directory = checkpoint_tokenizer(tmp_path / "policy", "qwen3")
+    tokenizer = Tokenizer.from_directory(directory)
+    minigrpo.save_pretrained(
+        minigrpo.Qwen3(
+            minigrpo.Qwen3Config(
+                vocab_size=tokenizer.vocab_size,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=8,
+                max_position_embeddings=2048,
+            )
+        ),
+        tokenizer,
+        directory,
+    )
+    model, tokenizer = minigrpo.load_pretrained(directory)
+    rows = [{"prompt": CONVERSATIONS["earlier thinking"], "answer": "4"}]
+    grpo = minigrpo.GRPOConfig(
+        num_generations=2, max_completion_length=4, tools="calculator", tool_format="qwen3"
+    )
+    config = minigrpo.TrainConfig(output_dir=str(tmp_path / "run"), batch_size=2, progress_bar=False)
+    trainer = minigrpo.Trainer(
+        model, tokenizer, minigrpo.Task(rows, [minigrpo.RewardSpec("accuracy")]), grpo, config
+    )
+    text = tokenizer.decode(trainer.prompt_ids[0])
+    assert text == tokenizer.apply_chat_template(CONVERSATIONS["earlier thinking"], tools=[CALCULATOR])
+    assert "add one" not in text and "# Tools" in text
+
+
+@pytest.mark.parametrize("kind", ["string", "named list", "jinja file"])
+def test_a_saved_checkpoint_keeps_the_template_as_it_came(tmp_path, kind):
+    with open(os.path.join(TEMPLATES, "qwen3", "tokenizer_config.json"), encoding="utf-8") as f:
+        source = json.load(f)["chat_template"]
+    directory = tmp_path / "in"
+    if kind == "string":
+        checkpoint_tokenizer(directory, "qwen3")
+    elif kind == "named list":
+        named = [
+            {"name": "default", "template": source},
+            {"name": "tool_use", "template": source + "{# tools #}"},
+        ]
+        checkpoint_tokenizer(directory, "qwen3", chat_template=named)
+    else:
+        checkpoint_tokenizer(directory, "qwen3", chat_template="{{ 'overridden by the file' }}")
+        (directory / "chat_template.jinja").write_text(source, encoding="utf-8")
+    tokenizer = Tokenizer.from_directory(str(directory))
+    before = tokenizer.apply_chat_template(CONVERSATIONS["one turn"], tools=[CALCULATOR])
+    out = tmp_path / "out"
+    minigrpo.save_pretrained(
+        minigrpo.Qwen3(
+            minigrpo.Qwen3Config(
+                vocab_size=tokenizer.vocab_size,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=8,
+            )
+        ),
+        tokenizer,
+        str(out),
+    )
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        if (directory / name).exists():
+            assert (out / name).read_bytes() == (
+                directory / name
+            ).read_bytes() or name == "tokenizer_config.json"
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    original = json.loads((directory / "tokenizer_config.json").read_text())
+    assert saved["chat_template"] == original["chat_template"]
+    assert (
+        Tokenizer.from_directory(str(out)).apply_chat_template(CONVERSATIONS["one turn"], tools=[CALCULATOR])
+        == before
+    )
+    if kind == "named list":
+        assert before.startswith("<|im_start|>system\n# Tools")  # the tool_use template, chosen for tools
+
+
+@pytest.mark.parametrize(
+    "template, messages, tools, message",
+    [
+        ("{% if %}", CONVERSATIONS["one turn"], None, r"the chat template in .* does not parse: line 1"),
+        (
+            "{{ raise_exception('no system turns') }}",
+            CONVERSATIONS["one turn"],
+            None,
+            "refuses this conversation: no system turns",
+        ),
+        ("{{ messages }}", [{"content": "hi"}], None, "message 0 of the conversation has no role"),
+        ("{{ messages }}", CONVERSATIONS["one turn"], [{"name": "calculator"}], "tool 0 has no JSON schema"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(tmp_path, template, messages, tools, message):
+    tokenizer = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path, "qwen3", chat_template=template))
+    with pytest.raises(ValueError, match=message) as raised:
+        tokenizer.apply_chat_template(messages, tools=tools)
+    assert "\n" not in str(raised.value)
+
+
+def test_bad_chat_template_kwargs_are_refused_by_the_config():
+    with pytest.raises(ValueError, match="chat_template_kwargs must be a JSON object"):
+        minigrpo.GRPOConfig(chat_template_kwargs="enable_thinking=false")
+    assert minigrpo.GRPOConfig(chat_template_kwargs='{"enable_thinking": false}').template_kwargs == {
+        "enable_thinking": False
+    }
