@@ -216,3 +216,42 @@ def test_a_worker_past_its_wall_time_is_killed_and_replaced(monkeypatch):
 def test_a_refusal_is_a_tool_error():
     with pytest.raises(ToolError, match="more than 500 operations"):
         calculator(r"\prod_{k=1}^{501} \sqrt{k}")
+
+
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        (r"\sum_{k=1}^{1000} k^{100}", "1.04093220851419e+301"),  # degree MAX_DEGREE: still a polynomial
+        (r"\sum_{k=1}^{3} \sqrt{2} k", "8.48528137423857"),  # an irrational coefficient: sympy's term
+        (r"\sum_{k=1}^{3} k \sin 1", "5.04882590884738"),  # a function of no index: sympy's term
+        (r"\sum_{k=1}^{500000} k", "125000250000"),  # 3 word operations a term: no fraction's cost
+        (r"\sum_{k=1}^{500000} k^2", "41666791666750000"),  # exactly MAX_WORK word operations
+        (r"\prod_{k=3}^{1} \frac{k}{3}", "1"),  # no terms, a constant denominator
+        (r"\sum_{k=1}^{250} |k| 2^{9800}", "3.89530296552275e+2954"),  # exact terms add no bit of 0
+        (r"\prod_{k=1}^{150} \frac{2^{65} |k|}{k}", "1.10270088674780e+2935"),  # exact terms add no bit of 1
+        (r"\sqrt{2^{1999}}", "7.57671002241162e+300"),  # 2,000 bits: a root still taken
+        (r"(10^{700})^2", "1.00000000000000e+1400"),  # an integer power of a big number: no root
+    ],
+)
+def test_budget_edges_are_answered(expression, value):
+    assert calculator(expression) == value
+
+
+@pytest.mark.parametrize(
+    "expression, error",
+    [
+        # an empty sum's (negative) count of terms pays for no other sum's work
+        (r"\sum_{k=1}^{-10^9} k + \sum_{k=1}^{10^7} k", "more than 2,000,000 word operations"),
+        (r"\sum_{k=1}^{10000} k^{50}", "more than 2,000,000 word operations"),  # k^50's words counted
+        (r"\sum_{k=0}^{3} \frac{1}{k}", "division by zero"),  # a term's denominator of 0
+        (r"\prod_{k=1}^{100000} k", "result too large"),  # the product measured as it grows
+        (r"\prod_{k=1}^{2000} k", "result too large"),  # 19,053 bits: past MAX_PARTIAL_BITS
+        (r"\sum_{k=1}^{2} 10^{5000} k", "result too large"),  # a sum measured at its end
+        (r"\ln \frac{1}{10^{1000}}", "ln of a number of more than 2000 bits"),  # its denominator
+    ],
+)
+def test_budget_edges_are_refused(tokenizer, expression, error):
+    started = time.monotonic()
+    (observed,) = observations(tokenizer, [expression])
+    assert observed.startswith(f"<out>error: {error}"), observed
+    assert time.monotonic() - started < 1.0

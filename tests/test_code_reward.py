@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -1106,3 +1107,78 @@ def test_a_program_starts_python_when_the_interpreter_lives_under_tmp(user, tmp_
     expected = ["42", "True", "FileNotFoundError", "OSError", "ok"]
     assert result["stdout"].splitlines() == expected, result["stderr"]
     assert not (venv / "forged").exists() and secret.read_text() == "the trainer's"
+
+
+# Run by an interpreter reached through a link under /tmp (its prefix elsewhere): the link's directory,
+# where sys.executable lies, is shown again read-only, as a virtual environment's bin/ is.
+THROUGH_A_LINK = """
+import os, subprocess, sys
+print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+print(sys.prefix.startswith("/tmp/"), sys.executable.startswith("/tmp/"))
+here = os.path.dirname(sys.executable)
+for attempt in (lambda: open(SECRET).read(), lambda: open(os.path.join(here, "forged"), "w")):
+    try:
+        attempt()
+        print("reached")
+    except OSError as error:
+        print(type(error).__name__)
+"""
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+@pytest.mark.parametrize("layout", ["copies", "link"])
+def test_a_program_starts_python_from_a_copied_or_linked_interpreter_under_tmp(layout, user, tmp_path):
+    """A virtual environment whose python is a copy (the binary itself lies on the mount shown again: it
+    keeps the flags it had, and so stays executable), and a link to the interpreter whose prefix lies
+    elsewhere (sys.executable's own directory is shown): the program starts sys.executable again and
+    cannot write where it lies."""
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    if layout == "copies":
+        venv = tmp_path / "venv"
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", "--copies", str(venv)],
+            check=True,
+        )
+        python, program = venv / "bin" / "python", UNDER_TMP
+        expected = ["42", "True", "FileNotFoundError", "OSError", "ok"]
+    else:
+        os.makedirs(tmp_path / "bin")
+        python, program = tmp_path / "bin" / "python", THROUGH_A_LINK
+        os.symlink(os.path.realpath(sys.executable), python)
+        expected = ["42", "False True", "FileNotFoundError", "OSError"]
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the trainer's")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [str(python), "-c", UNDER_TMP_DRIVER, user, str(secret), program]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["stdout"].splitlines() == expected, result["stderr"]
+    assert not (python.parent / "forged").exists() and secret.read_text() == "the trainer's"
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("unshare"), reason="mounting a file system needs root")
+@pytest.mark.parametrize("user", ["root", "plain"])
+def test_a_mount_inside_the_interpreters_directory_under_tmp_is_shown_too(user, tmp_path):
+    """The interpreter's directory under /tmp is shown again with the mounts beneath it (a recursive
+    bind): a tmpfs mounted in it, in a mount namespace of the test's own, is read inside the sandbox."""
+    bin_dir = tmp_path / "bin"
+    os.makedirs(bin_dir / "sub")
+    os.symlink(os.path.realpath(sys.executable), bin_dir / "python")
+    program = "import os, sys\nprint(open(os.path.dirname(sys.executable) + '/sub/marker').read())"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the trainer's")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    mount_then_run = 'mount -t tmpfs tmpfs "$0/sub" && printf shown >"$0/sub/marker" && exec "$0/python" "$@"'
+    driver = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount_then_run, str(bin_dir)]
+    driver += ["-c", UNDER_TMP_DRIVER, user, str(secret), program]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["stdout"] == "shown\n", result["stderr"]
+    assert os.listdir(bin_dir / "sub") == []  # the tmpfs was the test's namespace's only

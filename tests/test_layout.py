@@ -169,6 +169,22 @@ def test_every_folder_lists_its_public_names_and_defines_them():
         assert listed <= bound, f"{folder}: __all__ names {sorted(listed - bound)}, which it does not define"
 
 
+def test_every_public_name_a_folder_imports_is_listed():
+    """The other way round: a public name a door imports from its own modules (or defines) is in its
+    __all__, so that exported() reads a door's public names whole and `import *` takes them all."""
+    found = modules()
+    for folder in sorted(m for m in found if is_folder(m, set(found)) and m != "minigrpo"):
+        listed = exported(folder, set(found))
+        bound = set()
+        for node in ast.parse(open(found[folder], encoding="utf-8").read()).body:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                bound |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+                bound.add(node.name)
+        public = {name for name in bound if not name.startswith("_")}
+        assert public <= listed, f"{folder}: __all__ leaves out {sorted(public - listed)}"
+
+
 def readme_table(root: str = ROOT) -> list[tuple[int | None, str]]:
     """README's layout table: (floor, path) for each row; a folder's first row carries its floor."""
     readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()

@@ -360,3 +360,27 @@ def test_the_trace_and_held_out_evaluation_read_the_steps_training_credits(token
     assert [step["text"] for step in shown] == ["2+3=5", "answer"]
     marks = _step_marks(tokenizer, loud.completion_ids, loud.generated, loud.text, problem)
     assert marks == [(True, True)]
+
+
+def test_held_out_evaluation_leaves_out_the_steps_a_tool_printed(tokenizer, monkeypatch):
+    """evaluate() with the sampler's token marks: a completion whose tool printed 40 right steps is
+    marked with the policy's one step, as training credits it; its sibling without a tool keeps its own."""
+    import minigrpo.run.evaluation as evaluation
+
+    problem = "What is 2+3?"
+    loud = tool_rollout(tokenizer, [("2+3=5; <run>", True), ("2+3=5;" * 40, False), ("####5", True)], 1.0)
+    plain = tool_rollout(tokenizer, [("2+3=5; 1+4=5; ####5", True)], 1.0)
+    scripted = Samples(
+        tokens=[loud.completion_ids, plain.completion_ids],
+        logprobs=[[0.0] * len(loud.completion_ids), [0.0] * len(plain.completion_ids)],
+        finish_reasons=["stop", "stop"],
+        prompt_indices=[0, 0],
+        generated=[loud.generated, plain.generated],
+        tool_calls=[[None], []],
+    )
+    monkeypatch.setattr(evaluation, "generate", lambda *args, **kwargs: scripted)
+    (result,) = evaluate(None, tokenizer, [Problem(problem, "5")], template("tiny"), samples=2).results
+    assert result["completions"] == [loud.text, plain.text]
+    # the sibling's 1+4=5 is right and uses no number of the problem's: not relevant
+    assert result["steps"] == [[(True, True)], [(True, True), (True, False)]]
+    assert result["tool_calls"] == [1, 0]

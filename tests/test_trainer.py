@@ -794,3 +794,16 @@ def test_an_exception_mid_run_leaves_the_last_completed_step_saved(checkpoint, t
     assert state["data"] == stream.state()  # a resume asks the prompts of the step after
     on_disk = minigrpo.load_pretrained(latest)[0].state_dict()
     assert all(torch.equal(on_disk[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_completions_that_fill_the_whole_context_leave_no_room_for_a_prompt(checkpoint, tmp_path):
+    """max_completion_length equal to the context (96) is refused by name, as one past it is: no prompt
+    fits in the 0 tokens it leaves."""
+    for length in (96, 97):
+        with pytest.raises(
+            ValueError,
+            match=rf"max_completion_length {length} leaves no room for a prompt: the model's context is 96",
+        ):
+            make_trainer(
+                checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=length)
+            )
