@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from helpers import SPECIALS, tiny_tokenizer
+from helpers import SPECIALS, tiny_model, tiny_tokenizer
 
 import minigrpo
 from minigrpo.model import Tokenizer
@@ -137,18 +137,7 @@ def test_a_conversation_row_is_rendered_by_the_template(tmp_path):
     directory = checkpoint_tokenizer(tmp_path / "policy", "qwen3")
     tokenizer = Tokenizer.from_directory(directory)
     minigrpo.save_pretrained(
-        minigrpo.Qwen3(
-            minigrpo.Qwen3Config(
-                vocab_size=tokenizer.vocab_size,
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                head_dim=8,
-                max_position_embeddings=2048,
-            )
-        ),
+        tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=2048),  # room for the tools
         tokenizer,
         directory,
     )
@@ -186,17 +175,7 @@ def test_a_saved_checkpoint_keeps_the_template_as_it_came(tmp_path, kind):
     before = tokenizer.apply_chat_template(CONVERSATIONS["one turn"], tools=[CALCULATOR])
     out = tmp_path / "out"
     minigrpo.save_pretrained(
-        minigrpo.Qwen3(
-            minigrpo.Qwen3Config(
-                vocab_size=tokenizer.vocab_size,
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                head_dim=8,
-            )
-        ),
+        tiny_model(vocab_size=tokenizer.vocab_size),
         tokenizer,
         str(out),
     )
