@@ -148,12 +148,15 @@ rewards = [RewardSpec("countdown" if args.data == "countdown" else "accuracy")]
 from minigrpo.config import SamplingConfig  # noqa: E402
 from minigrpo.rollout import check_prompts  # noqa: E402
 from minigrpo.run import evaluate  # noqa: E402  (here, so that a bad argument above fails before torch loads)
+from minigrpo.tools import declared_tools  # noqa: E402
 
 context = model.config.max_position_embeddings
 sources = sources_of(problems)  # a file's: "data.jsonl, line 7" names a prompt too long
 # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators), and fit
 try:
-    prompts = [template(args.template).render(p.question, tokenizer) for p in problems]
+    chosen = template(args.template)
+    declared = declared_tools(tokenizer, tools) if chosen.chat else None  # the prompts evaluate() renders
+    prompts = [chosen.render(p.question, tokenizer, declared) for p in problems]
     encoded = tokenizer.encode_all(
         prompts, "prompts", args.model, context - (args.max_new_tokens or 1), sources
     )

@@ -15,6 +15,7 @@ without a role and a tool without a schema are each a ValueError of one line.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 
@@ -77,7 +78,7 @@ class ChatTemplate:
                 f"the chat template in {where} does not parse: line {error.lineno}: {error.message}"
             ) from None
 
-    @property
+    @functools.cached_property
     def takes_tools(self) -> bool:
         """Whether the template reads a `tools` variable (declares the tools it is given)."""
         return "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(self.source))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..rollout import generate
 from ..step_rewards import policy_steps
 from ..tasks import Problem, Template, to_task
-from ..tools import ToolRunner
+from ..tools import ToolRunner, declared_tools
 from ..verifier import RewardSpec, compute_rewards, extract_answer, normalize
 
 
@@ -70,7 +70,8 @@ def evaluate(
     """
     if not problems:  # a rank whose block of the held-out set is empty
         return summarize([], samples, ks)
-    task = to_task(problems, template, rewards or [RewardSpec("accuracy")], tokenizer)
+    declared = declared_tools(tokenizer, list(tools)) if template.chat else None  # as training's prompts
+    task = to_task(problems, template, rewards or [RewardSpec("accuracy")], tokenizer, declared)
     prompts = tokenizer.encode_all([row["prompt"] for row in task.rows], "held-out prompts")
     runner = ToolRunner(tokenizer, tool_format, list(tools), max_tool_calls) if tools else None
     with runner or contextlib.nullcontext():
