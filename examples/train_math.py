@@ -11,7 +11,7 @@ script's own flags, every field of GRPOConfig and TrainConfig is a flag of its n
 overlap; --help lists each with its comment), with this script's DEFAULTS below; --config takes the same names
 from a JSON (or YAML) file, flags on the command line win. --report_to tensorboard|wandb also sends the
 metrics there; --trace prints the first step's journey through every stage (and output_dir/trace.html). The
-stages live in the library (minigrpo/trainer.py).
+stages live in the library (minigrpo/, a folder per part of the loop; run/trainer.py combines them).
 
 Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); rank 0 writes:
 
