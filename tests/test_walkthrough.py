@@ -40,7 +40,8 @@ PAGES = {
     ),
 }
 REGENERATE = "python tests/test_walkthrough.py --print [PAGE]"
-REFERENCE = re.compile(r"([\w/.-]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")  # minigrpo/update/loss.py:grpo_loss
+# a reference such as minigrpo/update/loss.py:grpo_loss
+REFERENCE = re.compile(r"([\w/.-]+\.py):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 SECONDS = re.compile(r"\| s \d+(\.\d+)?$")  # the step's wall time ends the console line: it varies by machine
 
 
