@@ -225,7 +225,10 @@ def test_a_refusal_is_a_tool_error():
         (r"\sum_{k=1}^{3} \sqrt{2} k", "8.48528137423857"),  # an irrational coefficient: sympy's term
         (r"\sum_{k=1}^{3} k \sin 1", "5.04882590884738"),  # a function of no index: sympy's term
         (r"\sum_{k=1}^{500000} k", "125000250000"),  # 3 word operations a term: no fraction's cost
-        (r"\sum_{k=1}^{500000} k^2", "41666791666750000"),  # exactly MAX_WORK word operations
+        # a power of a sum in the index past degree 16 is not expanded: sympy's terms (it took 17 s)
+        (r"\sum_{k=1}^{1} ((k+1)^{10}+1)^{10}", "1280084544196357822418212890625"),
+        # exactly MAX_WORK: 4 word operations a term and the setup of reading the term as polynomials
+        (r"\sum_{k=1}^{497500} k^2", "41044910211541250"),
         (r"\prod_{k=3}^{1} \frac{k}{3}", "1"),  # no terms, a constant denominator
         (r"\sum_{k=1}^{250} |k| 2^{9800}", "3.89530296552275e+2954"),  # exact terms add no bit of 0
         (r"\prod_{k=1}^{150} \frac{2^{65} |k|}{k}", "1.10270088674780e+2935"),  # exact terms add no bit of 1
@@ -248,6 +251,15 @@ def test_budget_edges_are_answered(expression, value):
         (r"\prod_{k=1}^{2000} k", "result too large"),  # 19,053 bits: past MAX_PARTIAL_BITS
         (r"\sum_{k=1}^{2} 10^{5000} k", "result too large"),  # a sum measured at its end
         (r"\ln \frac{1}{10^{1000}}", "ln of a number of more than 2000 bits"),  # its denominator
+        (r"\sum_{k=1}^{497501} k^2", "more than 2,000,000 word operations"),  # one term past MAX_WORK
+        # a product's constant denominator, measured before it is raised to the count of terms
+        (r"\prod_{k=1}^{1000} \frac{1}{3^{1000}}", "result too large"),
+        (r"\prod_{k=1}^{300000} \frac{1}{3}", "result too large"),
+        # a sum that starts again for each outer term pays each time for reading its term
+        (
+            r"\sum_{j=1}^{500}\sum_{k=1}^{2} \frac{(k+1)^{9}+3}{(k+2)^{9}+7}",
+            "more than 2,000,000 word operations",
+        ),
     ],
 )
 def test_budget_edges_are_refused(tokenizer, expression, error):

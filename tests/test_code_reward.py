@@ -1164,11 +1164,17 @@ def test_a_program_starts_python_from_a_copied_or_linked_interpreter_under_tmp(l
 @pytest.mark.parametrize("user", ["root", "plain"])
 def test_a_mount_inside_the_interpreters_directory_under_tmp_is_shown_too(user, tmp_path):
     """The interpreter's directory under /tmp is shown again with the mounts beneath it (a recursive
-    bind): a tmpfs mounted in it, in a mount namespace of the test's own, is read inside the sandbox."""
+    bind), all read-only: a tmpfs mounted in it, in a mount namespace of the test's own, is read inside
+    the sandbox and not written."""
     bin_dir = tmp_path / "bin"
     os.makedirs(bin_dir / "sub")
     os.symlink(os.path.realpath(sys.executable), bin_dir / "python")
-    program = "import os, sys\nprint(open(os.path.dirname(sys.executable) + '/sub/marker').read())"
+    program = (
+        "import os, sys\nsub = os.path.dirname(sys.executable) + '/sub'\n"
+        "print(open(sub + '/marker').read())\n"
+        "try:\n    open(sub + '/forged', 'w')\n    print('written')\nexcept OSError as error:\n"
+        "    print(type(error).__name__)\n"
+    )
     secret = tmp_path / "secret.txt"
     secret.write_text("the trainer's")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1180,5 +1186,6 @@ def test_a_mount_inside_the_interpreters_directory_under_tmp_is_shown_too(user, 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result["stdout"] == "shown\n", result["stderr"]
+    # the mount beneath is shown, and read-only too (a remount of the top one alone left it writable)
+    assert result["stdout"] == "shown\nOSError\n", result["stderr"]
     assert os.listdir(bin_dir / "sub") == []  # the tmpfs was the test's namespace's only

@@ -959,3 +959,16 @@ def test_the_verifier_never_imports_torch():
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "response, gold",
+    [
+        (r"\boxed{\lfloor 2.5 \rfloor}", "2"),
+        (r"\boxed{\lceil 2.5 \rceil}", "3"),
+        (r"\boxed{\lfloor 7/2 \rfloor + 1}", "4"),
+    ],
+)
+def test_floor_and_ceiling_are_read_beside_approximations(response, gold):
+    """The approximation's rounding (parse.stated_rounding) does not shadow the atoms' floor and ceiling."""
+    assert math_reward(response, gold) == 1.0

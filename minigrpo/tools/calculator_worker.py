@@ -52,6 +52,8 @@ MAX_OPERATIONS = 500  # in all the terms of its sums and products that sympy com
 MAX_WORK = 2_000_000  # word operations in all its sums' and products' polynomial terms (`_polynomial_work`)
 MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
 FRACTION_WORK = 20  # a fraction added to a partial result, in word operations (`_polynomial_work`)
+SETUP_WORK = 10_000  # reading a term as polynomials (sympy's together and Poly), each time a sum starts
+MAX_EXPANDED_DEGREE = 16  # a power of a sum in the index, (k+1)^{16}, is expanded up to this degree
 MAX_DEGREE = 100  # a polynomial term's powers of the index, at most (beyond it sympy computes the term)
 MAX_ARGUMENT_DIGITS = 300  # digits of a number inside a function (sin, exp, log) evaluated to 15 digits
 _SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply
@@ -155,16 +157,17 @@ class _Evaluation:
         """A sum or product of numerator(k) / denominator(k) for k from first to last (coefficients highest
         degree first), in exact Python integers and fractions: its work counted before any term, its
         partial result measured as it grows."""
-        self.work += _polynomial_work(numerator, denominator, first, last)
+        self.work += SETUP_WORK + _polynomial_work(numerator, denominator, first, last)
         if self.work > MAX_WORK:
             raise CalculatorError(f"more than {MAX_WORK:,} word operations in sums and products")
         scale = _common_denominator(numerator + denominator)
         above = [int(c * scale) for c in numerator]  # numerator(k) * scale, in integers
         below = [int(c * scale) for c in denominator]
         if len(below) == 1:  # a constant denominator: whole numbers throughout, one division at the end
+            power = 1 if is_sum else max(last - first + 1, 0)
+            _check_partial(power * abs(below[0]).bit_length())  # the divisor, measured before it is computed
             result = _integer_terms(above, first, last, is_sum)
-            divisor = below[0] ** (1 if is_sum else max(last - first + 1, 0))
-            return sympy.Rational(result, divisor)
+            return sympy.Rational(result, below[0] ** power)
         result = Fraction(0 if is_sum else 1)
         for k in range(first, last + 1):
             under = _horner(below, k)
@@ -234,7 +237,12 @@ def _as_polynomials(body: sympy.Expr, index: sympy.Symbol) -> tuple[list, list] 
     polynomial too, but no cheap one)."""
     if body.free_symbols - {index} or body.atoms(sympy.Function) or not body.is_rational_function(index):
         return None
-    if any(not power.exp.is_Integer or abs(power.exp) > MAX_DEGREE for power in body.atoms(sympy.Pow)):
+    powers = body.atoms(sympy.Pow)
+    if any(not power.exp.is_Integer for power in powers) or _degree_bound(body, index) > MAX_DEGREE:
+        return None
+    # a power of a sum in the index is expanded below, at a cost no word count sees: kept small
+    compound = [power for power in powers if power.base.has(index) and power.base != index]
+    if any(_degree_bound(power, index) > MAX_EXPANDED_DEGREE for power in compound):
         return None
     numerator, denominator = sympy.fraction(sympy.together(body))
     try:
@@ -245,6 +253,19 @@ def _as_polynomials(body: sympy.Expr, index: sympy.Symbol) -> tuple[list, list] 
     for polynomial in polynomials:
         coefficients.append([Fraction(int(c.numerator), int(c.denominator)) for c in polynomial.all_coeffs()])
     return coefficients[0], coefficients[1]
+
+
+def _degree_bound(expression: sympy.Expr, index: sympy.Symbol) -> int:
+    """An upper bound of the degree in `index` of `expression` written out, read from its tree without
+    expanding it: ((k+1)^{10}+1)^{10} is of degree 100 (expanding it is what would cost)."""
+    if not expression.has(index):
+        return 0
+    if expression == index:
+        return 1
+    if isinstance(expression, sympy.Pow):
+        return _degree_bound(expression.base, index) * abs(int(expression.exp))
+    degrees = [_degree_bound(arg, index) for arg in expression.args]
+    return sum(degrees) if isinstance(expression, sympy.Mul) else max(degrees, default=0)
 
 
 def _polynomial_work(numerator: list[Fraction], denominator: list[Fraction], first: int, last: int) -> int:

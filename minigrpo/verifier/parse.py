@@ -163,10 +163,10 @@ class _Parser(_Atoms):
         roundings = []
         while self.at(r"\approx"):
             self.next()
-            roundings.append(self.rounding())
+            roundings.append(self.stated_rounding())
         return Approximation(value, tuple(roundings)) if roundings else value
 
-    def rounding(self) -> tuple:
+    def stated_rounding(self) -> tuple:
         """A written number (a sign and one literal: 0.33, -3, 1.2e3) and half a unit in its last digit."""
         start = self.pos
         value = self.ratio()

@@ -81,8 +81,6 @@ AT_FDCWD = -100
 MS_NOSUID = 2  # mount() flags, from <linux/mount.h>
 MS_NODEV = 4
 MS_NOEXEC = 8
-MS_RDONLY = 1
-MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
@@ -222,13 +220,15 @@ class _MountAttr(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
 
 
-def _read_only_mounts() -> None:
-    """Every mount of our namespace read-only, recursively (mounts made after this one are writable)."""
+def _read_only_mounts(path: str = "/") -> None:
+    """Every mount of our namespace at and below `path` read-only, recursively (mounts made after this one
+    are writable); their other flags as they were."""
     attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
     mount_setattr = confine.LIBC.syscall
-    if mount_setattr(MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
+    target = path.encode()
+    if mount_setattr(MOUNT_SETATTR, AT_FDCWD, target, AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
         code = ctypes.get_errno()
-        raise OSError(code, f"making the host's mounts read-only: {os.strerror(code)}")
+        raise OSError(code, f"making the mounts at {path} read-only: {os.strerror(code)}")
 
 
 def _become_init_of_a_pid_namespace() -> None:
@@ -273,7 +273,8 @@ def _interpreter_under_shared() -> list[str]:
     inside = sorted(
         path
         for path in _interpreter_paths()
-        if any(path == shared or path.startswith(shared + "/") for shared in SHARED_DIRECTORIES)
+        # inside one, never one of them whole (a sys.path entry of /tmp would uncover all of it)
+        if any(path.startswith(shared + "/") for shared in SHARED_DIRECTORIES)
     )
     outermost = []
     for path in inside:
@@ -283,14 +284,11 @@ def _interpreter_under_shared() -> list[str]:
 
 
 def _show_read_only(fd: int, path: str) -> None:
-    """The directory opened as `fd` (before the tmpfs covered it) bound again at `path`, read-only, with
-    the flags it had (a user namespace may not clear nosuid, nodev or noexec on a mount it was given)."""
+    """The directory opened as `fd` (before the tmpfs covered it) bound again at `path` with the mounts
+    beneath it, every one of them read-only and otherwise with the flags it had."""
     os.makedirs(path, exist_ok=True)  # in the scratch tmpfs, root's: the test's uid cannot remove it
     _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-    flags = os.statvfs(f"/proc/self/fd/{fd}").f_flag
-    kept = [(os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC)]
-    remount = MS_BIND | MS_REMOUNT | MS_RDONLY | sum(mount for st, mount in kept if flags & st)
-    _mount(None, path, None, remount)
+    _read_only_mounts(path)
     os.close(fd)
 
 
