@@ -219,3 +219,48 @@ def test_bad_chat_template_kwargs_are_refused_by_the_config():
     assert minigrpo.GRPOConfig(chat_template_kwargs='{"enable_thinking": false}').template_kwargs == {
         "enable_thinking": False
     }
+
+
+def test_a_template_that_writes_calls_its_own_way_is_refused_for_the_qwen3_format(tmp_path):
+    """Qwen3's template with its calls written <|fn|>...<|/fn|>: the system turn still shows <tool_call>,
+    but the call the template writes is not the format's, so it is refused."""
+    with open(os.path.join(TEMPLATES, "qwen3", "tokenizer_config.json"), encoding="utf-8") as f:
+        source = json.load(f)["chat_template"]
+    written_otherwise = source.replace('\'<tool_call>\\n{"name": "\'', '\'<|fn|>{"name": "\'').replace(
+        "'}\\n</tool_call>'", "'}<|/fn|>'"
+    )
+    assert written_otherwise != source
+    tokenizer = Tokenizer.from_directory(
+        checkpoint_tokenizer(tmp_path, "qwen3", chat_template=written_otherwise)
+    )
+    with pytest.raises(ValueError, match="tool_format qwen3's markers are not how"):
+        check_format_against_template(tokenizer, FORMATS["qwen3"], "qwen3")
+
+
+def test_what_transformers_refuses_or_accepts_is_refused_or_rendered_the_same(pair):
+    """A turn that only calls, written with content None as OpenAI's messages are: transformers drops
+    the None-valued key and the template then fails on it, and here it is one line naming the template.
+    A keyword that is also a special token's name wins over the token, in both."""
+    hf, mine = pair
+    messages = [
+        {"role": "user", "content": "70+65*7"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "content": "455"},
+    ]
+    with pytest.raises(Exception, match="has no attribute 'content'"):
+        hf.apply_chat_template(messages, tokenize=False)
+    with pytest.raises(
+        ValueError, match="failed on this conversation: 'dict object' has no attribute"
+    ) as raised:
+        mine.apply_chat_template(messages)
+    assert "\n" not in str(raised.value)
+    shown = [{"role": "user", "content": "hi"}]
+    assert mine.apply_chat_template(shown, eos_token="<X>") == hf.apply_chat_template(
+        shown, tokenize=False, add_generation_prompt=True, eos_token="<X>"
+    )
+
+
+def test_a_schema_without_the_calls_argument_is_refused():
+    schema = {"type": "function", "function": {"name": "lookup", "parameters": {"properties": {"q": {}}}}}
+    with pytest.raises(ValueError, match="has no parameter 'query', the argument a JSON call passes"):
+        minigrpo.register_tool("lookup", argument="query", schema=schema)(lambda text: text)

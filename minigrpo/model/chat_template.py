@@ -92,21 +92,25 @@ class ChatTemplate:
     ) -> str:
         check_messages(messages)
         check_tool_schemas(tools)
+        # as transformers: a key whose value is None is left out of a message ({"content": None} of an
+        # assistant turn that only calls), and the caller's keywords win over the special tokens
+        messages = [
+            {key: value for key, value in message.items() if value is not None} for message in messages
+        ]
+        variables = {"documents": None, **self.special_tokens, **kwargs}
         try:
             return self.compiled.render(
-                messages=messages,
-                tools=tools,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
-                **kwargs,
+                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
             )
         except _Refused as refused:
             raise ValueError(
                 f"the chat template in {self.where} refuses this conversation: {refused}"
             ) from None
-        except jinja2.TemplateError as error:
-            raise ValueError(f"the chat template in {self.where} failed: {error}") from None
+        except (jinja2.TemplateError, TypeError, KeyError, AttributeError, IndexError) as error:
+            # a conversation the template reads as it was not written to (a list where it wants text)
+            raise ValueError(
+                f"the chat template in {self.where} failed on this conversation: {error}"
+            ) from None
 
 
 def check_messages(messages) -> None:

@@ -114,6 +114,12 @@ def register_tool(
         check_tool_schemas([declared])
         if declared["function"]["name"] != name:
             raise ValueError(f"the schema of tool {name!r} names it {declared['function']['name']!r}")
+        parameters = declared["function"].get("parameters", {}).get("properties", {})
+        if argument not in parameters:
+            raise ValueError(
+                f"the schema of tool {name!r} has no parameter {argument!r}, the argument a JSON call passes "
+                f"its input in (register_tool's argument)"
+            )
         TOOLS[name] = Tool(name, fn, time_limit, argument, declared)
         return fn
 
@@ -226,7 +232,11 @@ def check_format_against_template(tokenizer, tool_format: ToolFormat, name: str)
     ]
     text = template.render(conversation, tool_schemas(["calculator"]), add_generation_prompt=True)
     expected = tool_format.response_start + response + tool_format.response_end
-    if tool_format.call_start not in text or expected not in text:
+    call = text[: text.find(response)]  # the turn that made the call, and what came before it
+    written = call[call.rfind(tool_format.call_start) :] if tool_format.call_start in call else ""
+    # the call as the template writes it: the format's start, "calculator", then the format's end
+    named_before_its_end = 0 <= written.find("calculator") < written.find(tool_format.call_end)
+    if not named_before_its_end or expected not in text:
         raise ValueError(
             f"tool_format {name}'s markers are not how {template.where} writes a tool call and its response "
             f"(it writes {text[text.find(response) - 60 : text.find(response) + 60]!r} around a response): "
