@@ -155,7 +155,9 @@ sources = sources_of(problems)  # a file's: "data.jsonl, line 7" names a prompt 
 # every prompt must survive the tokenizer (the embedded model's keeps only digits and operators), and fit
 try:
     chosen = template(args.template)
-    declared = declared_tools(tokenizer, tools) if chosen.chat else None  # the prompts evaluate() renders
+    declared = declared_tools(
+        tokenizer, tools
+    )  # as the prompts evaluate() renders (a plain template ignores it)
     prompts = [chosen.render(p.question, tokenizer, declared) for p in problems]
     encoded = tokenizer.encode_all(
         prompts, "prompts", args.model, context - (args.max_new_tokens or 1), sources

@@ -409,7 +409,7 @@ if __name__ == "__main__":
         )
         rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
         # with its own chat template, a chat prompt declares the run's tools to the model
-        tools = declared_tools(tokenizer, grpo.tool_names) if prompt.chat else None
+        tools = declared_tools(tokenizer, grpo.tool_names)
         task = to_task(train_problems, prompt, rewards, tokenizer, tools, grpo.template_kwargs)
         run = build_run(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
         trainer = run.trainer

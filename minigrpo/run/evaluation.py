@@ -70,7 +70,7 @@ def evaluate(
     """
     if not problems:  # a rank whose block of the held-out set is empty
         return summarize([], samples, ks)
-    declared = declared_tools(tokenizer, list(tools)) if template.chat else None  # as training's prompts
+    declared = declared_tools(tokenizer, list(tools))  # as training's prompts (a plain template ignores it)
     task = to_task(problems, template, rewards or [RewardSpec("accuracy")], tokenizer, declared)
     prompts = tokenizer.encode_all([row["prompt"] for row in task.rows], "held-out prompts")
     runner = ToolRunner(tokenizer, tool_format, list(tools), max_tool_calls) if tools else None
