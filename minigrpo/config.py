@@ -30,6 +30,9 @@ TOOL_FORMATS = ("calc", "qwen3")  # tools/registry.py's FORMATS
 REPORT_TO = ("none", "tensorboard", "wandb")  # run/metrics.py's REPORTERS
 SCHEDULES = ("constant", "cosine")  # TrainConfig.learning_rate_at
 SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (run/trainer.py)
+# model/lora.py: the projections of a Qwen3 block an adapter can go on (PEFT's names), or all of them
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ALL_LINEAR = "all-linear"
 
 
 @dataclass
@@ -259,10 +262,18 @@ class TrainConfig:
     progress_bar: bool = True  # a tqdm bar over steps
     # under metrics.jsonl's names, written in output_dir
     report_to: str = "none"  # also send each step's stats to tensorboard or wandb (offline)
+    # LoRA (model/lora.py): train low-rank adapters on a frozen base instead of every weight
+    lora_rank: int = 0  # r of every adapter; 0 trains every weight (full fine-tuning)
+    lora_alpha: float = 32.0  # an adapter adds (lora_alpha / lora_rank) B A x; raise the learning rate ~10x
+    lora_dropout: float = 0.0  # dropout on each adapter's input while training
+    # comma-separated: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "" with a rank: all
+    lora_target_modules: str = ""  # the projections of every block that get adapters, or all-linear
+    use_rslora: bool = False  # scale adapters by lora_alpha / sqrt(lora_rank) (rsLoRA) instead
 
     def __post_init__(self):
         self.adam_betas = tuple(self.adam_betas)
         _require_finite(self)
+        self._check_lora()
         for name in ("max_steps", "batch_size", "micro_batch_size"):
             value = getattr(self, name)
             _require(
@@ -285,6 +296,25 @@ class TrainConfig:
             "warmup_steps, stop_at_step, save_every and max_grad_norm must be >= 0, save_total_limit >= 1",
         )
         check_report_to(self.report_to)
+
+    def _check_lora(self) -> None:
+        _require(
+            isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank >= 0,
+            f"lora_rank must be an integer >= 0 (0: full fine-tuning), got {self.lora_rank!r}",
+        )
+        _require(self.lora_alpha > 0, f"lora_alpha must be > 0, got {self.lora_alpha}")
+        _require(0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        _require(
+            self.lora_rank > 0 or not self.lora_target_modules,
+            f"lora_target_modules={self.lora_target_modules!r} needs a lora_rank > 0 (0 trains every "
+            "weight, with no adapters)",
+        )
+        self.lora_targets  # noqa: B018 (parsed here, so that a bad name is refused before any work)
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """lora_target_modules as the projections' names, in LORA_TARGETS' order."""
+        return parse_lora_targets(self.lora_target_modules)
 
     def check_against(self, grpo: GRPOConfig, world_size: int = 1) -> None:
         """Invariants across the two configs, and the processes of the run (each takes whole groups)."""
@@ -392,6 +422,23 @@ def check_advantage_type(advantage_type: str) -> None:
         raise ValueError(
             f"advantage_type must be one of {', '.join(ADVANTAGE_TYPES)}, got {advantage_type!r}"
         )
+
+
+def parse_lora_targets(names) -> tuple[str, ...]:
+    """Target modules (a comma-separated string or a list of PEFT's names, or all-linear; empty is
+    all-linear) in LORA_TARGETS' order; an unknown name is refused, named."""
+    if isinstance(names, str):
+        names = [name.strip() for name in names.split(",") if name.strip()]
+    names = list(names)
+    if not names or names == [ALL_LINEAR]:
+        return LORA_TARGETS
+    unknown = [name for name in names if name not in LORA_TARGETS]
+    if unknown:
+        raise ValueError(
+            f"LoRA target module {unknown[0]!r} is not a projection of a Qwen3 block: use some of "
+            f"{', '.join(LORA_TARGETS)}, or {ALL_LINEAR}"
+        )
+    return tuple(name for name in LORA_TARGETS if name in names)
 
 
 def check_report_to(report_to: str) -> None:

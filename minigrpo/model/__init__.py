@@ -7,14 +7,28 @@ layout.
 - `Tokenizer`: text <-> token ids, EOS and padding (tokenizer.py), and the checkpoint's own chat
   template rendered as transformers renders it (chat_template.py: `ChatTemplate`, `check_tool_schemas`);
 - `load_pretrained`, `save_pretrained`, `download`: checkpoints on disk and on the Hub (weights.py), each
-  problem a `CheckpointError` naming the file or tensor.
+  problem a `CheckpointError` naming the file or tensor; a PEFT adapter directory loads as its base with
+  the adapters on (adapter_files.py);
+- `Adapters`, `add_adapters`, `adapters_off`, `merged`: LoRA adapters on the projections, switched off
+  for the base, or merged into plain weights (lora.py).
 It knows tensors, files and names, not the loop that trains the model. The stages use the model through
 these names; nothing outside this folder imports from inside it.
 """
 
+from .adapter_files import is_adapter_directory, read_adapter_config
 from .chat_template import ChatTemplate, check_tool_schemas
 from .kv_cache import KVCache
 from .layers import logit_dtype
+from .lora import (
+    AdapterError,
+    Adapters,
+    adapter_state,
+    adapters_of,
+    adapters_off,
+    add_adapters,
+    merged,
+    trainable_parameters,
+)
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 from .weights import (
@@ -33,6 +47,16 @@ from .weights import (
 )
 
 __all__ = [
+    "AdapterError",
+    "Adapters",
+    "adapter_state",
+    "adapters_of",
+    "adapters_off",
+    "add_adapters",
+    "is_adapter_directory",
+    "merged",
+    "read_adapter_config",
+    "trainable_parameters",
     "ChatTemplate",
     "CheckpointError",
     "ConfigError",

@@ -32,6 +32,10 @@ class Linear(nn.Linear):
             return self.packed(x)
         return F.linear(x, self.weight, self.bias)
 
+    def decoding_product(self, batch_size: int) -> Product | None:
+        """The product to sample with at `batch_size` rows: packed for oneDNN, or None for F.linear."""
+        return pack_for_decoding(self.weight, self.bias, batch_size)
+
 
 def pack_for_decoding(weight: torch.Tensor, bias: torch.Tensor | None, batch_size: int) -> Product | None:
     """x -> x @ weight.T (+ bias) through a copy of `weight` laid out once for oneDNN's product at

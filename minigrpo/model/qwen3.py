@@ -225,6 +225,8 @@ class Qwen3(nn.Module):
         )
         self.gradient_checkpointing = False  # recompute each block in backward to save activation memory
         self.packed_head = None  # the LM head packed for oneDNN, inside packed_for_decoding only
+        self.adapters = None  # lora.Adapters once add_adapters has put adapters on the projections
+        self.name_or_path = ""  # the directory or Hub id the weights were loaded from ("" if built here)
         if not any(p.is_meta for p in self.parameters()):
             self.apply(_init_weights)
 
@@ -337,13 +339,13 @@ class Qwen3(nn.Module):
     @contextlib.contextmanager
     def packed_for_decoding(self, batch_size: int):
         """Inside, the large weights multiply through copies packed for oneDNN at `batch_size` rows
-        (layers.pack_for_decoding; the others, or all without oneDNN, through F.linear). The copies
-        are made on entry and dropped on exit, so they always hold the current weights; training
-        never sees them."""
+        (layers.pack_for_decoding; the others, or all without oneDNN, through F.linear); an adapted
+        projection multiplies by a merged copy of its weight (lora.py). The copies are made on entry
+        and dropped on exit, so they always hold the current weights; training never sees them."""
         linears = [m for m in self.layers.modules() if isinstance(m, Linear)]  # the head is packed_head
         try:
             for m in linears:
-                m.packed = pack_for_decoding(m.weight, m.bias, batch_size)
+                m.packed = m.decoding_product(batch_size)  # with adapters: merged (lora.py)
             self.packed_head = pack_for_decoding(self.head_weight, None, batch_size)
             yield
         finally:

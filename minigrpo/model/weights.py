@@ -21,6 +21,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..files import read_json_object, replace_dir, write_json
+from .adapter_files import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    check_adapter_files,
+    is_adapter_directory,
+    load_adapter,
+    read_adapter_config,
+    write_adapter,
+)
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 
@@ -34,6 +43,8 @@ CHECKPOINT_FILES = [
     "tokenizer_config.json",
     "*.safetensors",
     INDEX_FILE,
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
 ]
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
 
@@ -65,14 +76,36 @@ def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision:
     device = parse_device(device)
     dtype = _parse_dtype(dtype, device)
     directory = resolve_checkpoint(path_or_repo_id, revision=revision)
+    if is_adapter_directory(directory):
+        return _load_adapted(directory, dtype, device)
     config = read_config(directory)
     tokenizer = read_tokenizer(directory)  # before the weights: a bad tokenizer file fails fast
     with torch.device("meta"):  # no memory, no random init: the weights come from the files
         model = Qwen3(config).to(dtype)
     model = model.to_empty(device=device)
     _load_weights(model, directory)
+    model.name_or_path = os.path.abspath(directory) if os.path.isdir(path_or_repo_id) else path_or_repo_id
     model.eval()
     return model, tokenizer
+
+
+def _load_adapted(directory: str, dtype, device):
+    """(base model with the directory's PEFT adapters on it, tokenizer): the base is the adapter's
+    base_model_name_or_path, the tokenizer the directory's own if it has one, else the base's."""
+    _, base = read_adapter_config(directory)  # checked before the base is read
+    if not base:
+        raise CheckpointError(
+            f"{directory}/{ADAPTER_CONFIG} names no base_model_name_or_path: minigrpo cannot tell which "
+            "model its adapters go on"
+        )
+    if is_adapter_directory(base):
+        raise CheckpointError(
+            f"{directory}: its base {base} is itself an adapter directory; minigrpo does not stack adapters"
+        )
+    model, tokenizer = load_pretrained(base, dtype=dtype, device=device)
+    load_adapter(model, directory)
+    model.eval()
+    return model, read_tokenizer(directory) or tokenizer
 
 
 def parse_device(device) -> torch.device:
@@ -170,7 +203,11 @@ def weight_files(directory: str) -> dict[str, str]:
 def check_tensors(directory: str) -> None:
     """The weights files of `directory` hold every tensor its config.json implies, each of that shape and
     with all its bytes, read from the files' headers (no tensor data is read); a CheckpointError names the
-    file or tensor that does not."""
+    file or tensor that does not. An adapter directory's files are checked against its own config.
+    """
+    if is_adapter_directory(directory):
+        check_adapter_files(directory)
+        return
     with torch.device("meta"):  # shapes only: no memory
         expected = to_hf_state_dict(Qwen3(read_config(directory)))
     files = weight_files(directory)
@@ -322,12 +359,16 @@ def write_files(
     weights: dict | None = None,
 ) -> None:
     """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
-    weights: the model's state dict, if not its own (a sharded model's, gathered)."""
-    _write_weights(model, directory, max_shard_bytes, weights)
-    write_json(
-        os.path.join(directory, "config.json"),
-        {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
-    )
+    weights: the model's state dict, if not its own (a sharded model's, gathered). A model with LoRA
+    adapters is written as its adapters alone, in PEFT's files, naming its base."""
+    if model.adapters is not None:
+        write_adapter(model, directory)
+    else:
+        _write_weights(model, directory, max_shard_bytes, weights)
+        write_json(
+            os.path.join(directory, "config.json"),
+            {**model.config.to_dict(), "dtype": str(model.dtype).removeprefix("torch.")},
+        )
     if tokenizer is not None:
         tokenizer.save(directory)
         generation = {**tokenizer.generation_config, "eos_token_id": list(tokenizer.eos_token_ids)}

@@ -59,12 +59,15 @@ import torch
 
 from .. import distributed
 from ..config import GRPOConfig, TrainConfig, as_dict
+from ..model import Adapters, adapters_of, add_adapters, merged, trainable_parameters
 from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
 from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from ..tasks import PromptStream, Task
 from ..tools import ToolRunner, declared_tools, tool_stats
 from ..update import (
+    BaseLogprobs,
     SamplingCopy,
+    TokenLogprobs,
     Updater,
     frozen_copy,
     group_advantages,
@@ -130,14 +133,20 @@ class Trainer:
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        start = reference if reference is not None else model  # the model the run started from
+        start_adapted = adapters_of(start) is not None  # before this run puts any on
+        # the LoRA adapters trained (the rest of the model frozen), or None: every weight is trained
+        self.adapters = self._adapters(model)
+        self.trainable_parameters = trainable_parameters(model)
         # stage 1's own copy of the policy in another precision (sampling_dtype), as another engine's
         self.sampling_copy = SamplingCopy(model, grpo.sampling_dtype)
-        self.reference = None  # a frozen copy of the starting policy, only when the KL needs one
+        self.reference = None  # a frozen copy of the starting policy, when the KL needs one
+        reference_logprobs = None  # the KL's reference log-probs: of that copy, or of the adapters' base
         if grpo.beta > 0:
-            self.reference = frozen_copy(reference if reference is not None else model)
+            reference_logprobs = self._reference(model, start, start_adapted)
         self.updater = Updater(
             model,
-            self.reference,
+            reference_logprobs,
             grpo,
             config,
             self.dist,
@@ -151,6 +160,51 @@ class Trainer:
         self.updated_step = 0  # the step whose update the weights hold; None while an update runs
         model.gradient_checkpointing = config.gradient_checkpointing
         self._choose_stages()
+
+    def _adapters(self, model) -> Adapters | None:
+        """The LoRA adapters this run trains: fresh ones (lora_rank > 0, A drawn from the seed), or those
+        the model was loaded with (a PEFT adapter directory, a LoRA run's checkpoint), continued; None
+        for full fine-tuning. Chosen once: every stage then sees a model with or without adapters."""
+        config = self.config
+        wanted = None
+        if config.lora_rank:
+            wanted = Adapters(
+                config.lora_rank,
+                config.lora_alpha,
+                config.lora_targets,
+                config.lora_dropout,
+                config.use_rslora,
+            )
+        loaded = adapters_of(model)
+        if loaded is not None and wanted is not None and replace(loaded, dropout=wanted.dropout) != wanted:
+            raise ValueError(
+                f"the model already has LoRA adapters (r={loaded.rank}, alpha={loaded.alpha}, targets "
+                f"{','.join(loaded.targets)}), which lora_rank={wanted.rank}, lora_alpha={wanted.alpha}, "
+                f"lora_target_modules={','.join(wanted.targets)} do not describe: leave the lora flags out "
+                "to continue them, or start from their base"
+            )
+        if loaded is None and wanted is not None:
+            add_adapters(model, wanted, seed=config.seed)
+        adapters = adapters_of(model)
+        if adapters is not None and config.fsdp and self.dist.world_size > 1:
+            raise ValueError(
+                "fsdp cannot be combined with LoRA: the adapters are a small share of the memory, and "
+                "the frozen base is what FSDP2 would shard; run LoRA under torchrun without --fsdp (DDP)"
+            )
+        return adapters
+
+    def _reference(self, model, start, start_adapted: bool):
+        """The KL's reference log-probs module: those of `start`, the model the run started from. Trained
+        whole: a frozen copy of it. Fresh adapters on a base (B = 0: the model is its base): the policy
+        with its adapters off, no copy at all. Adapters loaded from a directory at the start: a frozen
+        copy of them merged into their base (what TRL keeps as a second adapter)."""
+        if self.adapters is None:
+            self.reference = frozen_copy(start)
+            return TokenLogprobs(self.reference)
+        if not start_adapted:
+            return BaseLogprobs(model)
+        self.reference = frozen_copy(merged(start))
+        return TokenLogprobs(self.reference)
 
     def _choose_stages(self) -> None:
         """The stages this run takes, chosen once: train_step's callees test no feature switch."""
@@ -334,6 +388,7 @@ class Trainer:
         stats.update(sandbox_stats())  # tool calls' and code rewards' sandboxes, once any has run
         stats.update(update)
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
+        stats["training/trainable_parameters"] = float(self.trainable_parameters)  # the adapters' with LoRA
         stats.update(clock.stats())
         return stats
 

@@ -15,7 +15,7 @@ import os
 import time
 
 from .. import distributed, files
-from ..config import GRPOConfig, TrainConfig, as_dict
+from ..config import GRPOConfig, TrainConfig, as_dict, parse_lora_targets
 from ..model import load_pretrained, parse_device
 from ..tasks import Task
 from . import checkpoint
@@ -64,6 +64,7 @@ def build_run(
     saved = None if resume_from is None else checkpoint.load_state(resume_from)
     if saved is not None:
         _check_same_start(saved["model_path"], model_path, resume_from, dist.print)
+        _check_same_adapters(saved["configs"], config, resume_from)
     device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
     if tokenizer is None:
@@ -275,6 +276,26 @@ def _check_same_start(saved_model: str, model_path: str, resume_from: str, note)
             f"{model_path}: resume with that model (--model {saved_model}), whose KL reference "
             "and summary the run keeps, or start a new output_dir"
         )
+
+
+LORA_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "use_rslora")  # what an adapter is
+
+
+def _check_same_adapters(saved: dict, config: TrainConfig, resume_from: str) -> None:
+    """A resume trains the adapters its checkpoint holds (or every weight, as it did): a changed
+    lora_rank, alpha, targets or scale would wrap other adapters over them, or drop them."""
+    before = saved.get("TrainConfig", {})
+    for name in LORA_SETTINGS:
+        old = before.get(name, getattr(TrainConfig, name))  # a checkpoint older than LoRA: its default
+        new = getattr(config, name)
+        if name == "lora_target_modules":
+            old, new = parse_lora_targets(old), parse_lora_targets(new)
+        if old != new:
+            raise ValueError(
+                f"{resume_from} was trained with {name}={old!r}, and this run asks for {new!r}: resume "
+                "with the checkpoint's LoRA settings, or start a new output_dir (a run can start from "
+                "the checkpoint's adapters with --model)"
+            )
 
 
 def _described(settings: dict) -> str:

@@ -3,7 +3,7 @@
 - `group_advantages` (advantages.py): how much better each completion did than its group; per token
   with process rewards (`process_advantages`, `token_advantages`);
 - `token_logprobs` (logprobs.py): the per-token log-probs and entropies of completions, through the
-  chunked LM head;
+  chunked LM head; `TokenLogprobs` as a module, `BaseLogprobs` of a LoRA policy's base;
 - `grpo_loss` (loss.py): the GRPO / DAPO / Dr. GRPO / GSPO / CISPO objectives, with their stats;
 - `Updater` (updater.py): old and reference log-probs, micro-batches, num_iterations AdamW steps;
 - `frozen_copy`, `SamplingCopy` (copies.py): the reference policy, frozen, and the sampler's copy in
@@ -14,11 +14,12 @@ this folder imports from inside it: only the names below.
 
 from .advantages import EPS, group_advantages, process_advantages, token_advantages, zero_variance_groups
 from .copies import SamplingCopy, frozen_copy
-from .logprobs import TokenLogprobs, full_vocabulary_logprobs, token_logprobs
+from .logprobs import BaseLogprobs, TokenLogprobs, full_vocabulary_logprobs, token_logprobs
 from .loss import grpo_loss, k3, sampler_mismatch
 from .updater import NonFiniteWeights, Updater
 
 __all__ = [
+    "BaseLogprobs",
     "EPS",
     "NonFiniteWeights",
     "SamplingCopy",

@@ -4,7 +4,8 @@ In: a model, completions collated after their prompts (rollout.collate) and the 
 temperature. Out: each completion token's log-prob and the entropy of the distribution it was
 drawn from, both (B, Tc), with gradients through the log-probs. `token_logprobs` is the one place
 logits become log-probs, for the policy, old and reference passes alike, always at the sampler's
-temperature (the ratio compares the same distributions). The LM head runs a chunk of rows at a
+temperature (the ratio compares the same distributions); `BaseLogprobs`, those of a LoRA policy's
+frozen base (its adapters off). The LM head runs a chunk of rows at a
 time and recomputes it in backward (`ChunkedLogprobs`), so the (B, Tc, V) logits never exist;
 `full_vocabulary_logprobs` is the plain path the tests hold it equal to. It knows the model's
 hidden states and its LM head, not rewards, advantages or the loss.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..model import logit_dtype
+from ..model import adapters_off, logit_dtype
 
 # Completion tokens per chunk of LM-head logits: one (512, V) fp32 chunk is 311 MB at V = 151,936.
 # How the size was chosen: benchmarks/README.md, bench_update.py's vocab case.
@@ -166,3 +167,12 @@ class TokenLogprobs(torch.nn.Module):
             self.model, input_ids, attention_mask, completion_start, temperature, group_size=group_size
         )
         return logprobs.clone(), entropies  # a copy, not a view of the chunked result: FSDP2 hooks outputs
+
+
+class BaseLogprobs(TokenLogprobs):
+    """`token_logprobs` of an adapted model with its LoRA adapters off: its frozen base, the KL's reference
+    for adapters that started fresh, with no second copy of the model."""
+
+    def forward(self, *args):
+        with adapters_off(self.model):
+            return super().forward(*args)

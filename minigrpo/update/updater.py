@@ -47,7 +47,7 @@ class Updater:
     def __init__(
         self,
         model,
-        reference,
+        reference: TokenLogprobs | None,
         grpo: GRPOConfig,
         config: TrainConfig,
         dist: distributed.Dist,
@@ -72,15 +72,17 @@ class Updater:
         self.reference = None
         if reference is not None:
             self.reference = distributed.ParallelModel(
-                TokenLogprobs(reference),
+                reference,
                 dist,
                 shard=config.fsdp,
-                blocks=reference.layers,
+                blocks=reference.model.layers,
                 trainable=False,
                 padding=padding,
             )
+        # every weight, or a LoRA run's adapters alone (the base is frozen: no gradient, no AdamW state)
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            model.parameters(),
+            self.trainable,
             lr=config.learning_rate,
             betas=config.adam_betas,
             eps=config.adam_epsilon,
@@ -151,11 +153,15 @@ class Updater:
         check of each tensor, only then. (A fused max-abs norm would need no second look, but costs
         more on CPU than the sum of 2-norms.)"""
         with torch.no_grad():
-            norms = torch._foreach_norm([_local(p) for p in self.model.parameters()])
+            norms = torch._foreach_norm([_local(p) for p in self.trainable])
             suspect = self.dist.max([float(not torch.isfinite(torch.stack(norms).sum()))])[0]
         if not suspect:
             return
-        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(_local(p)).all()]
+        bad = [
+            name
+            for name, p in self.model.named_parameters()
+            if p.requires_grad and not torch.isfinite(_local(p)).all()
+        ]
         if self.dist.max([float(len(bad))])[0]:  # every rank takes this branch (`suspect` is over all ranks)
             raise NonFiniteWeights(
                 f"step {step}: the AdamW step left NaN or inf in the weights "

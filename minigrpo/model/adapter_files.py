@@ -1,0 +1,149 @@
+"""Before and after the loop, a model's LoRA adapters in PEFT's files, which PeftModel.from_pretrained
+reads on transformers' Qwen3 and minigrpo reads back (whoever wrote them).
+
+adapter_config.json: peft_type LORA, r, lora_alpha, lora_dropout, target_modules, use_rslora,
+base_model_name_or_path, task_type CAUSAL_LM. adapter_model.safetensors: per adapted projection,
+base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight (r, in) and ...lora_B.weight
+(out, r). In: a directory. Out: the Adapters it describes and their tensors loaded into a model (and
+back to disk). Adapters that minigrpo cannot run (DoRA, per-layer ranks, biases, extra trained
+modules, regex targets) are refused with an AdapterError naming the setting. It knows files and
+names, not training.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..config import ALL_LINEAR, LORA_TARGETS, parse_lora_targets
+from ..files import read_json_object, write_json
+from .lora import AdapterError, Adapters, adapter_state, add_adapters
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model.model."  # PeftModel > Qwen3ForCausalLM > Qwen3Model > layers
+# PEFT settings minigrpo does not run, each with the value that means "not used"
+UNSUPPORTED = {
+    "use_dora": False,
+    "fan_in_fan_out": False,
+    "bias": "none",
+    "modules_to_save": None,
+    "layers_to_transform": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+}
+
+
+def is_adapter_directory(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, ADAPTER_CONFIG))
+
+
+def write_adapter(model, directory: str) -> None:
+    """The model's adapters as PEFT's two files in an existing directory (not atomically: callers write
+    into a temporary directory and rename it). The base is the model's name_or_path."""
+    adapters = model.adapters
+    tensors = {PEFT_PREFIX + name: t.detach().cpu().contiguous() for name, t in adapter_state(model).items()}
+    save_file(tensors, os.path.join(directory, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    write_json(
+        os.path.join(directory, ADAPTER_CONFIG),
+        {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": model.name_or_path or None,
+            "r": adapters.rank,
+            "lora_alpha": adapters.alpha,
+            "lora_dropout": adapters.dropout,
+            "target_modules": list(adapters.targets),
+            "use_rslora": adapters.rslora,
+            "init_lora_weights": True,
+            "inference_mode": True,
+            **UNSUPPORTED,
+        },
+    )
+
+
+def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
+    """(the adapters adapter_config.json describes, its base_model_name_or_path)."""
+    path = os.path.join(directory, ADAPTER_CONFIG)
+    try:
+        config = read_json_object(path, "a PEFT adapter's settings")
+    except ValueError as error:
+        raise AdapterError(str(error)) from None
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{path}: peft_type {config['peft_type']!r} is not LORA, the one minigrpo runs")
+    for key, unused in UNSUPPORTED.items():
+        value = config.get(key, unused)
+        if value != unused and not (unused is None and not value):
+            raise AdapterError(f"{path}: {key} = {value!r} is not supported by minigrpo's adapters")
+    targets = config.get("target_modules")
+    if isinstance(targets, str) and targets not in (*LORA_TARGETS, ALL_LINEAR):
+        raise AdapterError(f"{path}: target_modules {targets!r} is a pattern; minigrpo reads a list of names")
+    try:
+        adapters = Adapters(
+            rank=config.get("r", 8),
+            alpha=config.get("lora_alpha", 8),
+            targets=parse_lora_targets([targets] if isinstance(targets, str) else targets or []),
+            dropout=config.get("lora_dropout", 0.0),
+            rslora=bool(config.get("use_rslora", False)),
+        )
+    except ValueError as error:
+        raise AdapterError(f"{path}: {error}") from None
+    return adapters, config.get("base_model_name_or_path")
+
+
+def load_adapter(model, directory: str, seed: int = 0) -> None:
+    """Put the adapters that `directory` holds on `model` (a base without adapters), their tensors
+    checked against its projections; an AdapterError names the first that does not fit."""
+    adapters, _ = read_adapter_config(directory)
+    path = os.path.join(directory, ADAPTER_WEIGHTS)
+    with _open(path) as f:
+        names = set(f.keys())
+        add_adapters(model, adapters, seed)
+        expected = {PEFT_PREFIX + name: p for name, p in adapter_state(model).items()}
+        missing = sorted(expected.keys() - names)
+        unexpected = sorted(names - expected.keys())
+        if missing or unexpected:
+            raise AdapterError(
+                f"{path} does not fit this model ({len(model.layers)} layers, targets "
+                f"{', '.join(adapters.targets)}): "
+                + (f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}")
+                + " (an adapter made for another base?)"
+            )
+        with torch.no_grad():
+            for name, param in expected.items():
+                tensor = f.get_tensor(name)
+                if tensor.shape != param.shape:
+                    raise AdapterError(
+                        f"{path}: {name} has shape {tuple(tensor.shape)}, but this model's projection "
+                        f"takes {tuple(param.shape)} (an adapter made for another base?)"
+                    )
+                param.copy_(tensor)
+
+
+def check_adapter_files(directory: str) -> None:
+    """The adapter's config reads and its weights file holds an A and a B of rank r for each adapted
+    projection, read from the file's header alone; an AdapterError names what does not."""
+    adapters, _ = read_adapter_config(directory)
+    path = os.path.join(directory, ADAPTER_WEIGHTS)
+    with _open(path) as f:
+        for name in f.keys():
+            shape = f.get_slice(name).get_shape()
+            inner = shape[0] if ".lora_A." in name else shape[-1]
+            if len(shape) != 2 or inner != adapters.rank:
+                raise AdapterError(f"{path}: {name} has shape {tuple(shape)}, not rank {adapters.rank}")
+        if not list(f.keys()):
+            raise AdapterError(f"{path} holds no adapter tensors")
+
+
+def _open(path: str):
+    if not os.path.isfile(path):
+        raise AdapterError(f"{path} does not exist: an adapter directory needs {ADAPTER_WEIGHTS}")
+    try:
+        return safe_open(path, framework="pt")
+    except Exception as error:
+        raise AdapterError(
+            f"{path} is not a readable safetensors file (truncated or damaged?): {error}"
+        ) from None

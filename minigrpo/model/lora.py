@@ -1,0 +1,187 @@
+"""The policy's low-rank adapters (LoRA, Hu et al. 2021): each targeted projection becomes
+W x + s * B A x, the base W frozen, A (r, in) and B (out, r) trained, s the scale.
+
+In: a Qwen3 and an Adapters description (rank, alpha, targets). Out: the same Qwen3 with LoraLinear
+projections, whose adapters can be switched off (the base model, for the KL's reference), merged into
+a copy of each weight (for sampling), or merged into a plain Qwen3 (for a full checkpoint). It knows
+modules and tensors, not files (adapter_files.py writes PEFT's) nor the run that trains them.
+
+As PEFT does: A starts Kaiming-uniform (a = sqrt(5), nn.Linear's own init), B at zero, so a fresh
+adapter leaves the model exactly as it was; s = alpha / r, or rsLoRA's alpha / sqrt(r); the adapters
+are kept in fp32 whatever the base's dtype (PEFT's autocast_adapter_dtype); lm_head and the
+embedding are never adapted ("all-linear" means the seven projections of each block). Merging never
+writes into W: the merged weight is a new tensor, so the base stays bit-identical over any number of
+sampling calls, in bf16 too (merging into W and subtracting after, as some trainers do, drifts it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import LORA_TARGETS, parse_lora_targets
+from .layers import Linear, Product, pack_for_decoding
+
+# the block module each projection an adapter can go on sits in (config.LORA_TARGETS: PEFT's names)
+PARENTS = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+
+
+class AdapterError(ValueError):
+    """Adapters that cannot go on this model, or files that do not describe adapters minigrpo runs."""
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What a set of adapters is: the same for the ones a run adds and the ones a PEFT file describes."""
+
+    rank: int  # r: the inner width of B A
+    alpha: float  # the scale's numerator
+    targets: tuple[str, ...]  # the projections adapted in every block, PEFT's names, in LORA_TARGETS' order
+    dropout: float = 0.0  # dropout on an adapter's input while training
+    rslora: bool = False  # scale alpha / sqrt(r) (rsLoRA) instead of alpha / r
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise AdapterError(f"a LoRA rank must be a positive integer, got {self.rank!r}")
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha > 0):
+            raise AdapterError(f"lora_alpha must be a finite number > 0, got {self.alpha!r}")
+        if not 0 <= self.dropout < 1:
+            raise AdapterError(f"lora_dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.targets or parse_lora_targets(self.targets) != self.targets:
+            raise AdapterError(f"LoRA targets must be some of {', '.join(LORA_TARGETS)}, got {self.targets}")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+
+class LoraLinear(Linear):
+    """A projection with an adapter: W x + s * B A dropout(x). W (and the bias) are the base's own
+    parameters, frozen; A and B are `lora_A.weight` and `lora_B.weight`, PEFT's names."""
+
+    # while sampling (Qwen3.packed_for_decoding): one product with a merged copy of W + s B A, not the
+    # base's product plus the adapter's two small ones (the faster on CPU: benchmarks/README.md)
+    MERGE_FOR_DECODING = True
+
+    def __init__(self, base: Linear, adapters: Adapters, generator: torch.Generator | None = None):
+        super().__init__(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
+        self.weight = base.weight
+        self.bias = base.bias
+        self.scaling = adapters.scaling
+        device = base.weight.device
+        # fp32 whatever the base (PEFT's autocast_adapter_dtype): a bf16 adapter would round its updates
+        self.lora_A = nn.Linear(base.in_features, adapters.rank, bias=False, device=device)  # (r, in)
+        self.lora_B = nn.Linear(adapters.rank, base.out_features, bias=False, device=device)  # (out, r)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5), generator=generator)
+        nn.init.zeros_(self.lora_B.weight)
+        self.dropout = nn.Dropout(adapters.dropout) if adapters.dropout else nn.Identity()
+        self.adapting = True  # False: the base projection alone (adapters_off)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x)
+        y = F.linear(x, self.weight, self.bias)
+        if not self.adapting:
+            return y
+        return y + self.adapter(x)
+
+    def adapter(self, x: torch.Tensor) -> torch.Tensor:
+        """s * B A dropout(x): (..., in) -> (..., r) -> (..., out), in the adapter's fp32, cast back."""
+        inner = self.lora_A(self.dropout(x).to(self.lora_A.weight.dtype))  # (..., r)
+        return (self.lora_B(inner) * self.scaling).to(x.dtype)  # (..., out)
+
+    def merged_weight(self) -> torch.Tensor:
+        """W + s B A, (out, in), a new tensor in W's dtype (summed in fp32): W itself is never written."""
+        with torch.no_grad():
+            delta = self.lora_B.weight @ self.lora_A.weight  # (out, in)
+            return (self.weight.float() + self.scaling * delta).to(self.weight.dtype)
+
+    def decoding_product(self, batch_size: int) -> Product | None:
+        if not self.MERGE_FOR_DECODING:
+            base = super().decoding_product(batch_size) or functools.partial(
+                F.linear, weight=self.weight, bias=self.bias
+            )
+            return lambda x: base(x) + self.adapter(x)
+        merged = self.merged_weight()
+        packed = pack_for_decoding(merged, self.bias, batch_size)
+        return packed or functools.partial(F.linear, weight=merged, bias=self.bias)
+
+
+def add_adapters(model: nn.Module, adapters: Adapters, seed: int = 0) -> nn.Module:
+    """Put fresh adapters (B = 0: the model computes what it did) on `adapters.targets` of every block,
+    A drawn from `seed`; freeze everything else. Returns the model, changed in place."""
+    if adapters_of(model) is not None:
+        raise AdapterError(
+            "the model already has LoRA adapters: continue them rather than wrap new ones over them"
+        )
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    model.requires_grad_(False)
+    for block in model.layers:
+        for name in adapters.targets:
+            parent = getattr(block, PARENTS[name])
+            setattr(parent, name, LoraLinear(getattr(parent, name), adapters, generator))
+    model.adapters = adapters
+    return model
+
+
+def adapters_of(model: nn.Module) -> Adapters | None:
+    """The model's adapters' description, or None for a model trained whole."""
+    return model.adapters
+
+
+def adapter_modules(model: nn.Module) -> dict[str, LoraLinear]:
+    """Each adapted projection by its parameter path (layers.0.self_attn.q_proj, ...)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLinear)}
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors by parameter name (layers.0.self_attn.q_proj.lora_A.weight, ...)."""
+    return {name: p for name, p in model.named_parameters() if ".lora_" in name}
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    """Elements the optimizer trains: every weight, or the adapters alone."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@contextlib.contextmanager
+def adapters_off(model: nn.Module):
+    """Inside, every adapted projection computes its base alone: the model the adapters started from."""
+    modules = adapter_modules(model).values()
+    try:
+        for m in modules:
+            m.adapting = False
+        yield model
+    finally:
+        for m in modules:
+            m.adapting = True
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """A plain copy of the model (no adapters) whose weights are W + s B A: the adapted function as
+    ordinary weights, for a full checkpoint or a frozen reference. The model is left as it was."""
+    plain = copy.deepcopy(model)
+    for name, m in adapter_modules(model).items():
+        parent_name, _, attr = name.rpartition(".")
+        linear = Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+        linear.weight = nn.Parameter(m.merged_weight(), requires_grad=False)
+        linear.bias = None if m.bias is None else nn.Parameter(m.bias.detach().clone(), requires_grad=False)
+        setattr(plain.get_submodule(parent_name), attr, linear)
+    plain.adapters = None
+    plain.requires_grad_(True)
+    return plain
