@@ -22,13 +22,15 @@ setup(
         "jinja2>=3.1",
     ],
     extras_require={
-        # transformers is a test oracle only: nothing under minigrpo/ imports it; trl is there for the
+        # transformers and peft are test oracles only: nothing under minigrpo/ imports them (peft reads and
+        # writes the LoRA adapters' files the tests compare with minigrpo's); trl is there for the
         # smoke runs of the benchmarks that measure against it (tests/test_benchmarks.py); matplotlib
         # and tensorboard for the plotting and --report_to tests (wandb's test skips without it).
         "test": [
             "pytest",
             "hypothesis",
             "transformers>=4.51",
+            "peft>=0.13",
             "trl>=1.0",
             "matplotlib",
             "tensorboard",

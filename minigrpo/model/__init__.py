@@ -15,7 +15,7 @@ It knows tensors, files and names, not the loop that trains the model. The stage
 these names; nothing outside this folder imports from inside it.
 """
 
-from .adapter_files import is_adapter_directory, read_adapter_config
+from .adapter_files import is_adapter_directory, load_adapter, read_adapter_config
 from .chat_template import ChatTemplate, check_tool_schemas
 from .kv_cache import KVCache
 from .layers import logit_dtype
@@ -54,6 +54,7 @@ __all__ = [
     "adapters_off",
     "add_adapters",
     "is_adapter_directory",
+    "load_adapter",
     "merged",
     "read_adapter_config",
     "trainable_parameters",

@@ -1,0 +1,364 @@
+"""LoRA: fresh adapters leave the model exactly as it was; adapted logits equal PEFT's on transformers'
+Qwen3 for the same adapter files, whoever wrote them; merged weights (a checkpoint, the sampler's
+copies) compute the adapted model; the base never changes, in bf16 too; only the adapters train,
+the KL's reference is the base with them off; a LoRA run resumed after a kill ends where the
+straight run ends; bad settings and files are refused with one line."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from helpers import tiny_policy
+from safetensors.torch import load_file
+
+import minigrpo
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.model import (
+    AdapterError,
+    Adapters,
+    adapter_state,
+    adapters_off,
+    add_adapters,
+    is_adapter_directory,
+    merged,
+    trainable_parameters,
+)
+from minigrpo.rollout import generate
+from minigrpo.run import CHECKPOINTS, latest_checkpoint, load_state
+from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _vowels(completions, **_):
+    """A reward a random policy earns unevenly: the share of vowels."""
+    return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
+
+
+if "test_lora_vowels" not in REWARD_FUNCTIONS:
+    register_reward("test_lora_vowels")(_vowels)
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tiny_policy(str(tmp_path_factory.mktemp("base")), max_position_embeddings=96)
+
+
+def adapted(base: str, adapters: Adapters, seed: int = 0, scale: float = 0.1):
+    """The base with `adapters`, B drawn at random (fresh adapters would compute the base)."""
+    model, tokenizer = minigrpo.load_pretrained(base)
+    add_adapters(model, adapters, seed=seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in adapter_state(model).items():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * scale)
+    return model, tokenizer
+
+
+def ids(vocab: int, rows: int = 2, length: int = 11) -> torch.Tensor:
+    return torch.randint(0, vocab, (rows, length), generator=torch.Generator().manual_seed(5))
+
+
+def test_fresh_adapters_are_the_base_exactly_and_only_they_train(base):
+    model, _ = minigrpo.load_pretrained(base)
+    x = ids(model.config.vocab_size)
+    before = model(x)
+    total = sum(p.numel() for p in model.parameters())
+    add_adapters(model, Adapters(rank=4, alpha=8, targets=ALL), seed=0)
+    assert torch.equal(model(x), before)  # B = 0: step 0 is the base model, bit for bit
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in name or ".lora_B." in name for name in trainable)
+    config = model.config
+    per_block = sum(
+        4 * (i + o)
+        for i, o in [
+            (config.hidden_size, config.num_attention_heads * config.head_dim),  # q
+            (config.hidden_size, config.num_key_value_heads * config.head_dim),  # k
+            (config.hidden_size, config.num_key_value_heads * config.head_dim),  # v
+            (config.num_attention_heads * config.head_dim, config.hidden_size),  # o
+            (config.hidden_size, config.intermediate_size),  # gate
+            (config.hidden_size, config.intermediate_size),  # up
+            (config.intermediate_size, config.hidden_size),  # down
+        ]
+    )
+    assert trainable_parameters(model) == per_block * config.num_hidden_layers
+    assert sum(p.numel() for p in model.parameters()) == total + trainable_parameters(model)
+    with pytest.raises(AdapterError, match="already has LoRA adapters"):
+        add_adapters(model, Adapters(rank=4, alpha=8, targets=ALL))
+
+
+def test_adapters_off_merged_and_merged_sampling_compute_what_they_should(base):
+    model, _ = adapted(base, Adapters(rank=3, alpha=6, targets=("q_proj", "v_proj", "down_proj")))
+    x = ids(model.config.vocab_size)
+    plain, _ = minigrpo.load_pretrained(base)
+    with adapters_off(model):
+        assert torch.equal(model(x), plain(x))
+    moved = model(x)
+    assert (moved - plain(x)).abs().max() > 1e-3
+    torch.testing.assert_close(merged(model)(x), moved, rtol=0, atol=1e-5)
+    # the sampler's merged products against the adapters as their own products (the reference path)
+    prompts = [[3, 5, 7, 9], [2, 4]]
+    settings = dict(max_new_tokens=8, temperature=0.0, num_samples=2, seed=0)
+    fast = generate(model, prompts, **settings)
+    LoraLinearClass = type(model.layers[0].self_attn.q_proj)
+    LoraLinearClass.MERGE_FOR_DECODING = False
+    try:
+        slow = generate(model, prompts, **settings)
+    finally:
+        LoraLinearClass.MERGE_FOR_DECODING = True
+    assert fast.tokens == slow.tokens
+    for a, b in zip(fast.logprobs, slow.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-5)
+
+
+def test_the_base_stays_bit_identical_over_many_sampling_calls_and_updates_in_bf16(base):
+    model, tokenizer = minigrpo.load_pretrained(base, dtype="bfloat16")
+    trainer = Trainer(
+        model,
+        tokenizer,
+        Task(ROWS, [RewardSpec("test_lora_vowels")]),
+        GRPOConfig(num_generations=2, max_completion_length=4),
+        TrainConfig(
+            output_dir="unused",
+            batch_size=4,
+            micro_batch_size=4,
+            learning_rate=1e-2,
+            lora_rank=2,
+            progress_bar=False,
+            log_completions_every=0,
+        ),
+    )
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
+    lora = {name: p.detach().clone() for name, p in adapter_state(model).items()}
+    for _ in range(10):  # 10 AdamW steps of the adapters, each with the merges of a sampling call
+        trainer.train_step()
+    for _ in range(200):  # and 200 merges more of every projection
+        with model.packed_for_decoding(batch_size=4):
+            pass
+    assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if not p.requires_grad)
+    assert any(not torch.equal(p, lora[name]) for name, p in adapter_state(model).items())
+    assert all(p.dtype == torch.float32 for p in adapter_state(model).values())  # fp32 adapters on bf16
+
+
+def write_peft_adapter(base: str, directory: str):
+    """An adapter written by PEFT itself on transformers' Qwen3 (B random: init_lora_weights=False);
+    returns the PEFT model."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=12, target_modules=["q_proj", "k_proj", "v_proj", "up_proj"], init_lora_weights=False
+    )
+    peft_model = peft.get_peft_model(hf, config).eval()
+    peft_model.save_pretrained(directory)
+    return peft_model
+
+
+def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_path):
+    peft_model = write_peft_adapter(base, str(tmp_path / "peft"))
+    model, tokenizer = minigrpo.load_pretrained(str(tmp_path / "peft"))  # the base named in its config
+    assert tokenizer is not None and model.adapters.targets == ("q_proj", "k_proj", "v_proj", "up_proj")
+    x = ids(model.config.vocab_size)
+    with torch.no_grad():
+        expected = peft_model(input_ids=x).logits
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-5)
+
+
+def test_peft_loads_the_adapters_minigrpo_saves(base, tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=16, targets=ALL, rslora=True))
+    minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "ours"))
+    assert is_adapter_directory(str(tmp_path / "ours"))
+    config = json.load(open(tmp_path / "ours" / "adapter_config.json"))
+    assert config["base_model_name_or_path"] == os.path.abspath(base) and config["use_rslora"]
+    tensors = load_file(tmp_path / "ours" / "adapter_model.safetensors")
+    a = tensors["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"]
+    b = tensors["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
+    assert a.shape == (2, model.config.intermediate_size) and b.shape == (model.config.hidden_size, 2)
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, str(tmp_path / "ours")).eval()
+    x = ids(model.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=x).logits, model(x), rtol=0, atol=1e-5)
+
+
+def test_merge_lora_writes_a_full_checkpoint_with_the_adapted_logits(examples_server, base, tmp_path):
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=ALL))
+    minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "adapter"))
+    args = [str(tmp_path / "adapter"), str(tmp_path / "merged")]
+    assert examples_server.run("merge_lora.py", args, str(tmp_path), "merge") == 0
+    full, _ = minigrpo.load_pretrained(str(tmp_path / "merged"))
+    assert full.adapters is None and os.path.exists(tmp_path / "merged" / "model.safetensors")
+    x = ids(model.config.vocab_size)
+    torch.testing.assert_close(full(x), model(x), rtol=0, atol=1e-5)
+    assert examples_server.run("merge_lora.py", [base, str(tmp_path / "m2")], str(tmp_path), "bad") == 1
+    lines = (tmp_path / "bad.err").read_text().strip().splitlines()
+    assert len(lines) == 1 and "is not a LoRA adapter directory" in lines[0]
+
+
+def lora_trainer(model_path: str, tmp_path, grpo=None, **train):
+    model, tokenizer = minigrpo.load_pretrained(model_path)
+    settings = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        batch_size=8,
+        micro_batch_size=4,
+        learning_rate=1e-2,
+        lora_rank=4,
+        progress_bar=False,
+        log_completions_every=0,
+    )
+    grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=8, beta=0.1)
+    return Trainer(
+        model,
+        tokenizer,
+        Task(ROWS, [RewardSpec("test_lora_vowels")]),
+        grpo,
+        TrainConfig(**{**settings, **train}),
+    )
+
+
+def test_the_reference_is_the_base_with_adapters_off_and_only_adapters_reach_adamw(base, tmp_path):
+    trainer = lora_trainer(base, tmp_path)
+    assert trainer.reference is None  # no second copy of the model
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in adapter_state(trainer.model).values()}
+    stats, _ = trainer.train_step()
+    assert stats["training/trainable_parameters"] == trainer_parameters(trainer.model)
+    stats, _ = trainer.train_step()
+    assert stats["kl"] > 0  # the adapters moved away from the base, which the KL measures
+    plain, _ = minigrpo.load_pretrained(base)
+    x = ids(plain.config.vocab_size)
+    reference = trainer.updater.reference
+    with torch.no_grad():
+        mask = torch.ones_like(x)
+        theirs = minigrpo.update.TokenLogprobs(plain)(x, mask, 4, 1.0)[0]
+        torch.testing.assert_close(reference(x, mask, 4, 1.0)[0], theirs, rtol=0, atol=0)
+
+
+def trainer_parameters(model) -> float:
+    return float(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+def test_a_run_starting_from_an_adapter_directory_continues_it_against_a_frozen_merged_reference(
+    base, tmp_path
+):
+    model, tokenizer = adapted(base, Adapters(rank=4, alpha=32, targets=ALL))
+    minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "start"))
+    trainer = lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=0)  # continues the file's adapters
+    assert trainer.adapters.rank == 4 and trainer.reference is not None
+    assert trainer.reference.adapters is None  # the start merged into plain weights, frozen
+    x = ids(model.config.vocab_size)
+    torch.testing.assert_close(trainer.reference(x), model(x), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="already has LoRA adapters.*leave the lora flags out"):
+        lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=8)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(lora_rank=4, lora_target_modules="q_proj,qkv_proj"), "'qkv_proj' is not a projection"),
+        (dict(lora_rank=0, lora_target_modules="q_proj"), "needs a lora_rank > 0"),
+        (dict(lora_rank=4, lora_alpha=-8.0), "lora_alpha must be > 0"),
+        (dict(lora_rank=-1), "lora_rank must be an integer >= 0"),
+        (dict(lora_rank=4, lora_dropout=1.0), r"lora_dropout must be in \[0, 1\)"),
+    ],
+)
+def test_bad_lora_settings_are_one_line(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**settings)
+
+
+def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
+    other = tiny_policy(str(tmp_path / "other"), max_position_embeddings=96, hidden_size=64)
+    model, tokenizer = adapted(other, Adapters(rank=2, alpha=4, targets=ALL))
+    minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "adapter"))
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config = json.load(open(config_path))
+    config["base_model_name_or_path"] = base
+    json.dump(config, open(config_path, "w"))
+    with pytest.raises(AdapterError, match=r"has shape .* \(an adapter made for another base"):
+        minigrpo.load_pretrained(str(tmp_path / "adapter"))
+    config["use_dora"] = True
+    json.dump(config, open(config_path, "w"))
+    with pytest.raises(AdapterError, match="use_dora = True is not supported"):
+        minigrpo.load_pretrained(str(tmp_path / "adapter"))
+
+
+def test_train_math_refuses_bad_lora_input_with_one_line(examples_server, base, tmp_path):
+    args = ["--model", base, "--output_dir", str(tmp_path / "run"), "--lora_rank", "4"]
+    code = examples_server.train_math(args + ["--lora_target_modules", "attn"], None, str(tmp_path), "bad")
+    lines = (tmp_path / "bad.err").read_text().strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "'attn' is not a projection" in lines[0], lines
+
+
+ARGS = [
+    "--template",
+    "tiny",
+    "--rewards",
+    "killed_run_vowels",
+    "--steps",
+    "3",
+    "--save_every",
+    "1",
+    "--num_generations",
+    "2",
+    "--batch_size",
+    "4",
+    "--micro_batch_size",
+    "2",
+    "--max_completion_length",
+    "6",
+    "--train_count",
+    "20",
+    "--eval_count",
+    "2",
+    "--lora_rank",
+    "2",
+    "--learning_rate",
+    "1e-2",
+    "--beta",
+    "0.05",
+]
+
+
+def test_a_killed_lora_run_resumes_to_the_straight_runs_end_bit_for_bit(examples_server, base, tmp_path):
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    code = examples_server.train_math(
+        ["--model", base, "--output_dir", straight, *ARGS], None, str(tmp_path), "s"
+    )
+    assert code == 0, (tmp_path / "s.err").read_text()[-3000:]
+    kill = "save 2: every file written and fsynced, not yet renamed into place"
+    args = ["--model", base, "--output_dir", killed, *ARGS]
+    assert examples_server.train_math(args, kill, str(tmp_path), "k") == -signal.SIGKILL
+    assert examples_server.train_math(args + ["--resume"], None, str(tmp_path), "r") == 0, (
+        tmp_path / "r.err"
+    ).read_text()[-3000:]
+    for step in ("step-000002", "step-000003"):
+        ours, theirs = (os.path.join(out, CHECKPOINTS, step) for out in (killed, straight))
+        assert sorted(os.listdir(ours)) == sorted(os.listdir(theirs))
+        assert not os.path.exists(os.path.join(ours, "model.safetensors"))  # the adapters alone
+        a, b = (load_file(os.path.join(d, "adapter_model.safetensors")) for d in (ours, theirs))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        for x, y in zip(*(load_state(d)["optimizer"]["state"].values() for d in (ours, theirs))):
+            assert all(torch.equal(x[k], y[k]) for k in x)
+    history = [
+        [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] for out in (killed, straight)
+    ]
+    for a, b in zip(*history, strict=True):
+        assert {k: v for k, v in a.items() if k.startswith(("reward", "loss", "kl", "grad"))} == {
+            k: v for k, v in b.items() if k.startswith(("reward", "loss", "kl", "grad"))
+        }
+    # --resume with other adapters is refused with one line, before any step
+    args = ["--model", base, "--output_dir", killed, *ARGS, "--resume", "--lora_rank", "4"]
+    assert examples_server.train_math(args, None, str(tmp_path), "changed") == 1
+    lines = (tmp_path / "changed.err").read_text().strip().splitlines()
+    assert len(lines) == 1 and "was trained with lora_rank=2, and this run asks for 4" in lines[0], lines
+    assert latest_checkpoint(killed).endswith("step-000003")
