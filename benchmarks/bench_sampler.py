@@ -26,6 +26,12 @@ on past its call unanswered). Tokens per second count every token, observations 
 overhead per call is the time the calls add beyond what their tokens would cost at the tool-free
 rate, over the number of calls.
 
+Then LoRA (`--lora-rank`, adapters on all seven projections of every block, B drawn at random): ms
+per new token of the model without adapters, with its adapters merged into a copy of each weight at
+the call's start (`LoraLinear.MERGE_FOR_DECODING`, the sampler's way), and with the adapters as their
+own small products beside the base's (the other way), eager path, median of `--rounds` rounds that
+alternate the three, on `--lora-shapes`.
+
 Last, the oneDNN-packed products against plain F.linear: ms per product for each shape's weights
 that `layers.pack_for_decoding` packs, at `--packed-rows` rows, best of 3 x `--rounds` rounds that
 alternate the two (one row included, which the sampler leaves plain).
@@ -51,6 +57,7 @@ from common import SHAPES, machine_line, random_model, transformers_twin
 
 import minigrpo
 import minigrpo.model.layers as layers
+from minigrpo.config import LORA_TARGETS
 from minigrpo.tasks import generate_problems, template
 from minigrpo.tools import ToolRunner
 
@@ -157,6 +164,49 @@ def bench_shape(shape, args, bandwidth, flops):
             flush=True,
         )
     return model
+
+
+def bench_lora(shape, args):
+    """ms per new token: no adapters, adapters merged for decoding, adapters as their own products."""
+    from minigrpo.model import Adapters, adapter_state, add_adapters
+    from minigrpo.model.lora import LoraLinear
+
+    plain = random_model(shape)
+    adapted = random_model(shape)
+    add_adapters(adapted, Adapters(rank=args.lora_rank, alpha=32, targets=LORA_TARGETS), seed=0)
+    with torch.no_grad():
+        for name, p in adapter_state(adapted).items():
+            if ".lora_B." in name:
+                p.normal_(std=0.01)
+    vocab = SHAPES[shape]["vocab_size"]
+    new = args.new if shape == "tiny" else args.new_large
+
+    def merged(prompts):
+        LoraLinear.MERGE_FOR_DECODING = True
+        return ours(adapted, prompts, new)
+
+    def unmerged(prompts):
+        LoraLinear.MERGE_FOR_DECODING = False
+        try:
+            return ours(adapted, prompts, new)
+        finally:
+            LoraLinear.MERGE_FOR_DECODING = True
+
+    ways = {"none": lambda prompts: ours(plain, prompts, new), "merged": merged, "unmerged": unmerged}
+    for batch in args.batches:
+        prompts = prompts_for(batch, args.prompt, vocab, seed=batch)
+        for way in ways.values():
+            way(prompts_for(batch, 4, vocab))  # warm-up
+        times = {name: [] for name in ways}
+        for _ in range(args.rounds):
+            for name, way in ways.items():
+                times[name].append(seconds(lambda: way(prompts))[0])
+        ms = {name: 1e3 * statistics.median(ts) / new for name, ts in times.items()}
+        print(
+            f"{shape:7} {batch:5} {ms['none']:9.2f} {ms['merged']:9.2f} {ms['unmerged']:9.2f} "
+            f"{ms['unmerged'] / ms['merged']:8.2f}x {ms['merged'] / ms['none']:8.2f}x",
+            flush=True,
+        )
 
 
 def bench_refill(model, shape, args):
@@ -311,6 +361,10 @@ def main():
         "--tool-rows", type=int, default=256, help="rows of the tool-call table, tiny-calc model (0: skip it)"
     )
     parser.add_argument(
+        "--lora-rank", type=int, default=16, help="rank of the LoRA table's adapters (0: skip it)"
+    )
+    parser.add_argument("--lora-shapes", default="default,0.6b", help="shapes of the LoRA table")
+    parser.add_argument(
         "--packed-rows", default="1,8,32", help="rows of the packed-products table (empty: skip it)"
     )
     parser.add_argument(
@@ -356,6 +410,17 @@ def main():
             f"{'ms/call':>10} {'wait ms':>9}"
         )
         bench_tools(args)
+    if args.lora_rank:
+        print(
+            f"\nLoRA rank {args.lora_rank} on all linear projections, eager: ms per new token without "
+            f"adapters, merged, unmerged; median of {args.rounds}"
+        )
+        print(
+            f"{'shape':7} {'batch':>5} {'none ms':>9} {'merged':>9} {'unmerged':>9} "
+            f"{'unm/mrg':>9} {'mrg/none':>9}"
+        )
+        for shape in args.lora_shapes.split(","):
+            bench_lora(shape, args)
     if args.packed_rows:
         print(
             f"\noneDNN-packed vs plain F.linear, ms per product: plain / packed, best of {3 * args.rounds}",

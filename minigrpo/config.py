@@ -333,6 +333,11 @@ class TrainConfig:
         )
 
         _require(
+            not (self.fsdp and self.lora_rank and world_size > 1),
+            "fsdp cannot be combined with LoRA: the adapters are a small share of the memory, and the "
+            "frozen base is what FSDP2 would shard; run LoRA under torchrun without --fsdp (DDP)",
+        )
+        _require(
             not (self.fsdp and grpo.sampling_dtype is not None),
             "sampling_dtype cannot be combined with fsdp: the sampling copy would hold the whole "
             "weights on every rank, which is what FSDP2 avoids",

@@ -40,17 +40,29 @@ SMALLEST = {
         "2",
         "--tool-rows",
         "4",
+        "--lora-shapes",
+        "default",
+        "--new-large",
+        "4",
     ],
     "bench_forward.py": ["--shapes", "tiny", "--batch", "1", "--seq", "8", "--rounds", "1"],
     "bench_verifier.py": ["--limit", "5"],
     "bench_update.py": ["--smoke", "--case", "default", "--paths", "full,shared,trl"],
     "bench_trl.py": ["--smoke", "--seeds", "1", "--eval_at", "1"],
+    "bench_lora.py": ["--smoke"],
 }
 EXPECTED = {
-    "bench_sampler.py": ["refill under a row budget", "mean length", "naive no-cache sampler", "tool calls"],
+    "bench_sampler.py": [
+        "refill under a row budget",
+        "mean length",
+        "naive no-cache sampler",
+        "tool calls",
+        "LoRA rank 16",
+    ],
     "bench_forward.py": ["forward+backward"],
     "bench_verifier.py": ["| all |", "median ms"],
     "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],
+    "bench_lora.py": ["| lora + reference |", "| lora r16 |"],
     "bench_trl.py": ["| minigrpo | 1 |", "| trl | 1 |", "| trl - minigrpo | mean |", "| trl / minigrpo |"],
 }
 

@@ -67,6 +67,14 @@ OBJECTIVES = {
 }
 
 
+# LoRA (not under FSDP2, which refuses it): only the adapters' gradients are all-reduced, and the KL's
+# reference is the base with the adapters off on every rank.
+LORA = (
+    dict(num_generations=4, max_completion_length=10, beta=0.04),
+    dict(batch_size=16, micro_batch_size=3, lora_rank=4, learning_rate=1e-2),
+)
+
+
 def background_work(tmp_path_factory) -> dict:
     """Every torchrun job of this file, one after another, beside the suite's other files (conftest's
     Background); what the tests below check."""
@@ -159,7 +167,7 @@ def finish(process: subprocess.Popen) -> None:
 
 
 def run(out, objective: str, fixed: bool = False, **train) -> dict:
-    grpo, batch = OBJECTIVES[objective]
+    grpo, batch = LORA if objective == "lora" else OBJECTIVES[objective]
     return {"grpo": grpo, "train": {**TRAIN, **batch, "output_dir": str(out), **train}, "fixed": fixed}
 
 
@@ -184,9 +192,9 @@ def layouts_job(checkpoint: str, tmp_path_factory):
     imports = {"imports_dir": str(base / "imports")}
     (base / "imports").mkdir()
     one = plain_job(
-        checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in OBJECTIVES], **imports
+        checkpoint, [run(base / f"one-{name}", name, fixed=True) for name in [*OBJECTIVES, "lora"]], **imports
     )
-    layouts = [run(base / f"ddp-{name}", name, fixed=True) for name in OBJECTIVES]
+    layouts = [run(base / f"ddp-{name}", name, fixed=True) for name in [*OBJECTIVES, "lora"]]
     layouts += [run(base / f"fsdp-{name}", name, fixed=True, fsdp=True) for name in OBJECTIVES]
     resumed = [run(base / f"straight-{kind}", "dapo", max_steps=3, **options) for kind, options in RESUMED]
     resumed += [
@@ -256,6 +264,32 @@ def test_two_ranks_take_the_gradients_of_one_process(layouts, layout, objective)
             torch.testing.assert_close(
                 b[name], gradient, rtol=1e-3, atol=1e-3 * scale, msg=f"step {step}, {name}"
             )
+
+
+def test_two_ranks_train_lora_adapters_to_those_of_one_process(layouts, checkpoint):
+    one, two = (
+        minigrpo.load_pretrained(latest_checkpoint(str(layouts / f"{kind}-lora")))[0]
+        for kind in ("one", "ddp")
+    )
+    start = minigrpo.load_pretrained(checkpoint)[0].state_dict()
+    adapters = minigrpo.model.adapter_state(one)
+    assert adapters and all(
+        float(value.detach().abs().max()) > 0 for name, value in adapters.items() if ".lora_B." in name
+    )
+    for name, value in minigrpo.model.adapter_state(two).items():
+        torch.testing.assert_close(value, adapters[name], rtol=1e-5, atol=3e-5)
+    for name, value in two.state_dict().items():  # the base, loaded from the run's start, never moved
+        if ".lora_" not in name:
+            assert torch.equal(value, start[name]), name
+    kl = [line["kl"] for line in metrics(layouts / "ddp-lora")]
+    assert kl == pytest.approx([line["kl"] for line in metrics(layouts / "one-lora")], rel=1e-4, abs=1e-7)
+    assert kl[-1] > 0
+
+
+def test_lora_under_fsdp_is_refused_with_one_line():
+    with pytest.raises(ValueError, match="fsdp cannot be combined with LoRA"):
+        TrainConfig(lora_rank=4, fsdp=True).check_against(GRPOConfig(), world_size=2)
+    TrainConfig(lora_rank=4, fsdp=True).check_against(GRPOConfig(), world_size=1)  # one process: no FSDP2
 
 
 def two_nodes_job(layouts, checkpoint: str, tmp_path_factory) -> dict:

@@ -186,10 +186,10 @@ class Trainer:
         if loaded is None and wanted is not None:
             add_adapters(model, wanted, seed=config.seed)
         adapters = adapters_of(model)
-        if adapters is not None and config.fsdp and self.dist.world_size > 1:
+        if adapters is not None and config.fsdp and self.dist.world_size > 1:  # loaded: lora_rank 0
             raise ValueError(
-                "fsdp cannot be combined with LoRA: the adapters are a small share of the memory, and "
-                "the frozen base is what FSDP2 would shard; run LoRA under torchrun without --fsdp (DDP)"
+                "fsdp cannot be combined with LoRA (the model was loaded with adapters): run it under "
+                "torchrun without --fsdp (DDP)"
             )
         return adapters
 
