@@ -2,8 +2,8 @@
 
 The graphed decode (decode_graphs.py, the default on CUDA) against the eager reference path on the same
 GPU, under every way the engine moves rows: refills under a row budget, compaction, rows finishing
-early, tool calls pausing and resuming rows, a bf16 model, calls in a row that reuse the graphs, one
-row and a batch that is no power of two. Then eager on the GPU against the slow reference sampler,
+early, tool calls pausing and resuming rows, a bf16 model, LoRA adapters, calls in a row that reuse the
+graphs, one row and a batch that is no power of two. Then eager on the GPU against the slow reference sampler,
 and one trainer step on the GPU against the same step on CPU, in fp32. On a machine without CUDA the
 whole file is skipped, with its reason.
 """
@@ -94,6 +94,29 @@ def test_graphs_give_eager_tokens_in_bf16(model):
     half = copy.deepcopy(model).to(torch.bfloat16)
     eager, graphed = both_paths(half, PROMPTS, max_batch_rows=7, **{**SAMPLED, "max_new_tokens": 40})
     assert_same(eager, graphed, tolerance=1e-3)
+
+
+def test_graphs_give_eager_tokens_with_lora_adapters_and_see_them_train(model):
+    """The graphs run the adapters as their own products (their tensors are the graphs' inputs, updated
+    in place by AdamW); eager multiplies by merged copies of the weights: the same tokens, before and
+    after the adapters change."""
+    from minigrpo.config import LORA_TARGETS
+    from minigrpo.model import Adapters, adapter_state, add_adapters
+
+    adapted = add_adapters(copy.deepcopy(model), Adapters(rank=4, alpha=8, targets=LORA_TARGETS), seed=0)
+    with torch.no_grad():
+        for name, p in adapter_state(adapted).items():
+            if ".lora_B." in name:
+                p.normal_(std=0.05)
+    eager, graphed = both_paths(adapted, PROMPTS, max_batch_rows=7, **SAMPLED)
+    assert_same(eager, graphed)
+    with torch.no_grad():
+        for p in adapter_state(adapted).values():
+            p.mul_(1.5)
+    again_eager, again_graphed = both_paths(adapted, PROMPTS, max_batch_rows=7, **SAMPLED)
+    assert again_graphed.tokens != graphed.tokens
+    assert_same(again_eager, again_graphed)
+    decode_graphs.release(adapted)
 
 
 @pytest.mark.parametrize("rows", [None, 3])

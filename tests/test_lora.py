@@ -26,7 +26,7 @@ from minigrpo.model import (
     trainable_parameters,
 )
 from minigrpo.rollout import generate
-from minigrpo.run import CHECKPOINTS, latest_checkpoint, load_state
+from minigrpo.run import CHECKPOINTS, Trace, latest_checkpoint, load_state
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -203,6 +203,21 @@ def test_merge_lora_writes_a_full_checkpoint_with_the_adapted_logits(examples_se
     assert len(lines) == 1 and "is not a LoRA adapter directory" in lines[0]
 
 
+def test_eval_math_and_sample_take_an_adapter_checkpoint(examples_server, base, tmp_path):
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=ALL))
+    minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "adapter"))
+    common = ["--model", str(tmp_path / "adapter"), "--template", "tiny", "--max_new_tokens", "4"]
+    evaluated = ["--data", "arithmetic", "--count", "3", "--output", str(tmp_path / "results.jsonl")]
+    assert examples_server.run("eval_math.py", common + evaluated, str(tmp_path), "eval") == 0, (
+        tmp_path / "eval.err"
+    ).read_text()[-2000:]
+    assert "pass@1" in (tmp_path / "eval.out").read_text()
+    sampled = ["--prompt", "1+2", "--answer", "3", "--num_samples", "2"]
+    assert examples_server.run("sample.py", common + sampled, str(tmp_path), "sample") == 0, (
+        tmp_path / "sample.err"
+    ).read_text()[-2000:]
+
+
 def lora_trainer(model_path: str, tmp_path, grpo=None, **train):
     model, tokenizer = minigrpo.load_pretrained(model_path)
     settings = dict(
@@ -230,8 +245,11 @@ def test_the_reference_is_the_base_with_adapters_off_and_only_adapters_reach_ada
     assert trainer.reference is None  # no second copy of the model
     optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for p in adapter_state(trainer.model).values()}
-    stats, _ = trainer.train_step()
+    printed = []
+    stats, _ = trainer.train_step(Trace(write=printed.append))
     assert stats["training/trainable_parameters"] == trainer_parameters(trainer.model)
+    trained = f"{trainer.trainable_parameters:,} parameters (LoRA adapters r=4 on q_proj,k_proj"
+    assert any(line.startswith("[4 trained]") and trained in line for line in printed), printed
     stats, _ = trainer.train_step()
     assert stats["kl"] > 0  # the adapters moved away from the base, which the KL measures
     plain, _ = minigrpo.load_pretrained(base)

@@ -93,6 +93,8 @@ def traced(tmp_path_factory):
     stats, _ = trainer.train_step(trace)
     torch.set_num_threads(threads)
     assert any("[4 loss]" in line for line in printed)  # the console trace is still printed
+    trained = sum(p.numel() for p in model.parameters())
+    assert f"[4 trained]        {trained:,} parameters (every weight)" in printed
     return trainer, trace, stats, Page(open(tmp_path / "trace.html", encoding="utf-8").read())
 
 

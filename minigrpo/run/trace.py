@@ -119,6 +119,13 @@ class Trace:
         )
         for i, shown in enumerate(self.record["completions"]):
             w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(_most_moved(shown["tokens"])))
+        adapters = trainer.adapters
+        trained = (
+            "every weight"
+            if adapters is None
+            else f"LoRA adapters r={adapters.rank} on {','.join(adapters.targets)}; the base is frozen"
+        )
+        w(f"[4 trained]        {trainer.trainable_parameters:,} parameters ({trained})")
         # in BRIEF's order: stats' own order varies by run
         brief = {k: round(stats[k], 5) for k in BRIEF if k in stats}
         w(
