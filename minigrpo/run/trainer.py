@@ -19,8 +19,10 @@ One step, `Trainer.train_step`:
 
 The stages a run takes are chosen once, when the trainer is built (`_choose_stages`): whether tools
 run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (per completion,
-per token, or both), which stats. A stage returns what it computes; the trainer writes it into the
-rollouts, in one place per stage.
+per token, or both), which stats. What is trained is chosen then too (`_adapters`): every weight,
+or LoRA adapters on a frozen base (model/lora.py), whose KL reference is the base with the adapters
+off (`_reference`). A stage returns what it computes; the trainer writes it into the rollouts, in one
+place per stage.
 
 Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
 short, up to max_sampling_rounds. A group has no signal when its outcome rewards are all equal,
