@@ -151,9 +151,8 @@ def write_peft_adapter(base: str, directory: str):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = peft.LoraConfig(
-        r=4, lora_alpha=12, target_modules=["q_proj", "k_proj", "v_proj", "up_proj"], init_lora_weights=False
-    )
+    # all-linear: PEFT writes each adapted module's path (model.layers.0.self_attn.q_proj, ...)
+    config = peft.LoraConfig(r=4, lora_alpha=12, target_modules="all-linear", init_lora_weights=False)
     peft_model = peft.get_peft_model(hf, config).eval()
     peft_model.save_pretrained(directory)
     return peft_model
@@ -162,11 +161,17 @@ def write_peft_adapter(base: str, directory: str):
 def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_path):
     peft_model = write_peft_adapter(base, str(tmp_path / "peft"))
     model, tokenizer = minigrpo.load_pretrained(str(tmp_path / "peft"))  # the base named in its config
-    assert tokenizer is not None and model.adapters.targets == ("q_proj", "k_proj", "v_proj", "up_proj")
+    assert tokenizer is not None and model.adapters.targets == ALL and model.adapters.rank == 4
     x = ids(model.config.vocab_size)
     with torch.no_grad():
         expected = peft_model(input_ids=x).logits
     torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-5)
+    config_path = tmp_path / "peft" / "adapter_config.json"
+    config = json.load(open(config_path))
+    config["target_modules"] = ["model.layers.0.self_attn.q_proj", "lm_head"]
+    json.dump(config, open(config_path, "w"))
+    with pytest.raises(AdapterError, match="'lm_head' is not a projection of a Qwen3 block"):
+        minigrpo.load_pretrained(str(tmp_path / "peft"))
 
 
 def test_peft_loads_the_adapters_minigrpo_saves(base, tmp_path):

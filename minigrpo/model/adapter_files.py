@@ -13,6 +13,7 @@ names, not training.
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 from safetensors import safe_open
@@ -25,6 +26,10 @@ from .lora import AdapterError, Adapters, adapter_state, add_adapters
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model.model."  # PeftModel > Qwen3ForCausalLM > Qwen3Model > layers
+# a target_modules entry: a projection's name, or its module's path in transformers' Qwen3
+MODULE_PATH = re.compile(
+    r"((base_model\.model\.)?model\.layers\.\d+\.(self_attn|mlp)\.)?(" + "|".join(LORA_TARGETS) + ")"
+)
 # PEFT settings minigrpo does not run, each with the value that means "not used"
 UNSUPPORTED = {
     "use_dora": False,
@@ -78,20 +83,32 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
         value = config.get(key, unused)
         if value != unused and not (unused is None and not value):
             raise AdapterError(f"{path}: {key} = {value!r} is not supported by minigrpo's adapters")
-    targets = config.get("target_modules")
+    targets = config.get("target_modules") or []
     if isinstance(targets, str) and targets not in (*LORA_TARGETS, ALL_LINEAR):
         raise AdapterError(f"{path}: target_modules {targets!r} is a pattern; minigrpo reads a list of names")
+    targets = [targets] if isinstance(targets, str) else [_projection(name, path) for name in targets]
     try:
         adapters = Adapters(
             rank=config.get("r", 8),
             alpha=config.get("lora_alpha", 8),
-            targets=parse_lora_targets([targets] if isinstance(targets, str) else targets or []),
+            targets=parse_lora_targets(sorted(set(targets))),
             dropout=config.get("lora_dropout", 0.0),
             rslora=bool(config.get("use_rslora", False)),
         )
     except ValueError as error:
         raise AdapterError(f"{path}: {error}") from None
     return adapters, config.get("base_model_name_or_path")
+
+
+def _projection(name: str, path: str) -> str:
+    """A target_modules entry as the projection it names: q_proj as is, or a module's path such as
+    model.layers.3.self_attn.q_proj (PEFT writes those for all-linear); other modules are refused."""
+    if not isinstance(name, str) or not MODULE_PATH.fullmatch(name):
+        raise AdapterError(
+            f"{path}: target_modules entry {name!r} is not a projection of a Qwen3 block (minigrpo adapts "
+            f"{', '.join(LORA_TARGETS)})"
+        )
+    return name.rsplit(".", 1)[-1]
 
 
 def load_adapter(model, directory: str, seed: int = 0) -> None:
@@ -110,7 +127,7 @@ def load_adapter(model, directory: str, seed: int = 0) -> None:
                 f"{path} does not fit this model ({len(model.layers)} layers, targets "
                 f"{', '.join(adapters.targets)}): "
                 + (f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}")
-                + " (an adapter made for another base?)"
+                + " (an adapter made for another base, or on some blocks only, which minigrpo does not run?)"
             )
         with torch.no_grad():
             for name, param in expected.items():
