@@ -315,13 +315,6 @@ def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
         minigrpo.load_pretrained(str(tmp_path / "adapter"))
 
 
-def test_train_math_refuses_bad_lora_input_with_one_line(examples_server, base, tmp_path):
-    args = ["--model", base, "--output_dir", str(tmp_path / "run"), "--lora_rank", "4"]
-    code = examples_server.train_math(args + ["--lora_target_modules", "attn"], None, str(tmp_path), "bad")
-    lines = (tmp_path / "bad.err").read_text().strip().splitlines()
-    assert code == 1 and len(lines) == 1 and "'attn' is not a projection" in lines[0], lines
-
-
 ARGS = [
     "--template",
     "tiny",
