@@ -10,6 +10,8 @@ batches of 8 rows, in four set-ups: full fine-tuning; full + a frozen reference 
 on all linear projections; LoRA + reference (the base with its adapters off: no copy). Each runs in a
 forked process of its own; "peak" is that process's peak resident memory (VmHWM) over the update,
 the model and the rollouts included; the reference's log-probs and AdamW's state are part of it.
+--gradient-checkpointing recomputes each block in backward (TrainConfig.gradient_checkpointing), so
+that the activations, which LoRA does not shrink, no longer dominate.
 
 Speed: examples/train_math.py (its default job) for --steps steps, full fine-tuning and LoRA in turn,
 twice each (A B A B); the median over steps 2.. of metrics.jsonl's time/sample, time/update and
@@ -46,7 +48,7 @@ SETUPS = {  # name: (LoRA, a KL reference)
 }
 
 
-def update_memory(setup: str, rank: int, smoke: bool) -> dict:
+def update_memory(setup: str, rank: int, smoke: bool, checkpointing: bool) -> dict:
     """One update of one setup in this (forked) process: peak resident bytes and trainable parameters."""
     lora, with_reference = SETUPS[setup]
     shape = dict(SHAPES["0.6b"])
@@ -56,6 +58,7 @@ def update_memory(setup: str, rank: int, smoke: bool) -> dict:
         prompt_tokens, completion_tokens = 8, 16
     torch.manual_seed(0)
     model = Qwen3(Qwen3Config(**shape))  # (random weights: memory does not depend on their values)
+    model.gradient_checkpointing = checkpointing  # as the trainer sets it from TrainConfig
     if lora:
         add_adapters(model, Adapters(rank=rank, alpha=32, targets=LORA_TARGETS), seed=0)
     reference = None
@@ -92,13 +95,14 @@ def update_memory(setup: str, rank: int, smoke: bool) -> dict:
 def memory(args) -> None:
     print(
         f"\nmemory: the 0.6B shape{' (smoke: tiny)' if args.smoke else ''}, fp32, one update of "
-        f"8 x (64 + 128) tokens, LoRA rank {args.rank} on all linear projections"
+        f"8 x (64 + 128) tokens, LoRA rank {args.rank} on all linear projections, gradient checkpointing "
+        f"{'on' if args.gradient_checkpointing else 'off'}"
     )
     print("| set-up | trainable parameters | resident before | peak | peak / full + reference |")
     print("|---|---|---|---|---|")
     results = {}
     for setup in SETUPS:
-        done = in_own_process(update_memory, setup, args.rank, args.smoke)
+        done = in_own_process(update_memory, setup, args.rank, args.smoke, args.gradient_checkpointing)
         if "error" in done:
             sys.exit(f"bench_lora: {setup} failed:\n{done['error']}")
         results[setup] = done["result"]
@@ -161,6 +165,9 @@ def main():
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (all linear projections)")
     parser.add_argument("--lr", default="1e-3", help="the LoRA runs' learning rate (speed)")
     parser.add_argument("--steps", type=int, default=40, help="steps per train_math.py run (speed)")
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="memory: recompute each block in backward"
+    )
     parser.add_argument("--smoke", action="store_true", help="the smallest sizes: checks that it runs")
     args = parser.parse_args()
     if args.smoke:
