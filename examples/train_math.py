@@ -30,7 +30,7 @@ import tempfile
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed, files
 from minigrpo.flags import add_fields, from_args
-from minigrpo.model import read_task, resolve_checkpoint
+from minigrpo.model import read_task, tokenizer_directory
 from minigrpo.run import (
     Trace,
     build_run,
@@ -387,7 +387,7 @@ if __name__ == "__main__":
     try:
         grpo, config = from_args(GRPOConfig, args), from_args(TrainConfig, args)  # checked before any work
         # Task: problems, the prompt format and the rewards (the default model has no chat format).
-        tokenizer = minigrpo.Tokenizer.from_directory(resolve_checkpoint(args.model))
+        tokenizer = minigrpo.Tokenizer.from_directory(tokenizer_directory(args.model))
         prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
         synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
         train_problems = load_problems(

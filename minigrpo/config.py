@@ -304,11 +304,13 @@ class TrainConfig:
         )
         _require(self.lora_alpha > 0, f"lora_alpha must be > 0, got {self.lora_alpha}")
         _require(0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        _require(
-            self.lora_rank > 0 or not self.lora_target_modules,
-            f"lora_target_modules={self.lora_target_modules!r} needs a lora_rank > 0 (0 trains every "
-            "weight, with no adapters)",
-        )
+        for name in ("lora_target_modules", "lora_alpha", "use_rslora"):
+            unchanged = getattr(self, name) == _default(TrainConfig, name)
+            _require(
+                self.lora_rank > 0 or unchanged,
+                f"{name}={getattr(self, name)!r} describes new adapters, which need a lora_rank > 0 (0 "
+                "trains every weight, or continues the adapters the model was loaded with as they are)",
+            )
         self.lora_targets  # noqa: B018 (parsed here, so that a bad name is refused before any work)
 
     @property

@@ -38,6 +38,8 @@ def other_value(name, default):
         return "calculator,python"
     if name == "chat_template_kwargs":  # a JSON object
         return '{"enable_thinking": false}'
+    if name == "lora_target_modules":  # projections' names
+        return "q_proj,v_proj"
     if name in CHOICES:
         return next(choice for choice in CHOICES[name] if choice != default)
     if isinstance(default, tuple):

@@ -23,6 +23,7 @@ from minigrpo.model import (
     add_adapters,
     is_adapter_directory,
     merged,
+    tokenizer_directory,
     trainable_parameters,
 )
 from minigrpo.rollout import generate
@@ -136,9 +137,14 @@ def test_the_base_stays_bit_identical_over_many_sampling_calls_and_updates_in_bf
     lora = {name: p.detach().clone() for name, p in adapter_state(model).items()}
     for _ in range(10):  # 10 AdamW steps of the adapters, each with the merges of a sampling call
         trainer.train_step()
-    for _ in range(200):  # and 200 merges more of every projection
+    projection = model.layers[0].mlp.down_proj
+    x = torch.randn(4, 1, projection.in_features, dtype=torch.bfloat16)
+    adapted_product = projection(x)
+    for _ in range(200):  # and 200 sampling calls' products more
         with model.packed_for_decoding(batch_size=4):
-            pass
+            # bf16: the sampler adds the adapter's own products, never a merged bf16 weight that would
+            # round a young adapter's updates away
+            assert torch.equal(projection(x), adapted_product)
     assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if not p.requires_grad)
     assert any(not torch.equal(p, lora[name]) for name, p in adapter_state(model).items())
     assert all(p.dtype == torch.float32 for p in adapter_state(model).values())  # fp32 adapters on bf16
@@ -162,6 +168,8 @@ def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_
     peft_model = write_peft_adapter(base, str(tmp_path / "peft"))
     model, tokenizer = minigrpo.load_pretrained(str(tmp_path / "peft"))  # the base named in its config
     assert tokenizer is not None and model.adapters.targets == ALL and model.adapters.rank == 4
+    # PEFT writes no tokenizer: the base's serves (train_math.py reads it before the model)
+    assert tokenizer_directory(str(tmp_path / "peft")) == base
     x = ids(model.config.vocab_size)
     with torch.no_grad():
         expected = peft_model(input_ids=x).logits
@@ -275,11 +283,14 @@ def test_a_run_starting_from_an_adapter_directory_continues_it_against_a_frozen_
 ):
     model, tokenizer = adapted(base, Adapters(rank=4, alpha=32, targets=ALL))
     minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "start"))
-    trainer = lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=0)  # continues the file's adapters
-    assert trainer.adapters.rank == 4 and trainer.reference is not None
-    assert trainer.reference.adapters is None  # the start merged into plain weights, frozen
+    # continues the file's adapters, with this run's dropout
+    trainer = lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=0, lora_dropout=0.25)
+    assert trainer.adapters.rank == 4 and trainer.adapters.dropout == 0.25
+    assert all(m.dropout.p == 0.25 for m in trainer.model.modules() if hasattr(m, "lora_A"))
+    assert trainer.reference is not None and trainer.reference.adapters == trainer.adapters
+    assert not any(p.requires_grad for p in trainer.reference.parameters())  # a frozen copy of the start
     x = ids(model.config.vocab_size)
-    torch.testing.assert_close(trainer.reference(x), model(x), rtol=0, atol=1e-5)
+    assert torch.equal(trainer.reference(x), model(x))
     with pytest.raises(ValueError, match="already has LoRA adapters.*leave the lora flags out"):
         lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=8)
 
@@ -288,7 +299,8 @@ def test_a_run_starting_from_an_adapter_directory_continues_it_against_a_frozen_
     "settings, message",
     [
         (dict(lora_rank=4, lora_target_modules="q_proj,qkv_proj"), "'qkv_proj' is not a projection"),
-        (dict(lora_rank=0, lora_target_modules="q_proj"), "needs a lora_rank > 0"),
+        (dict(lora_rank=0, lora_target_modules="q_proj"), "need a lora_rank > 0"),
+        (dict(lora_rank=0, lora_alpha=8.0), "lora_alpha=8.0 describes new adapters"),
         (dict(lora_rank=4, lora_alpha=-8.0), "lora_alpha must be > 0"),
         (dict(lora_rank=-1), "lora_rank must be an integer >= 0"),
         (dict(lora_rank=4, lora_dropout=1.0), r"lora_dropout must be in \[0, 1\)"),
@@ -309,10 +321,16 @@ def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
     json.dump(config, open(config_path, "w"))
     with pytest.raises(AdapterError, match=r"has shape .* \(an adapter made for another base"):
         minigrpo.load_pretrained(str(tmp_path / "adapter"))
-    config["use_dora"] = True
-    json.dump(config, open(config_path, "w"))
-    with pytest.raises(AdapterError, match="use_dora = True is not supported"):
-        minigrpo.load_pretrained(str(tmp_path / "adapter"))
+    for key, value, message in [
+        ("use_dora", True, "use_dora = True is not supported"),
+        ("alora_invocation_tokens", [5, 6], "alora_invocation_tokens = .* is not supported"),
+        ("lora_dropout", "0.1", "lora_dropout must be in"),
+        ("target_modules", 5, "target_modules must be a list"),
+        ("rank_pattern", None, "has shape"),  # null means unused: read on to the shapes
+    ]:
+        json.dump({**config, key: value}, open(config_path, "w"))
+        with pytest.raises(AdapterError, match=message):
+            minigrpo.load_pretrained(str(tmp_path / "adapter"))
 
 
 ARGS = [

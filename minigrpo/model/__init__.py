@@ -27,6 +27,7 @@ from .lora import (
     adapters_off,
     add_adapters,
     merged,
+    set_dropout,
     trainable_parameters,
 )
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
@@ -43,6 +44,7 @@ from .weights import (
     resolve_checkpoint,
     save_pretrained,
     to_hf_state_dict,
+    tokenizer_directory,
     write_files,
 )
 
@@ -57,6 +59,7 @@ __all__ = [
     "load_adapter",
     "merged",
     "read_adapter_config",
+    "set_dropout",
     "trainable_parameters",
     "ChatTemplate",
     "CheckpointError",
@@ -77,5 +80,6 @@ __all__ = [
     "resolve_checkpoint",
     "save_pretrained",
     "to_hf_state_dict",
+    "tokenizer_directory",
     "write_files",
 ]

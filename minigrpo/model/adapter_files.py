@@ -27,23 +27,30 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model.model."  # PeftModel > Qwen3ForCausalLM > Qwen3Model > layers
 # a target_modules entry: a projection's name, or its module's path in transformers' Qwen3
+# (PEFT matches an entry against the end of each module's path)
 MODULE_PATH = re.compile(
-    r"((base_model\.model\.)?model\.layers\.\d+\.(self_attn|mlp)\.)?(" + "|".join(LORA_TARGETS) + ")"
+    r"(((base_model\.model\.)?model\.)?(layers\.\d+\.)?(self_attn|mlp)\.)?(" + "|".join(LORA_TARGETS) + ")"
 )
-# PEFT settings minigrpo does not run, each with the value that means "not used"
+# PEFT settings minigrpo does not run, each with the value a file writes for "not used"
 UNSUPPORTED = {
     "use_dora": False,
     "fan_in_fan_out": False,
     "bias": "none",
     "modules_to_save": None,
     "layers_to_transform": None,
+    "layers_pattern": None,
     "rank_pattern": {},
     "alpha_pattern": {},
+    "alora_invocation_tokens": None,  # activated LoRA: adapters on the tokens after these only
 }
+WRITTEN_UNUSED = ("use_dora", "fan_in_fan_out", "bias", "modules_to_save", "rank_pattern", "alpha_pattern")
 
 
 def is_adapter_directory(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, ADAPTER_CONFIG))
+    """A PEFT adapter's directory: adapter_config.json without a model's config.json beside it (a
+    directory with both is read as the full model it holds)."""
+    adapter = os.path.isfile(os.path.join(directory, ADAPTER_CONFIG))
+    return adapter and not os.path.isfile(os.path.join(directory, "config.json"))
 
 
 def write_adapter(model, directory: str) -> None:
@@ -65,7 +72,7 @@ def write_adapter(model, directory: str) -> None:
             "use_rslora": adapters.rslora,
             "init_lora_weights": True,
             "inference_mode": True,
-            **UNSUPPORTED,
+            **{key: UNSUPPORTED[key] for key in WRITTEN_UNUSED},
         },
     )
 
@@ -80,13 +87,18 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{path}: peft_type {config['peft_type']!r} is not LORA, the one minigrpo runs")
     for key, unused in UNSUPPORTED.items():
-        value = config.get(key, unused)
-        if value != unused and not (unused is None and not value):
+        value = config.get(key)
+        if value and value != unused:  # absent, null, false, "none", {} and [] all mean unused
             raise AdapterError(f"{path}: {key} = {value!r} is not supported by minigrpo's adapters")
     targets = config.get("target_modules") or []
     if isinstance(targets, str) and targets not in (*LORA_TARGETS, ALL_LINEAR):
         raise AdapterError(f"{path}: target_modules {targets!r} is a pattern; minigrpo reads a list of names")
+    if not isinstance(targets, (str, list)):
+        raise AdapterError(f"{path}: target_modules must be a list of module names, got {targets!r:.80}")
     targets = [targets] if isinstance(targets, str) else [_projection(name, path) for name in targets]
+    base = config.get("base_model_name_or_path")
+    if base is not None and not isinstance(base, str):
+        raise AdapterError(f"{path}: base_model_name_or_path must be a path or a Hub id, got {base!r:.80}")
     try:
         adapters = Adapters(
             rank=config.get("r", 8),
@@ -95,9 +107,9 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
             dropout=config.get("lora_dropout", 0.0),
             rslora=bool(config.get("use_rslora", False)),
         )
-    except ValueError as error:
+    except (TypeError, ValueError) as error:  # a value of the wrong type: a string for a number, say
         raise AdapterError(f"{path}: {error}") from None
-    return adapters, config.get("base_model_name_or_path")
+    return adapters, base
 
 
 def _projection(name: str, path: str) -> str:

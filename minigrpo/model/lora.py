@@ -11,7 +11,8 @@ adapter leaves the model exactly as it was; s = alpha / r, or rsLoRA's alpha / s
 are kept in fp32 whatever the base's dtype (PEFT's autocast_adapter_dtype); lm_head and the
 embedding are never adapted ("all-linear" means the seven projections of each block). Merging never
 writes into W: the merged weight is a new tensor, so the base stays bit-identical over any number of
-sampling calls, in bf16 too (merging into W and subtracting after, as some trainers do, drifts it).
+sampling calls (merging into W and subtracting after, as some trainers do, drifts a bf16 base). The
+sampler merges only an fp32 (or fp64) W: merged into bf16, a young adapter's small updates round away.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import contextlib
 import copy
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -58,11 +59,20 @@ class Adapters:
     def __post_init__(self):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise AdapterError(f"a LoRA rank must be a positive integer, got {self.rank!r}")
-        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha > 0):
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not (
+            isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0
+        ):
             raise AdapterError(f"lora_alpha must be a finite number > 0, got {self.alpha!r}")
-        if not 0 <= self.dropout < 1:
+        if isinstance(self.dropout, bool) or not (
+            isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1
+        ):
             raise AdapterError(f"lora_dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.targets or parse_lora_targets(self.targets) != self.targets:
+        if (
+            not isinstance(self.targets, tuple)
+            or not self.targets
+            or parse_lora_targets(self.targets) != self.targets
+        ):
             raise AdapterError(f"LoRA targets must be some of {', '.join(LORA_TARGETS)}, got {self.targets}")
 
     @property
@@ -85,8 +95,13 @@ class LoraLinear(Linear):
         self.scaling = adapters.scaling
         device = base.weight.device
         # fp32 whatever the base (PEFT's autocast_adapter_dtype): a bf16 adapter would round its updates
-        self.lora_A = nn.Linear(base.in_features, adapters.rank, bias=False, device=device)  # (r, in)
-        self.lora_B = nn.Linear(adapters.rank, base.out_features, bias=False, device=device)  # (out, r)
+        dtype = torch.promote_types(base.weight.dtype, torch.float32)  # (fp64 for an fp64 base)
+        self.lora_A = nn.Linear(
+            base.in_features, adapters.rank, bias=False, device=device, dtype=dtype
+        )  # (r, in)
+        self.lora_B = nn.Linear(
+            adapters.rank, base.out_features, bias=False, device=device, dtype=dtype
+        )  # (out, r)
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5), generator=generator)
         nn.init.zeros_(self.lora_B.weight)
         self.dropout = nn.Dropout(adapters.dropout) if adapters.dropout else nn.Identity()
@@ -98,25 +113,29 @@ class LoraLinear(Linear):
         y = F.linear(x, self.weight, self.bias)
         if not self.adapting:
             return y
-        return y + self.adapter(x)
+        return self.with_adapter(y, x)
 
-    def adapter(self, x: torch.Tensor) -> torch.Tensor:
-        """s * B A dropout(x): (..., in) -> (..., r) -> (..., out), in the adapter's fp32, cast back."""
+    def with_adapter(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y + s * B A dropout(x), with y the base's product: (..., in) -> (..., r) -> (..., out), summed
+        in the adapter's precision and rounded to y's dtype once (as PEFT does)."""
         inner = self.lora_A(self.dropout(x).to(self.lora_A.weight.dtype))  # (..., r)
-        return (self.lora_B(inner) * self.scaling).to(x.dtype)  # (..., out)
+        return (y + self.lora_B(inner) * self.scaling).to(y.dtype)  # (..., out)
 
     def merged_weight(self) -> torch.Tensor:
-        """W + s B A, (out, in), a new tensor in W's dtype (summed in fp32): W itself is never written."""
+        """W + s B A, (out, in), a new tensor in W's dtype (summed in the adapter's): W is never written."""
         with torch.no_grad():
             delta = self.lora_B.weight @ self.lora_A.weight  # (out, in)
-            return (self.weight.float() + self.scaling * delta).to(self.weight.dtype)
+            return (self.weight.to(delta.dtype) + self.scaling * delta).to(self.weight.dtype)
 
     def decoding_product(self, batch_size: int) -> Product | None:
-        if not self.MERGE_FOR_DECODING:
+        """Merged where W is fp32 or fp64 (the merge rounds like the adapter's own sum); in bf16 or fp16
+        the merge would round away every update smaller than half of W's last digit (most of a young
+        adapter's), so there the adapter stays its own two products beside the base's."""
+        if not self.MERGE_FOR_DECODING or self.weight.dtype not in (torch.float32, torch.float64):
             base = super().decoding_product(batch_size) or functools.partial(
                 F.linear, weight=self.weight, bias=self.bias
             )
-            return lambda x: base(x) + self.adapter(x)
+            return lambda x: self.with_adapter(base(x), x)
         merged = self.merged_weight()
         packed = pack_for_decoding(merged, self.bias, batch_size)
         return packed or functools.partial(F.linear, weight=merged, bias=self.bias)
@@ -137,6 +156,13 @@ def add_adapters(model: nn.Module, adapters: Adapters, seed: int = 0) -> nn.Modu
             setattr(parent, name, LoraLinear(getattr(parent, name), adapters, generator))
     model.adapters = adapters
     return model
+
+
+def set_dropout(model: nn.Module, dropout: float) -> None:
+    """Train the model's adapters with this dropout on their inputs (a run's setting, not the file's)."""
+    model.adapters = replace(model.adapters, dropout=dropout)
+    for m in adapter_modules(model).values():
+        m.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
 
 
 def adapters_of(model: nn.Module) -> Adapters | None:
@@ -163,13 +189,14 @@ def trainable_parameters(model: nn.Module) -> int:
 def adapters_off(model: nn.Module):
     """Inside, every adapted projection computes its base alone: the model the adapters started from."""
     modules = adapter_modules(model).values()
+    before = [m.adapting for m in modules]
     try:
         for m in modules:
             m.adapting = False
         yield model
     finally:
-        for m in modules:
-            m.adapting = True
+        for m, adapting in zip(modules, before):
+            m.adapting = adapting
 
 
 def merged(model: nn.Module) -> nn.Module:

@@ -283,11 +283,26 @@ def _open_safetensors(path: str):
         ) from None
 
 
+def tokenizer_directory(path_or_repo_id: str) -> str:
+    """Where a checkpoint's tokenizer files are: its own directory, or for an adapter directory without
+    them (PEFT writes none), its base's."""
+    directory = resolve_checkpoint(path_or_repo_id)
+    if not is_adapter_directory(directory) or os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        return directory
+    _, base = read_adapter_config(directory)
+    if not base:
+        raise CheckpointError(f"{directory} has no tokenizer.json, and its adapter_config.json names no base")
+    return resolve_checkpoint(base)
+
+
 def read_task(directory: str) -> dict:
     """The task a local checkpoint was made for, {} if it names none: tokenizer_config.json's
     "minigrpo_task" (option names of the example scripts to their values, e.g. data, template,
-    tools). It travels with the tokenizer's config, so every checkpoint saved from the model keeps it.
+    tools). It travels with the tokenizer's config, so every checkpoint saved from the model keeps it
+    (an adapter directory without one: its base's).
     A Hub id or a directory without the file gives {}; a malformed entry is a CheckpointError."""
+    if os.path.isdir(directory) and is_adapter_directory(directory):
+        directory = tokenizer_directory(directory)  # the base's settings, if the adapter has none
     path = os.path.join(directory, "tokenizer_config.json")
     if not os.path.isfile(path):
         return {}

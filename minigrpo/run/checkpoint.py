@@ -2,7 +2,8 @@
 
 A checkpoint is `output_dir/checkpoints/step-000012/`: the policy in Hugging Face layout
 (config.json, model.safetensors, tokenizer files: loadable by `load_pretrained` and by
-transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
+transformers; a LoRA run's, its adapters alone in PEFT's files, loadable by `load_pretrained` and by
+peft on transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
 configs; the learning rate is a function of the step, so there is no scheduler to save), and last
 checksums.json, the sha256 of every other file. It is written into a temporary sibling directory
 and renamed into place, so a crash while saving leaves the earlier checkpoints as they were and

@@ -61,7 +61,7 @@ import torch
 
 from .. import distributed
 from ..config import GRPOConfig, TrainConfig, as_dict
-from ..model import Adapters, adapters_of, add_adapters, merged, trainable_parameters
+from ..model import Adapters, adapters_of, add_adapters, set_dropout, trainable_parameters
 from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
 from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from ..tasks import PromptStream, Task
@@ -187,6 +187,10 @@ class Trainer:
             )
         if loaded is None and wanted is not None:
             add_adapters(model, wanted, seed=config.seed)
+        elif loaded is not None:  # continued: with this run's dropout, not the file's
+            set_dropout(model, config.lora_dropout)
+        if loaded is not None and not model.name_or_path:  # its checkpoints name their base
+            model.name_or_path = self.model_path
         adapters = adapters_of(model)
         if adapters is not None and config.fsdp and self.dist.world_size > 1:  # loaded: lora_rank 0
             raise ValueError(
@@ -197,15 +201,12 @@ class Trainer:
 
     def _reference(self, model, start, start_adapted: bool):
         """The KL's reference log-probs module: those of `start`, the model the run started from. Trained
-        whole: a frozen copy of it. Fresh adapters on a base (B = 0: the model is its base): the policy
-        with its adapters off, no copy at all. Adapters loaded from a directory at the start: a frozen
-        copy of them merged into their base (what TRL keeps as a second adapter)."""
-        if self.adapters is None:
-            self.reference = frozen_copy(start)
-            return TokenLogprobs(self.reference)
-        if not start_adapted:
+        whole, or adapters loaded from a directory at the start: a frozen copy of it (adapters and all;
+        TRL keeps those as a second, frozen adapter). Fresh adapters on a base (B = 0: the model is its
+        base): the policy with its adapters off, no copy at all."""
+        if self.adapters is not None and not start_adapted:
             return BaseLogprobs(model)
-        self.reference = frozen_copy(merged(start))
+        self.reference = frozen_copy(start)
         return TokenLogprobs(self.reference)
 
     def _choose_stages(self) -> None:

@@ -33,5 +33,6 @@ class SamplingCopy:
             return self.policy
         with torch.no_grad():
             for copied, weight in zip(self.copy.parameters(), self.policy.parameters(), strict=True):
-                copied.copy_(weight)
+                if weight.requires_grad:  # a frozen weight (LoRA's base) is as it was copied
+                    copied.copy_(weight)
         return self.copy

@@ -173,6 +173,6 @@ class BaseLogprobs(TokenLogprobs):
     """`token_logprobs` of an adapted model with its LoRA adapters off: its frozen base, the KL's reference
     for adapters that started fresh, with no second copy of the model."""
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         with adapters_off(self.model):
-            return super().forward(*args)
+            return super().forward(*args, **kwargs)
