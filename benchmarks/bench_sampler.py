@@ -2,6 +2,8 @@
 
     python benchmarks/bench_sampler.py                              # tiny and 0.6B shapes, batch 1, 8, 32
     python benchmarks/bench_sampler.py --shapes tiny --paths eager   # no compiling
+    python benchmarks/bench_sampler.py --shapes "" --refill-rows 0 --compaction-batch 0 --tool-rows 0 \
+        --packed-rows "" --naive-tokens 0                             # the LoRA table alone
 
 Random weights, fp32, prompts of 64 tokens, EOS disabled, temperature 1.0, top_p 0.9; every
 sampler holds the same weights in this process. "ms" is wall time of the whole call (prefill
@@ -334,7 +336,9 @@ def best_ms(fns, rounds, repeat):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES))
+    parser.add_argument(
+        "--shapes", default="tiny,0.6b", help="comma-separated from: " + ", ".join(SHAPES) + " (empty: none)"
+    )
     parser.add_argument("--batches", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument(
         "--paths",
@@ -384,7 +388,7 @@ def main():
     )
     cells = " ".join(f"{p + ' ms':>9} {'ratio':>6}" for p in args.paths)
     print(f"{'shape':5} {'batch':>5} {'hf ms':>9} {cells} {'decode ms':>9} {'floor ms':>8} {'/floor':>6}")
-    models = {shape: bench_shape(shape, args, bandwidth, flops) for shape in args.shapes.split(",")}
+    models = {shape: bench_shape(shape, args, bandwidth, flops) for shape in args.shapes.split(",") if shape}
     if args.refill_rows:
         print(
             "\nrefill under a row budget vs sequential chunks of it "
