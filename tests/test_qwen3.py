@@ -186,3 +186,28 @@ def test_without_the_onednn_ops_the_products_stay_plain(monkeypatch):
             assert model.packed_head is None
             fallback = model(ids)
     assert torch.equal(fallback, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rmsnorm_in_one_call_is_the_step_by_step_norm_bit_for_bit(dtype):
+    """fp32/fp64: F.rms_norm with the weight, no casts; the same values and gradients as Qwen3's
+    step-by-step norm (layers.rms_norm_reference), bit for bit."""
+    from minigrpo.model.layers import RMSNorm, rms_norm_reference
+
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(64, dtype=dtype) * 0.1)
+    x = torch.randn(3, 5, 64, dtype=dtype, requires_grad=True)
+    grad = torch.randn(3, 5, 64, dtype=dtype)
+    results = []
+    for forward in (norm, lambda t: rms_norm_reference(t, norm.weight, norm.eps)):
+        x.grad = norm.weight.grad = None
+        y = forward(x)
+        y.backward(grad)
+        results.append((y.detach(), x.grad.clone(), norm.weight.grad.clone()))
+    for fast, slow in zip(*results):
+        assert torch.equal(fast, slow)
+    half = norm.to(torch.bfloat16)  # bf16: the casts stay, as transformers makes them
+    x16 = x.detach().to(torch.bfloat16)
+    assert torch.equal(half(x16), rms_norm_reference(x16, half.weight, half.eps))

@@ -66,9 +66,13 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and linear_ops
 
 
+EXACT_DTYPES = (torch.float32, torch.float64)  # RMSNorm computes in these without a cast
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in fp32 (fp64 for fp64) and cast back before the weight, as Qwen3
-    does."""
+    does. In fp32 or fp64 there is nothing to cast, and the weight is one product with the norm in
+    F.rms_norm's own call (the same values: `rms_norm_reference`); in bf16 or fp16 the casts stay."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -76,8 +80,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        if x.dtype in EXACT_DTYPES and self.weight.dtype == x.dtype:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return rms_norm_reference(x, self.weight, self.eps)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm step by step: normed in fp32 (fp64 for fp64), cast back to x's dtype, times weight."""
+    normed = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=eps)
+    return weight * normed.to(x.dtype)
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
