@@ -49,6 +49,7 @@ VIEWS = {
     "aten::unflatten",
     "aten::view_as",
     "aten::split",
+    "aten::split_with_sizes",
     "aten::chunk",
     "aten::narrow",
     "aten::unbind",

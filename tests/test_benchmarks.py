@@ -50,6 +50,7 @@ SMALLEST = {
     "bench_update.py": ["--smoke", "--case", "default", "--paths", "full,shared,trl"],
     "bench_trl.py": ["--smoke", "--seeds", "1", "--eval_at", "1"],
     "bench_lora.py": ["--smoke"],
+    "count_ops.py": ["--rows", "2", "--steps", "2", "--prompt", "4"],
 }
 EXPECTED = {
     "bench_sampler.py": [
@@ -63,6 +64,7 @@ EXPECTED = {
     "bench_verifier.py": ["| all |", "median ms"],
     "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],
     "bench_lora.py": ["| lora + reference |", "| lora r16 |"],
+    "count_ops.py": ["| per layer |", "| outside the layers |"],
     "bench_trl.py": ["| minigrpo | 1 |", "| trl | 1 |", "| trl - minigrpo | mean |", "| trl / minigrpo |"],
 }
 
