@@ -398,10 +398,10 @@ def test_top_p_keeps_the_librarys_tokens(case, monkeypatch):
     assert min(sizes) == 1 and len(set(sizes)) >= 3, sizes  # the top_ps cut the nucleus in several places
     monkeypatch.setattr(next_token, "nucleus_by_rejection", lambda *args, **kwargs: None)  # sort instead
     rows = logits.expand(len(GRID), -1)  # (U, V)
-    zeros = torch.zeros(len(GRID), dtype=torch.long)  # (U,): each row's step, and its key (rejection's)
+    zeros = torch.zeros(len(GRID), dtype=torch.long)  # (U,): each row's step
     for top_p in TOP_PS + (1.0,):
         sampling = GRPOConfig(temperature=0.7, top_p=top_p).sampling_config()
-        expected, _ = next_token.sample(rows, sampling, GRID[:, None], zeros, zeros)  # (U,)
+        expected, _ = next_token.sample(rows, sampling, GRID[:, None, None], zeros)  # (U,)
         got = twin.next_tokens(rows, 0.7, top_p, GRID)
         assert torch.equal(got, expected), f"top_p {top_p}"
 

@@ -207,8 +207,11 @@ def test_no_two_draws_of_a_row_share_a_counter_across_steps_and_retries(monkeypa
     keys = next_token.row_keys(seed=5, rows=3, device="cpu")
     # past TRIES steps: a counter without a stride per step collides
     N, tries = 2 * next_token.TRIES, next_token.TRIES
-    # (3, N+1): the sampler's
-    noise = next_token.uniform(keys[:, None], next_token.draw_counters(N, 0, "cpu"))
+    # (3, N+1, TRIES): the sampler's, drawn at once
+    noise = next_token.all_draws(keys, N, tries)
+    assert torch.equal(
+        noise[:, :, 0], next_token.uniform(keys[:, None], next_token.draw_counters(N, 0, "cpu"))
+    )
     retries = []  # per step, sample()'s source of further draws
     monkeypatch.setattr(
         next_token,
@@ -217,9 +220,9 @@ def test_no_two_draws_of_a_row_share_a_counter_across_steps_and_retries(monkeypa
     )
     config = minigrpo.SamplingConfig(temperature=1.0, top_p=0.5)
     for step in range(N + 1):
-        next_token.sample(torch.zeros(3, 5), config, noise, torch.full((3,), step), keys)
+        next_token.sample(torch.zeros(3, 5), config, noise, torch.full((3,), step))
     for row in range(3):
-        draws = [float(noise[row, step]) for step in range(N + 1)]
+        draws = [float(noise[row, step, 0]) for step in range(N + 1)]
         for more in retries:
             draws += [float(more(attempt, torch.tensor([row]))) for attempt in range(1, tries)]
         assert len(draws) == (N + 1) * tries and len(set(draws)) == len(draws), row

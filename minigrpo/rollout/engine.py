@@ -29,7 +29,7 @@ from .decode_modes import (
     decode_step,
     span_bucket,
 )
-from .next_token import draw_counters, row_keys, sample, uniform
+from .next_token import all_draws, attempts, row_keys, sample
 
 STOPPED = "tool_limit"  # the finish reason of a row its hook stopped (tools: one call past max_tool_calls)
 
@@ -160,8 +160,10 @@ class Engine:
         self.done = torch.zeros(rows, dtype=torch.bool, device=self.device)  # (b,)
         # (b,): its latest token, the next decode step's input
         self.last_token = torch.zeros(rows, dtype=torch.long, device=self.device)
-        # (b, max_new + 1): its first draw for each column
-        self.noise = torch.zeros(rows, self.max_new + 1, device=self.device)
+        # (b, max_new + 1, A): its draws for each column, A of them where top-p's rejection may draw again
+        self.noise = torch.zeros(
+            rows, self.max_new + 1, attempts(self.config, self.device), device=self.device
+        )
         # (b,): its request's random key
         self.row_keys = torch.zeros(rows, dtype=torch.long, device=self.device)
         # host: each row's length minus the decode steps run so far; every decode step adds one to every
@@ -186,8 +188,8 @@ class Engine:
         self.columns[where] = 0
         self.done[where] = False
         self.row_keys[where] = self.request_keys[request_ids]
-        counters = draw_counters(self.max_new, 0, self.device)  # (1, max_new + 1)
-        self.noise[where] = uniform(self.row_keys[where, None], counters)  # (b', max_new + 1)
+        # (b', max_new + 1, A)
+        self.noise[where] = all_draws(self.row_keys[where], self.max_new, self.noise.shape[2])
         for slot, p in zip(slots, prompt_of):
             self.reach[slot] = len(self.prompts[p]) - self.decode_steps
         self.prefill_seconds += time.perf_counter() - t
@@ -211,7 +213,7 @@ class Engine:
         requests = self.requests[which]  # (b,)
         columns = self.columns[which]  # (b,)
         # token, logprob: (b,) each
-        token, logprob = sample(logits, self.config, self.noise[which], columns, self.row_keys[which])
+        token, logprob = sample(logits, self.config, self.noise[which], columns)
         if self.hook is None:
             self.record(which, requests, columns, token, logprob)
         else:

@@ -4,8 +4,9 @@ In: (B, V) logits, the sampling settings, and each row's random key and next tok
 tokens and their log-probs under softmax(logits / temperature). It knows tensors, not the model or the
 batch.
 Random numbers come from a counter-based hash of (row key, token index, attempt), not a torch.Generator
-(the sampler's departure from the usual recipe). Top-k, then top-p, as in transformers; on CPU
-top-p is drawn by rejection, exactly, instead of sorting the whole vocabulary.
+(the sampler's departure from the usual recipe), all of a row's drawn at once when it starts. Top-k,
+then top-p, as in transformers; on CPU top-p is drawn by rejection, exactly, instead of sorting the
+whole vocabulary.
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ def draw_counters(max_new_tokens: int, attempt: int, device) -> torch.Tensor:
     """(1, N+1) counters of draw `attempt` for token indices 0 .. N, N = max_new_tokens (index N: the
     draws of done rows, unused)."""
     return torch.arange(max_new_tokens + 1, device=device)[None] * TRIES + attempt
+
+
+def attempts(config, device) -> int:
+    """Draws per token index a call may use: TRIES where top-p is drawn by rejection (on CPU, top_p < 1,
+    no top-k, temperature > 0), else the one draw."""
+    rejection = torch.device(device).type == "cpu" and config.top_p < 1 and not config.top_k
+    return TRIES if rejection and config.temperature > 0 else 1
+
+
+def all_draws(keys: torch.Tensor, max_new_tokens: int, attempts: int) -> torch.Tensor:
+    """(B, N+1, attempts): every draw rows with `keys` (B,) may use, drawn at once (the same numbers as
+    uniform(keys, counter) one at a time: draw a of token index t has counter t * TRIES + a)."""
+    tokens = torch.arange(max_new_tokens + 1, device=keys.device)[:, None] * TRIES  # (N+1, 1)
+    counters = tokens + torch.arange(attempts, device=keys.device)  # (N+1, attempts)
+    return uniform(keys[:, None, None], counters[None])  # (B, N+1, attempts)
 
 
 def uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
@@ -54,18 +70,18 @@ def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
 
 
 # --- choosing a token ----------------------------------------------------------------------------
-def sample(logits, config, noise, indices, keys) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits, config, noise, indices) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token per row and its log-prob under softmax(logits / temperature); (B,) each. config: the
-    call's SamplingConfig (its temperature, top_k and top_p are read). noise (B, N+1):
-    each row's first uniform draw for each token index; indices (B,): the index of each row's next token
-    in its completion; keys (B,) make further draws (top-p)."""
+    call's SamplingConfig (its temperature, top_k and top_p are read). noise (B, N+1, A): each row's
+    draws for each token index (`all_draws`: A = `attempts`, more than one where top-p's rejection may
+    draw again); indices (B,): the index of each row's next token in its completion."""
     if config.temperature == 0:
         token = logits.argmax(-1)  # (B,)
         return token, logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
     scaled = logits / config.temperature if config.temperature != 1 else logits  # (B, V)
     probs = scaled.softmax(-1)  # (B, V)
-    u = noise.gather(1, indices[:, None])  # (B, 1)
-    more = lambda attempt, rows: uniform(keys[rows, None], indices[rows, None] * TRIES + attempt)  # noqa: E731
+    u = noise[:, :, 0].gather(1, indices[:, None])  # (B, 1)
+    more = lambda attempt, rows: noise[rows, indices[rows], attempt][:, None]  # noqa: E731  (b, 1)
     token = sample_filtered(scaled, probs, config.top_k, config.top_p, u, more)  # (B,)
     return token, probs.gather(-1, token[:, None]).squeeze(-1).log()  # a drawn token's probability is never 0
 
