@@ -317,10 +317,9 @@ class Qwen3(nn.Module):
         positions = cache.lengths  # (B,): the slot, and the rotary position, of each new token
         rotary = cache.cos[positions][:, None, None], cache.sin[positions][:, None, None]  # (B, 1, 1, D) each
         visible = cache.slots[:span] <= positions[:, None]  # (B, span)
-        # an additive mask made once per decode step; a boolean one is turned into this by every
-        # attention call, two kernels per layer
-        mask = torch.zeros_like(visible, dtype=self.dtype).masked_fill_(~visible, float("-inf"))  # (B, span)
-        mask = mask[:, None, None]  # (B, 1, 1, span)
+        # an additive mask made once per decode step (0 where visible, -inf elsewhere); a boolean one is
+        # turned into this by every attention call, two kernels per layer
+        mask = torch.where(visible, 0.0, float("-inf")).to(self.dtype)[:, None, None]  # (B, 1, 1, span)
         x = self._blocks(
             self.embed_tokens(tokens[:, None]), rotary, mask, cache, decoding=True
         )  # (B, 1, hidden)
@@ -329,9 +328,12 @@ class Qwen3(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states (..., hidden) -> logits (..., vocab) in fp32 (fp64 for an fp64 model)."""
-        if self.packed_head is not None:
-            return self.packed_head(hidden).to(logit_dtype(self.dtype))
-        return F.linear(hidden, self.head_weight).to(logit_dtype(self.dtype))
+        product = self.packed_head if self.packed_head is not None else self._head
+        logits = product(hidden)
+        return logits if logits.dtype == logit_dtype(self.dtype) else logits.to(logit_dtype(self.dtype))
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.head_weight)
 
     @property
     def head_weight(self) -> torch.Tensor:

@@ -144,6 +144,8 @@ def nucleus_by_rejection(probs, top_p: float, u, more, tries: int = TRIES) -> to
             candidate = invert_cdf(cdf[pending], draw)  # (b, 1)
         mass_above = torch.where(p > p.gather(-1, candidate), p, 0.0).sum(-1)  # (b,)
         accepted = mass_above < top_p
+        if attempt == 0 and accepted.all():  # the common case: every row's first draw is in its nucleus
+            return candidate.squeeze(-1)
         token[pending[accepted]] = candidate.squeeze(-1)[accepted]
         pending = pending[~accepted]
         if len(pending) == 0:
