@@ -162,12 +162,11 @@ class Attention(nn.Module):
         length, attending to the cache's first mask.shape[-1] slots."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        q = self.q_norm(q)  # (B, T, H, D)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))  # (B, T, Hkv, D)
+        q = self.q_norm(q).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        # q and k rotated together: one set of elementwise calls for both heads' kinds (the same values)
-        qk = apply_rotary(torch.cat((q, k), dim=2).transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
-        q, k = qk.split((self.n_heads, self.n_kv), dim=1)  # (B, H, T, D), (B, Hkv, T, D)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
         if cache is not None and not decoding:
             k, v = cache.write_prompt(self.layer, k, v)
         elif cache is not None:
