@@ -142,13 +142,14 @@ def speed(args) -> None:
         f"\nthe default job (examples/train_math.py), {args.steps} steps per run, full fine-tuning and "
         f"LoRA rank {args.rank} in turn, twice each; median s over steps 2.. of both runs"
     )
-    runs = {"full": [], f"lora r{args.rank}": []}
+    # (the smoke run: LoRA's run alone, once; the full run is the default job the suite runs elsewhere)
+    setups = {f"lora r{args.rank}": (args.rank, args.lr)} if args.smoke else {"full": (0, None)}
+    setups.update({f"lora r{args.rank}": (args.rank, args.lr)})
+    runs = {name: [] for name in setups}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(1 if args.smoke else 2):
-            runs["full"].append(train_math(f"{tmp}/full-{i}", args.steps, 0, None, args.smoke))
-            runs[f"lora r{args.rank}"].append(
-                train_math(f"{tmp}/lora-{i}", args.steps, args.rank, args.lr, args.smoke)
-            )
+            for name, (rank, lr) in setups.items():
+                runs[name].append(train_math(f"{tmp}/{i}-{rank}", args.steps, rank, lr, args.smoke))
     print("| set-up | trainable parameters | time/sample | time/update | time/step |")
     print("|---|---|---|---|---|")
     for name, results in runs.items():
