@@ -368,3 +368,13 @@ def test_a_budget_per_prompt_cuts_each_prompts_samples_where_its_own_budget_ends
 def test_a_wrong_list_of_budgets_is_a_clear_error(model, budgets, message):
     with pytest.raises(ValueError, match=message):
         minigrpo.generate(model, MIXED, max_new_tokens=budgets)
+
+
+def test_top_p_by_rejection_under_a_top_k_as_large_as_the_vocabulary_has_its_further_draws():
+    """top_k >= the vocabulary filters nothing and leaves top-p to rejection on CPU: a call whose rows
+    draw again (top_p 0.5 on a flat random model) must find those draws among the call's own."""
+    model = tiny_model(seed=3)
+    vocab = model.config.vocab_size
+    settings = dict(max_new_tokens=12, num_samples=4, seed=0, top_p=0.5)
+    wide = minigrpo.generate(model, [[1, 2, 3], [4, 5]], top_k=vocab + 5, **settings)
+    assert wide.tokens == minigrpo.generate(model, [[1, 2, 3], [4, 5]], **settings).tokens

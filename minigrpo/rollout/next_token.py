@@ -32,17 +32,17 @@ def draw_counters(max_new_tokens: int, attempt: int, device) -> torch.Tensor:
 
 
 def attempts(config, device) -> int:
-    """Draws per token index a call may use: TRIES where top-p is drawn by rejection (on CPU, top_p < 1,
-    no top-k, temperature > 0), else the one draw."""
-    rejection = torch.device(device).type == "cpu" and config.top_p < 1 and not config.top_k
-    return TRIES if rejection and config.temperature > 0 else 1
+    """Draws per token index a call may use: TRIES where top-p may be drawn by rejection (sampled on CPU
+    with top_p < 1; a top-k as large as the vocabulary leaves it to top-p), else the one draw."""
+    rejection = torch.device(device).type == "cpu" and config.top_p < 1 and config.temperature > 0
+    return TRIES if rejection else 1
 
 
 def all_draws(keys: torch.Tensor, max_new_tokens: int, attempts: int) -> torch.Tensor:
-    """(B, N+1, attempts): every draw rows with `keys` (B,) may use, drawn at once (the same numbers as
-    uniform(keys, counter) one at a time: draw a of token index t has counter t * TRIES + a)."""
-    tokens = torch.arange(max_new_tokens + 1, device=keys.device)[:, None] * TRIES  # (N+1, 1)
-    counters = tokens + torch.arange(attempts, device=keys.device)  # (N+1, attempts)
+    """(B, N+1, attempts): every draw rows with `keys` (B,) may use, drawn at once: draw a of token index
+    t is uniform(key, draw_counters(...)[t] + a), the numbers drawn one at a time before."""
+    first = draw_counters(max_new_tokens, 0, keys.device).T  # (N+1, 1)
+    counters = first + torch.arange(attempts, device=keys.device)  # (N+1, attempts)
     return uniform(keys[:, None, None], counters[None])  # (B, N+1, attempts)
 
 
