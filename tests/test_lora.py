@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers import tiny_policy
 from safetensors.torch import load_file
+from test_crash_safety import ARGS as CRASH_ARGS
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
@@ -116,23 +117,10 @@ def test_adapters_off_merged_and_merged_sampling_compute_what_they_should(base):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-5)
 
 
-def test_the_base_stays_bit_identical_over_many_sampling_calls_and_updates_in_bf16(base):
-    model, tokenizer = minigrpo.load_pretrained(base, dtype="bfloat16")
-    trainer = Trainer(
-        model,
-        tokenizer,
-        Task(ROWS, [RewardSpec("test_lora_vowels")]),
-        GRPOConfig(num_generations=2, max_completion_length=4),
-        TrainConfig(
-            output_dir="unused",
-            batch_size=4,
-            micro_batch_size=4,
-            learning_rate=1e-2,
-            lora_rank=2,
-            progress_bar=False,
-            log_completions_every=0,
-        ),
-    )
+def test_the_base_stays_bit_identical_over_many_sampling_calls_and_updates_in_bf16(base, tmp_path):
+    grpo = GRPOConfig(num_generations=2, max_completion_length=4)
+    trainer = lora_trainer(base, tmp_path, grpo, "bfloat16", batch_size=4, lora_rank=2)
+    model = trainer.model
     frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
     lora = {name: p.detach().clone() for name, p in adapter_state(model).items()}
     for _ in range(10):  # 10 AdamW steps of the adapters, each with the merges of a sampling call
@@ -231,8 +219,8 @@ def test_eval_math_and_sample_take_an_adapter_checkpoint(examples_server, base, 
     ).read_text()[-2000:]
 
 
-def lora_trainer(model_path: str, tmp_path, grpo=None, **train):
-    model, tokenizer = minigrpo.load_pretrained(model_path)
+def lora_trainer(model_path: str, tmp_path, grpo=None, dtype=None, **train):
+    model, tokenizer = minigrpo.load_pretrained(model_path, dtype=dtype)
     settings = dict(
         output_dir=str(tmp_path / "run"),
         max_steps=2,
@@ -333,34 +321,8 @@ def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
             minigrpo.load_pretrained(str(tmp_path / "adapter"))
 
 
-ARGS = [
-    "--template",
-    "tiny",
-    "--rewards",
-    "killed_run_vowels",
-    "--steps",
-    "3",
-    "--save_every",
-    "1",
-    "--num_generations",
-    "2",
-    "--batch_size",
-    "4",
-    "--micro_batch_size",
-    "2",
-    "--max_completion_length",
-    "6",
-    "--train_count",
-    "20",
-    "--eval_count",
-    "2",
-    "--lora_rank",
-    "2",
-    "--learning_rate",
-    "1e-2",
-    "--beta",
-    "0.05",
-]
+# test_crash_safety's killed runs, of LoRA adapters with a KL to their base
+ARGS = [*CRASH_ARGS, "--lora_rank", "2", "--learning_rate", "1e-2", "--beta", "0.05"]
 
 
 def test_a_killed_lora_run_resumes_to_the_straight_runs_end_bit_for_bit(examples_server, base, tmp_path):
