@@ -171,11 +171,11 @@ class Trainer:
         wanted = None
         if config.lora_rank:
             wanted = Adapters(
-                config.lora_rank,
-                config.lora_alpha,
-                config.lora_targets,
-                config.lora_dropout,
-                config.use_rslora,
+                rank=config.lora_rank,
+                alpha=config.lora_alpha,
+                targets=config.lora_targets,
+                dropout=config.lora_dropout,
+                rslora=config.use_rslora,
             )
         loaded = adapters_of(model)
         if loaded is not None and wanted is not None and replace(loaded, dropout=wanted.dropout) != wanted:
