@@ -19,7 +19,20 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 # -- the choices the settings offer; the stage named beside each implements them ----------------------
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")  # update/loss.py
+# update/loss.py and policy_losses.py
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl", "reinforce")
+CLIPPED_SURROGATE_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")  # PPO's clipped ratio, aggregated four ways
+# update/estimators.py: verl's names, and MaxRL's and the analytic pass@k's
+ADVANTAGE_ESTIMATORS = (
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "grpo_passk",
+    "passk",
+    "maxrl",
+)
+COVARIANCE_CONTROLS = ("none", "clip_cov", "kl_cov")  # update/policy_losses.py (Cui et al., 2025)
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # update/loss.py
 # update/loss.py: sampler_correction's weights
 SAMPLER_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -108,7 +121,25 @@ class GRPOConfig:
     epsilon: float = 0.2  # clip range below 1 (and above, unless epsilon_high is set); GSPO's paper: 3e-4
     epsilon_high: float | None = None  # clip above 1 (DAPO's clip-higher: 0.28, GSPO: 4e-4); None: epsilon
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
-    loss_type: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (see update/loss.py)
+    loss_type: str = "grpo"  # grpo|bnpo|dr_grpo|dapo|cispo|sapo|gmpo|dppo_tv|dppo_kl|reinforce: loss.py
+    # how rewards become advantages (update/estimators.py)
+    advantage_estimator: str = "grpo"  # grpo|rloo|reinforce_plus_plus[_baseline]|grpo_passk|passk|maxrl
+    pass_k: int = 4  # k of advantage_estimator=passk (analytic pass@k advantages), <= num_generations
+    clip_ratio_c: float | None = None  # dual-clip: A < 0 loses at most c|A| (verl: 3); dppo's IS cap (20)
+    sapo_temperature_pos: float = 1.0  # loss_type=sapo: the gate's temperature for positive advantages
+    sapo_temperature_neg: float = 1.05  # loss_type=sapo: the gate's temperature for the others
+    entropy_coef: float = 0.0  # entropy bonus: the loss minus this times the mean token entropy
+    use_adaptive_entropy: bool = False  # adapt entropy_coef each AdamW step (Skywork-OR1, as TRL)
+    entropy_target: float = 0.2  # adaptive: the entropy (nats) below which the bonus acts and grows
+    entropy_coef_delta: float = 0.005  # adaptive: the coefficient's change per AdamW step
+    entropy_coef_min: float = 0.0  # adaptive: the coefficient's lower bound
+    entropy_coef_max: float = 1.0  # adaptive: the coefficient's upper bound
+    covariance_control: str = "none"  # none | clip_cov | kl_cov: against entropy collapse (Cui et al.)
+    clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # clip_cov: a candidate's covariance is above this
+    clip_cov_ub: float = 5.0  # clip_cov: and below this
+    kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens given the |log ratio| penalty
+    ppo_kl_coef: float = 1.0  # kl_cov: the penalty's weight
     importance_sampling_level: str = "token"  # token | sequence (GSPO: one normalised ratio per completion)
     sampler_correction: str = "none"  # weight tokens by trained-on over sampler probability (update/loss.py)
     sampler_correction_cap: float = 3.0  # C: weights truncated at C, or masked outside [1/C, C]
@@ -156,6 +187,9 @@ class GRPOConfig:
         )
         check_scale(self.scale_rewards)
         check_advantage_type(self.advantage_type)
+        self._check_estimator()
+        self._check_loss_options()
+        self._check_entropy_controls()
         _require(
             self.process_rewards in PROCESS_REWARDS,
             f"process_rewards must be one of {', '.join(PROCESS_REWARDS)}, got {self.process_rewards!r}",
@@ -199,6 +233,132 @@ class GRPOConfig:
             f"process_samples={self.process_samples} is read only by process_rewards='monte_carlo' (its "
             f"continuations per step); with process_rewards={self.process_rewards!r} it does nothing",
         )
+
+    def _check_estimator(self) -> None:
+        """The advantage estimator, its k, and what it combines with."""
+        estimator = self.advantage_estimator
+        _require(
+            estimator in ADVANTAGE_ESTIMATORS,
+            f"advantage_estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}",
+        )
+        _require(
+            isinstance(self.pass_k, int) and not isinstance(self.pass_k, bool) and self.pass_k >= 1,
+            f"pass_k must be a positive integer, got {self.pass_k!r}",
+        )
+        _require_read("pass_k", self, estimator == "passk", "advantage_estimator='passk'")
+        _require(
+            self.pass_k <= self.num_generations,
+            f"pass_k={self.pass_k} is more than num_generations={self.num_generations}: pass@k draws k of a "
+            "group's completions",
+        )
+        _require(
+            self.scale_rewards == "group" or estimator in ("grpo", "grpo_passk"),
+            f"scale_rewards={self.scale_rewards!r} is read by advantage_estimator 'grpo' and 'grpo_passk' "
+            "only; "
+            f"{estimator!r} normalises its own way (update/estimators.py)",
+        )
+        _require(
+            not (estimator == "grpo_passk" and self.scale_rewards == "batch"),
+            "scale_rewards='batch' cannot be combined with advantage_estimator='grpo_passk': verl's pass@k "
+            "divides by its group's std or by nothing (scale_rewards 'group' or 'none')",
+        )
+        _require(
+            self.advantage_type != "process" or estimator == "grpo",
+            f"advantage_estimator={estimator!r} is not read by advantage_type='process' (its advantages come "
+            "from the step rewards alone): use advantage_type='outcome+process' to add its outcome advantage",
+        )
+        _require(
+            not (estimator == "reinforce_plus_plus" and self.advantage_type != "outcome"),
+            "advantage_estimator='reinforce_plus_plus' cannot be combined with advantage_type="
+            f"{self.advantage_type!r}: its per-token returns are whitened over the batch, which process "
+            "advantages would be added to unwhitened; use 'reinforce_plus_plus_baseline'",
+        )
+        _require(
+            not (estimator == "maxrl" and self.overlong_buffer),
+            "advantage_estimator='maxrl' divides by its group's mean reward, which overlong_buffer's "
+            "negative "
+            "penalties could make zero or negative: use one or the other",
+        )
+
+    def _check_loss_options(self) -> None:
+        """The options of the policy terms, each where it is read (update/policy_losses.py)."""
+        loss = self.loss_type
+        _require(
+            self.clip_ratio_c is None or self.clip_ratio_c > 1,
+            "clip_ratio_c must be > 1 (dual-clip caps a negative advantage's loss at clip_ratio_c * |A|), "
+            "got "
+            f"{self.clip_ratio_c}",
+        )
+        capped = CLIPPED_SURROGATE_LOSSES + ("dppo_tv", "dppo_kl")
+        _require_read("clip_ratio_c", self, loss in capped, f"loss_type {', '.join(capped)}")
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            _require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+            _require_read(name, self, loss == "sapo", "loss_type='sapo'")
+        sequence_losses = CLIPPED_SURROGATE_LOSSES + ("cispo", "sapo")
+        _require(
+            self.importance_sampling_level == "token" or loss in sequence_losses,
+            f"importance_sampling_level='sequence' (GSPO) cannot be combined with loss_type={loss!r}: it "
+            f"replaces the token ratio of {', '.join(sequence_losses)} (gmpo's ratio is already one per "
+            "sequence; dppo and reinforce read log-probs, not a ratio)",
+        )
+        control = self.covariance_control
+        _require(
+            control in COVARIANCE_CONTROLS,
+            f"covariance_control must be one of {', '.join(COVARIANCE_CONTROLS)}, got {control!r}",
+        )
+        _require(
+            control == "none"
+            or (loss in CLIPPED_SURROGATE_LOSSES and self.importance_sampling_level == "token"),
+            f"covariance_control={control!r} modifies the token-level clipped surrogate of loss_type "
+            f"{', '.join(CLIPPED_SURROGATE_LOSSES)}; it cannot be combined with loss_type={loss!r} and "
+            f"importance_sampling_level={self.importance_sampling_level!r}",
+        )
+        for name in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"):
+            _require_read(name, self, control == "clip_cov", "covariance_control='clip_cov'")
+        for name in ("kl_cov_ratio", "ppo_kl_coef"):
+            _require_read(name, self, control == "kl_cov", "covariance_control='kl_cov'")
+        _require(
+            0 < self.clip_cov_ratio <= 1 and 0 < self.kl_cov_ratio <= 1,
+            f"clip_cov_ratio and kl_cov_ratio are shares of tokens, in (0, 1]; got {self.clip_cov_ratio} and "
+            f"{self.kl_cov_ratio}",
+        )
+        _require(
+            self.clip_cov_lb < self.clip_cov_ub,
+            f"clip_cov_lb must be below clip_cov_ub, got {self.clip_cov_lb} and {self.clip_cov_ub}",
+        )
+        _require(self.ppo_kl_coef >= 0, f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
+
+    def _check_entropy_controls(self) -> None:
+        """The entropy bonus and its adaptive coefficient (TRL's names and defaults). The target's upper
+        bound, log V, is the trainer's to check: it knows the vocabulary."""
+        _require(self.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus), got {self.entropy_coef}")
+        for name in ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max"):
+            _require_read(name, self, self.use_adaptive_entropy, "use_adaptive_entropy")
+        _require(
+            self.entropy_target > 0,
+            f"entropy_target must be in (0, log V) nats, V the vocabulary's size; got {self.entropy_target}",
+        )
+        _require(
+            self.entropy_coef_delta > 0, f"entropy_coef_delta must be > 0, got {self.entropy_coef_delta}"
+        )
+        _require(
+            0 <= self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max
+            or not self.use_adaptive_entropy,
+            "with use_adaptive_entropy, entropy_coef (its start) must lie in [entropy_coef_min, "
+            f"entropy_coef_max] and the bounds be >= 0: got {self.entropy_coef} in [{self.entropy_coef_min}, "
+            f"{self.entropy_coef_max}]",
+        )
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """REINFORCE++ with beta > 0 folds the KL into its token rewards instead of the loss (verl's
+        use_kl_in_reward), so its advantages need the reference log-probs."""
+        return self.advantage_estimator == "reinforce_plus_plus" and self.beta > 0
+
+    @property
+    def uses_entropy_bonus(self) -> bool:
+        """The loss subtracts an entropy bonus (its coefficient may be 0 for a step while adaptive)."""
+        return self.entropy_coef != 0.0 or self.use_adaptive_entropy
 
     @property
     def template_kwargs(self) -> dict:
@@ -361,6 +521,14 @@ class TrainConfig:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _require_read(name: str, config, read: bool, reader: str) -> None:
+    """A setting changed from its default where nothing reads it is refused, naming what reads it."""
+    _require(
+        read or getattr(config, name) == _default(type(config), name),
+        f"{name}={getattr(config, name)!r} is read only with {reader}; here it would do nothing",
+    )
 
 
 def _default(config_class, name: str):

@@ -13,7 +13,9 @@ import typing
 from dataclasses import fields
 
 from .config import (
+    ADVANTAGE_ESTIMATORS,
     ADVANTAGE_TYPES,
+    COVARIANCE_CONTROLS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     PROCESS_REWARDS,
@@ -28,6 +30,8 @@ from .config import (
 # flags' choices
 CHOICES = {
     "loss_type": LOSS_TYPES,
+    "advantage_estimator": ADVANTAGE_ESTIMATORS,
+    "covariance_control": COVARIANCE_CONTROLS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "scale_rewards": SCALES,
     "advantage_type": ADVANTAGE_TYPES,

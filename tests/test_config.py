@@ -40,6 +40,8 @@ def other_value(name, default):
         return '{"enable_thinking": false}'
     if name == "lora_target_modules":  # projections' names
         return "q_proj,v_proj"
+    if name == "clip_ratio_c":  # dual-clip's cap is above 1
+        return 3.0
     if name in CHOICES:
         return next(choice for choice in CHOICES[name] if choice != default)
     if isinstance(default, tuple):
@@ -58,9 +60,22 @@ def as_flags(name, value) -> list[str]:
 
 
 DEFAULTS = vars(train_math.parse_args([]))
-# Every field but one changed at once: monte_carlo's continuations call no tools (GRPOConfig refuses the
-# pair), so the tools are changed on their own.
-CHANGED = {name: other_value(name, DEFAULTS[name]) for _, name in FIELDS if name != "tools"}
+# Settings that read each other, each group changed together and on its own: the estimator's k, the sapo
+# loss's temperatures and the covariance controls' settings are refused where nothing reads them, and the
+# all-at-once change below takes loss_type bnpo, the sequence-level ratio and process advantages.
+COUPLED = [
+    {"advantage_estimator": "passk", "pass_k": 3},
+    {"loss_type": "sapo", "sapo_temperature_pos": 2.0, "sapo_temperature_neg": 2.5},
+    {"covariance_control": "clip_cov", "clip_cov_ratio": 0.01, "clip_cov_lb": 0.5, "clip_cov_ub": 4.0},
+    {"covariance_control": "kl_cov", "kl_cov_ratio": 0.01, "ppo_kl_coef": 0.5},
+]
+# Every other field but one changed at once: monte_carlo's continuations call no tools (GRPOConfig refuses
+# the pair), so the tools are changed on their own.
+CHANGED = {
+    name: other_value(name, DEFAULTS[name])
+    for _, name in FIELDS
+    if name != "tools" and not any(name in group for group in COUPLED)
+}
 TOOLS = other_value("tools", DEFAULTS["tools"])
 
 
@@ -82,6 +97,9 @@ def test_every_field_is_reachable_from_the_command_line():
     # the python tool needs the qwen3 format, CHANGED's
     with_tools = as_flags("tools", TOOLS) + as_flags("tool_format", CHANGED["tool_format"])
     assert configs(with_tools)[0].tools == TOOLS
+    for group in COUPLED:
+        grpo = configs([part for name, value in group.items() for part in as_flags(name, value)])[0]
+        assert {name: getattr(grpo, name) for name in group} == group
     assert configs(["--steps", "7"])[1].max_steps == 7
 
 
@@ -134,7 +152,8 @@ def test_yaml_text_that_means_a_number_is_that_number(tmp_path):
         ({"max_steps": 2.5}, "{path}: max_steps must be an integer, got 2.5"),
         (
             {"loss_type": "ppo"},
-            "{path}: loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, got 'ppo'",
+            "{path}: loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, gmpo, dppo_tv, "
+            "dppo_kl, reinforce, got 'ppo'",
         ),
         (
             {"learning_rate": None},

@@ -360,7 +360,11 @@ def good_inputs():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(loss_type="ppo"), "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, got 'ppo'"),
+        (
+            dict(loss_type="ppo"),
+            "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, gmpo, dppo_tv, dppo_kl, "
+            "reinforce, got 'ppo'",
+        ),
         (dict(epsilon=0.0), "epsilon and epsilon_high must be > 0"),
         (dict(epsilon=-0.2), "epsilon and epsilon_high must be > 0"),
         (dict(epsilon_high=0.0), "epsilon and epsilon_high must be > 0"),

@@ -62,7 +62,7 @@ def test_token_logprobs_equal_each_row_computed_alone(model):
     ids, mask = padded_batch()
     logprobs, entropies = token_logprobs(model, ids, mask, completion_start=5, temperature=0.7)
     assert logprobs.shape == entropies.shape == (2, 4)
-    assert logprobs.requires_grad and not entropies.requires_grad
+    assert logprobs.requires_grad and entropies.requires_grad  # the entropy bonus differentiates both
     for row in range(2):
         n = len(COMPLETIONS[row])
         scaled = unpadded_logits(model, row) / 0.7  # (n, V)
@@ -115,6 +115,37 @@ def test_chunked_logprobs_equal_the_full_vocabulary_path_with_gradients(dtype, t
     for name in grads_ref:
         scale = max(1.0, grads_ref[name].abs().max().item())
         assert (grads[name] - grads_ref[name]).abs().max() <= tolerance * scale, name
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-9), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("chunk_rows", [1, 3, 1000])
+def test_the_chunked_entropy_gradient_equals_the_full_vocabulary_one(dtype, tolerance, chunk_rows):
+    """The entropy bonus differentiates the entropies: the chunked head's d H / d z, alone and beside the
+    log-probs' gradient, equals autograd's through the full (B, Tc, V) softmax."""
+    model = tiny_model(seed=3).to(dtype)
+    ids, mask = padded_batch()
+    logprob_weights = torch.tensor([[0.2, -0.4, 0.0, 0.0], [0.3, -1.2, 0.7, 2.0]], dtype=dtype)
+    entropy_weights = torch.tensor([[1.0, 0.5, 0.0, 0.0], [-0.7, 0.3, 1.1, 0.4]], dtype=dtype)
+    for with_logprobs in (False, True):
+        results = []
+        for path in ("chunked", "full"):
+            model.zero_grad()
+            if path == "chunked":
+                logprobs, entropies = token_logprobs(
+                    model, ids, mask, 5, temperature=0.7, chunk_rows=chunk_rows
+                )
+            else:
+                logprobs, entropies = full_vocabulary_logprobs(model, ids, mask, 5, temperature=0.7)
+            loss = (entropies * entropy_weights).sum()
+            if with_logprobs:
+                loss = loss + (logprobs * logprob_weights).sum()
+            loss.backward()
+            results.append({name: p.grad.clone() for name, p in model.named_parameters()})
+        grads, grads_ref = results
+        assert any(g.abs().max() > 0 for g in grads_ref.values())
+        for name in grads_ref:
+            scale = max(1.0, grads_ref[name].abs().max().item())
+            assert (grads[name] - grads_ref[name]).abs().max() <= tolerance * scale, (name, with_logprobs)
 
 
 def grouped_batch(G=3):

@@ -214,13 +214,13 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_everything(checkpoint, tmp_
     trainer = make_trainer(checkpoint, tmp_path, max_steps=2)
     trainer.train_step()  # the optimizer has state now
     before, optimizer_before = weights(trainer.model), trainer.optimizer.state_dict()
-    real_loss = minigrpo.update.updater.grpo_loss
+    real_loss = minigrpo.update.updater.objective_loss
 
     def nan_loss(*args, **kwargs):
         loss, stats = real_loss(*args, **kwargs)
         return loss * float("nan"), {**stats, "loss": float("nan")}
 
-    monkeypatch.setattr(minigrpo.update.updater, "grpo_loss", nan_loss)
+    monkeypatch.setattr(minigrpo.update.updater, "objective_loss", nan_loss)
     stats, _ = trainer.train_step()
     assert stats["skipped"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())

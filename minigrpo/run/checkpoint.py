@@ -4,15 +4,16 @@ A checkpoint is `output_dir/checkpoints/step-000012/`: the policy in Hugging Fac
 (config.json, model.safetensors, tokenizer files: loadable by `load_pretrained` and by
 transformers; a LoRA run's, its adapters alone in PEFT's files, loadable by `load_pretrained` and by
 peft on transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
-configs; the learning rate is a function of the step, so there is no scheduler to save), and last
-checksums.json, the sha256 of every other file. It is written into a temporary sibling directory
-and renamed into place, so a crash while saving leaves the earlier checkpoints as they were and
-never a partial one. A resume verifies the checksums (hashing reads every byte: seconds for a 0.6B
-model's checkpoint, at each save and each resume) and skips a damaged checkpoint for the one
-before it. A full disk is one DiskFull line naming the path and the free space, with nothing
-of the write left behind. Beside the checkpoints it keeps
-output_dir/initial_eval.json, the starting policy's score that --resume reads back; `replaced_whole`
-(`replace_json`) is its write-then-rename, also used for summary.json and trace.html.
+configs, the entropy bonus's adaptive coefficient when the run has one; the learning rate is a
+function of the step, so there is no scheduler to save), and last checksums.json, the sha256 of
+every other file. It is written into a temporary sibling directory and renamed into place, so a
+crash while saving leaves the earlier checkpoints as they were and never a partial one. A resume
+verifies the checksums (hashing reads every byte: seconds for a 0.6B model's checkpoint, at each
+save and each resume) and skips a damaged checkpoint for the one before it. A full disk is one
+DiskFull line naming the path and the free space, with nothing of the write left behind. Beside the
+checkpoints it keeps output_dir/initial_eval.json, the starting policy's score that --resume reads
+back; `replaced_whole` (`replace_json`) is its write-then-rename, also used for summary.json and
+trace.html.
 The format of trainer_state.pt is here alone (`trainer_state`, `restore`, STATE_KEYS).
 In: a directory, a step, the model and the trainer. Out: files, and the state read back into a trainer.
 It knows files and state dicts, not how the loop uses them.
@@ -246,7 +247,7 @@ def remove_leftovers(output_dir: str) -> None:
 def trainer_state(trainer, wall_seconds: float) -> dict:
     """The trainer's state as trainer_state.pt holds it (STATE_KEYS, and the run's wall time so far: a
     resume adds on, a killed process too); every rank must call it (it gathers)."""
-    return {
+    state = {
         "step": trainer.step,
         "optimizer": trainer.policy.optimizer_state(trainer.optimizer),
         "data": trainer.stream.state(),
@@ -255,6 +256,10 @@ def trainer_state(trainer, wall_seconds: float) -> dict:
         "configs": as_dict(trainer.grpo, trainer.config),
         "wall_seconds": wall_seconds,
     }
+    entropy = trainer.updater.entropy_state()
+    if entropy is not None:  # the entropy bonus's coefficient and last entropy (update/entropy.py)
+        state["entropy_control"] = entropy
+    return state
 
 
 def restore(trainer, state: dict) -> float:
@@ -262,6 +267,7 @@ def restore(trainer, state: dict) -> float:
     (Trainer.resume_at), this rank's RNG states; returns the run's wall time up to the checkpoint (0 when
     the checkpoint has none)."""
     trainer.resume_at(state["step"], state["optimizer"], state["data"])
+    trainer.updater.load_entropy_state(state.get("entropy_control"))
     rng = state["rng"]  # one per rank
     dist = trainer.dist
     if len(rng) == dist.world_size:

@@ -10,16 +10,18 @@ One step, `Trainer.train_step`:
                  with process supervision, also each step's reward        -> step rewards
                  (step_rewards/)
                  dynamic sampling (DAPO) repeats 1-2 on new prompts for the groups with no signal
-  3. advantages  group-relative (update/advantages.py)                    -> advantage per completion
-                 or, with process supervision, per token
+  3. advantages  group-relative (update/advantages.py), or another          -> advantage per completion
+                 estimator (update/estimators.py); with process supervision,   or per token
+                 or REINFORCE++'s KL in the rewards, per token
   4. update      old / reference log-probs, then num_iterations passes, each over shuffled
                  micro-batches with gradient accumulation, gradient clipping and one AdamW step
                  (update/updater.py)
   5. metrics     the step's stats for the logger (training.py logs them and saves checkpoints)
 
 The stages a run takes are chosen once, when the trainer is built (`_choose_stages`): whether tools
-run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (per completion,
-per token, or both), which stats. What is trained is chosen then too (`_adapters`): every weight,
+run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (the estimator;
+per completion, per token, or both), which stats; the objective is the updater's, chosen when it is
+built (update/loss.py's Objective). What is trained is chosen then too (`_adapters`): every weight,
 or LoRA adapters on a frozen base (model/lora.py), whose KL reference is the base with the adapters
 off (`_reference`). A stage returns what it computes; the trainer writes it into the rollouts, in one
 place per stage.
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import random
 from dataclasses import replace
 
@@ -71,8 +74,9 @@ from ..update import (
     SamplingCopy,
     TokenLogprobs,
     Updater,
+    estimator_for,
     frozen_copy,
-    group_advantages,
+    kl_shaped_returns,
     token_advantages,
     zero_variance_groups,
 )
@@ -127,6 +131,7 @@ class Trainer:
                 f"max_completion_length {grpo.max_completion_length} leaves no room for a prompt: the "
                 f"model's context is {context} tokens"
             )
+        _check_entropy_target(grpo, model.config.vocab_size)
         room = context - grpo.max_completion_length  # tokens a prompt may have
         prompts = [self._text(row["prompt"]) for row in task.rows]
         self.prompt_ids = tokenizer.encode_all(
@@ -222,6 +227,8 @@ class Trainer:
             # tokenizer has the format's markers
             with self.tool_runner():
                 pass
+        # stage 3's advantage per completion (update/estimators.py)
+        self.outcome_advantages = estimator_for(grpo)
         self.sampling_rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
         self.drops_flat_groups = grpo.dynamic_sampling or grpo.drop_zero_variance_groups
         # stage 2's step rewards: none when advantages are per completion alone
@@ -237,6 +244,8 @@ class Trainer:
             "process": functools.partial(_step_advantages, with_outcome=False),
             "outcome+process": functools.partial(_step_advantages, with_outcome=True),
         }[grpo.advantage_type]
+        if grpo.kl_in_reward:  # REINFORCE++: each token's return, its KL to the reference subtracted
+            self.token_advantages = self._kl_shaped_returns
         # stage 5's stats over the sampled rollouts
         self.rollout_stats = [reward_stats]
         if grpo.advantage_type != "outcome":
@@ -267,7 +276,7 @@ class Trainer:
             batch.add(rollouts, flat)
             if batch.full():
                 break
-        self.advantages(batch.trained)  # 3. advantages, over the groups trained on
+        advantage_stats = self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
             observer.rollouts(self, batch.sampled)
         self.updated_step = None  # until it ends, the weights are neither this step's nor the last's
@@ -276,7 +285,7 @@ class Trainer:
         self.updated_step = self.step
         if observer is not None:
             observer.updated(self, update)
-        stats = self.metrics(batch, update, clock)  # 5. metrics
+        stats = self.metrics(batch, {**advantage_stats, **update}, clock)  # 5. metrics
         return stats, self._examples(batch.sampled)
 
     # -- 1. sample ------------------------------------------------------------------------------
@@ -366,18 +375,41 @@ class Trainer:
             )
 
     # -- 3. advantages --------------------------------------------------------------------------
-    def advantages(self, rollouts: list[Rollout]) -> None:
-        """Stage 3: each rollout's advantage, relative to its group (a group of equal rewards: exactly 0);
-        with process supervision, each token's, from the group's step rewards (plus the outcome's)."""
+    def advantages(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """Stage 3: each rollout's advantage by the run's estimator, relative to its group (GRPO: a group
+        of equal rewards gets exactly 0); with process supervision, each token's, from the group's step
+        rewards (plus the outcome's); REINFORCE++ with a KL, each token's return. Its stats (the KL
+        folded into the rewards), or none."""
         if not rollouts:
-            return
+            return {}
         G = self.grpo.num_generations
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
-        outcome = group_advantages(rewards, G, self.grpo.scale_rewards).tolist()  # (N,)
-        per_token = self.token_advantages(rollouts, outcome, G)  # each (Tc,), or None
+        lengths = [r.loss_tokens for r in rollouts]  # (N,): the whitening estimators weigh by them
+        outcome = self.outcome_advantages(rewards, G, lengths).tolist()  # (N,)
+        per_token, stats = self.token_advantages(rollouts, outcome, G)  # each (Tc,), or None
         for r, advantage, tokens in zip(rollouts, outcome, per_token):  # stage 3's fields of each rollout
             r.advantage = advantage
             r.token_advantages = tokens
+        return stats
+
+    def _kl_shaped_returns(self, rollouts: list[Rollout], outcome: list[float], G: int):
+        """REINFORCE++'s per-token advantages with the KL in the rewards: k1 = log p_sampler - log p_ref of
+        each loss token (the reference's log-probs from the updater), the returns whitened over the batch
+        (update/estimators.py), each placed on its completion's loss tokens (0 elsewhere); and the KL's
+        token mean as the step's `kl`."""
+        references = self.updater.reference_logprobs(rollouts)  # each (Tc,)
+        kls = []  # each rollout's k1 on its loss tokens, (T_i,)
+        for r, reference in zip(rollouts, references):
+            kls.append((r.sampler_logprobs - reference)[_loss_positions(r)])
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
+        returns = kl_shaped_returns(rewards, kls, self.grpo.beta)  # each (T_i,)
+        per_token = []
+        for r, values in zip(rollouts, returns):
+            tokens = torch.zeros(len(r.completion_ids), dtype=torch.float32)  # (Tc,)
+            tokens[_loss_positions(r)] = values.float()
+            per_token.append(tokens)
+        flat = torch.cat(kls)
+        return per_token, {"kl": float(flat.mean()) if flat.numel() else 0.0}
 
     # -- 5. metrics -----------------------------------------------------------------------------
     def metrics(self, batch: StepRollouts, update: dict[str, float], clock: Clock) -> dict[str, float]:
@@ -457,21 +489,38 @@ def _no_step_rewards(rollouts: list[Rollout], indices: list[int], columns: dict)
     return [StepRewards() for _ in rollouts]
 
 
-def _no_token_advantages(rollouts: list[Rollout], outcome: list[float], G: int) -> list[None]:
+def _no_token_advantages(rollouts: list[Rollout], outcome: list[float], G: int) -> tuple[list[None], dict]:
     """Outcome advantages alone: no rollout gets per-token advantages (the update reads its one advantage)."""
-    return [None] * len(rollouts)
+    return [None] * len(rollouts), {}
 
 
-def _step_advantages(rollouts: list[Rollout], outcome: list[float], G: int, with_outcome: bool) -> list:
+def _step_advantages(rollouts: list[Rollout], outcome: list[float], G: int, with_outcome: bool):
     """Each rollout's per-token advantages, each (Tc,), from its group's step rewards; `with_outcome`
     adds the rollout's outcome advantage on every token (advantage_type "outcome+process")."""
-    return token_advantages(
+    per_token = token_advantages(
         [r.step_rewards for r in rollouts],
         [r.step_ends for r in rollouts],
         [len(r.completion_ids) for r in rollouts],
         G,
         outcome if with_outcome else None,
     )
+    return per_token, {}
+
+
+def _loss_positions(r: Rollout) -> torch.Tensor:
+    """(Tc,) bool: the completion tokens the loss sees (the policy's own; none when it is left out)."""
+    generated = r.generated if r.generated is not None else [True] * len(r.completion_ids)
+    return torch.tensor(generated, dtype=torch.bool) & r.in_loss
+
+
+def _check_entropy_target(grpo: GRPOConfig, vocab_size: int) -> None:
+    """The adaptive entropy target lies below log V, the entropy of the uniform distribution: above it,
+    the coefficient would grow every step whatever the policy did."""
+    if grpo.use_adaptive_entropy and not grpo.entropy_target < math.log(vocab_size):
+        raise ValueError(
+            f"entropy_target must be in (0, log V) = (0, {math.log(vocab_size):.3f}) nats for this model's "
+            f"vocabulary of {vocab_size} tokens, got {grpo.entropy_target}"
+        )
 
 
 def _overlong_penalty(length: int, grpo: GRPOConfig) -> float:

@@ -2,11 +2,11 @@
 
 In: a model, completions collated after their prompts (rollout.collate) and the sampling
 temperature. Out: each completion token's log-prob and the entropy of the distribution it was
-drawn from, both (B, Tc), with gradients through the log-probs. `token_logprobs` is the one place
-logits become log-probs, for the policy, old and reference passes alike, always at the sampler's
-temperature (the ratio compares the same distributions); `BaseLogprobs`, those of a LoRA policy's
-frozen base (its adapters off). The LM head runs a chunk of rows at a
-time and recomputes it in backward (`ChunkedLogprobs`), so the (B, Tc, V) logits never exist;
+drawn from, both (B, Tc), with gradients through both (the entropy's for the entropy bonus).
+`token_logprobs` is the one place logits become log-probs, for the policy, old and reference passes
+alike, always at the sampler's temperature (the ratio compares the same distributions);
+`BaseLogprobs`, those of a LoRA policy's frozen base (its adapters off). The LM head runs a chunk of
+rows at a time and recomputes it in backward (`ChunkedLogprobs`), so the (B, Tc, V) logits never exist;
 `full_vocabulary_logprobs` is the plain path the tests hold it equal to. It knows the model's
 hidden states and its LM head, not rewards, advantages or the loss.
 """
@@ -65,18 +65,19 @@ def full_vocabulary_logprobs(model, input_ids, attention_mask, completion_start:
     logits = model.logits(hidden[:, completion_start - 1 : -1]) / (temperature or 1.0)  # (B, Tc, V)
     logp_all = torch.log_softmax(logits, dim=-1)  # (B, Tc, V)
     logprobs = logp_all.gather(-1, input_ids[:, completion_start:, None]).squeeze(-1)  # (B, Tc)
-    return logprobs, -(logp_all.exp() * logp_all).sum(-1).detach()
+    return logprobs, -(logp_all.exp() * logp_all).sum(-1)
 
 
 class ChunkedLogprobs(torch.autograd.Function):
     """Log-probs of target tokens through the LM head, `chunk` rows at a time, with recompute.
 
     forward(hidden (N, H), weight (V, H), targets (N,), scale, chunk) -> logprobs (N,), entropies (N,)
-    under softmax(scale * hidden @ weight.T), logits in fp32 (fp64 for fp64 weights); entropies carry
-    no gradient. Per chunk it keeps only the log-normaliser; backward recomputes the chunk's logits,
-    forms d logp / d z = scale * (onehot(target) - softmax), then the hidden states' and the head's
-    gradients. Each chunk works in place in one (chunk, V) buffer: the peak is that buffer and the
-    head's (V, H) gradient, not several (N, V) tensors.
+    under softmax(scale * hidden @ weight.T), logits in fp32 (fp64 for fp64 weights). Per chunk it
+    keeps only the log-normaliser; backward recomputes the chunk's logits, forms d logp / d z = scale *
+    (onehot(target) - softmax), then the hidden states' and the head's gradients. Each chunk works in
+    place in one (chunk, V) buffer: the peak is that buffer and the head's (V, H) gradient, not several
+    (N, V) tensors. When the loss also reads the entropies (the entropy bonus), their gradient
+    d H / d z = -scale * p (log p + H) joins in, with a second (chunk, V) buffer.
     """
 
     @staticmethod
@@ -92,15 +93,17 @@ class ChunkedLogprobs(torch.autograd.Function):
             logprobs[rows] = logprob
             entropies[rows] = entropy
             normalisers[rows] = normaliser
-        ctx.save_for_backward(hidden, weight, targets, normalisers)
+        ctx.save_for_backward(hidden, weight, targets, normalisers, entropies)
         ctx.scale = scale
         ctx.chunk = chunk
-        ctx.mark_non_differentiable(entropies)
+        ctx.set_materialize_grads(False)  # an output the loss does not read gets None, not zeros
         return logprobs, entropies
 
     @staticmethod
-    def backward(ctx, grad_logprobs, _grad_entropies):
-        hidden, weight, targets, normalisers = ctx.saved_tensors
+    def backward(ctx, grad_logprobs, grad_entropies):
+        hidden, weight, targets, normalisers, entropies = ctx.saved_tensors
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros_like(normalisers)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         dtype = logit_dtype(weight.dtype)
         grad_weight = None
@@ -112,6 +115,18 @@ class ChunkedLogprobs(torch.autograd.Function):
             grad_z = _chunk_grad_logits(
                 hidden[rows], weight, targets[rows], normalisers[rows], grad_logprobs[rows], ctx.scale, dtype
             )
+            if grad_entropies is not None:
+                entropy_grad = _chunk_grad_entropy(
+                    hidden[rows],
+                    weight,
+                    normalisers[rows],
+                    entropies[rows],
+                    grad_entropies[rows],
+                    ctx.scale,
+                    dtype,
+                )
+                grad_z = grad_z.add_(entropy_grad.to(grad_z.dtype))
+                del entropy_grad
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ weight  # (c, H)
             if grad_weight is not None and grad_weight.dtype == grad_z.dtype:
@@ -150,6 +165,16 @@ def _chunk_grad_logits(hidden, weight, targets, normalisers, grad_logprobs, scal
     grad_z.scatter_add_(-1, targets[:, None], torch.ones_like(grad_z[:, :1]))  # onehot - softmax
     grad_z.mul_(grad_logprobs[:, None] * scale)
     return grad_z.to(weight.dtype)
+
+
+def _chunk_grad_entropy(hidden, weight, normalisers, entropies, grad_entropies, scale: float, dtype):
+    """d loss / d (hidden @ weight.T) through the entropies of one chunk, (c, V): the logits recomputed,
+    then -scale * grad * p (log p + H), with log p = z - logZ; two (c, V) buffers."""
+    log_p = F.linear(hidden, weight).to(dtype).mul_(scale).sub_(normalisers[:, None])  # (c, V)
+    p = log_p.exp()  # (c, V)
+    log_p.add_(entropies[:, None]).mul_(p).mul_(-scale * grad_entropies[:, None])  # (c, V), in place
+    del p
+    return log_p
 
 
 class TokenLogprobs(torch.nn.Module):

@@ -2,11 +2,13 @@
 
 In: rollouts with advantages (stage 3). Per step: their old log-probs (num_iterations > 1) and
 reference log-probs (beta > 0), then each pass cuts them into micro-batches (by rows, by a budget
-of padded tokens, or whole groups for the shared-prompt forward), takes grpo_loss of each with
-gradient accumulation, clips the gradient and makes one AdamW step. A non-finite loss or gradient
-skips the pass and leaves weights and AdamW state as they were; weights that are not finite after a
-step stop the run (NonFiniteWeights), before anything saves them. It knows rollouts, tensors and
-the configs, not text, rewards or where the rollouts came from; distributed.ParallelModel hides the ranks.
+of padded tokens, or whole groups for the shared-prompt forward), takes the run's objective of each
+(loss.py: chosen once, when the updater is built) with gradient accumulation, clips the gradient and
+makes one AdamW step; the entropy bonus's coefficient (entropy.py) moves after each. A non-finite
+loss or gradient skips the pass and leaves weights and AdamW state as they were; weights that are
+not finite after a step stop the run (NonFiniteWeights), before anything saves them. It knows
+rollouts, tensors and the configs, not text, rewards or where the rollouts came from;
+distributed.ParallelModel hides the ranks.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from ..rollout import (
     split_logprobs,
     token_budget_batches,
 )
+from .entropy import EntropyCoefficient
 from .logprobs import TokenLogprobs
-from .loss import grpo_loss, sampler_mismatch
+from .loss import objective_from, objective_loss, sampler_mismatch
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
@@ -57,6 +60,8 @@ class Updater:
         self.model = model
         self.grpo = grpo
         self.config = config
+        self.objective = objective_from(grpo)  # what each micro-batch's loss computes, chosen once
+        self.entropy = EntropyCoefficient.from_config(grpo)  # the entropy bonus's coefficient, or None
         self.dist = dist
         self.pad_id = pad_id
         self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
@@ -104,7 +109,7 @@ class Updater:
         if self.grpo.num_iterations > 1:
             for r, logprobs in self._logprobs(rollouts, self.policy):
                 r.old_logprobs = logprobs  # (Tc,) a field of stage 4's own
-        if self.reference is not None:
+        if self.objective.beta > 0:  # the KL in the loss (REINFORCE++ has it in its rewards instead)
             for r, logprobs in self._logprobs(rollouts, self.reference):
                 r.ref_logprobs = logprobs  # (Tc,) a field of stage 4's own
         passes = []
@@ -120,10 +125,28 @@ class Updater:
         out["skipped"] = max(p["skipped"] for p in passes)  # 1 if any pass was skipped, not a mean
         return out
 
+    def reference_logprobs(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
+        """Each rollout's completion log-probs under the KL's reference, (Tc,) each: for an advantage
+        estimator that folds the KL into its rewards (REINFORCE++), before stage 4. Every rank computes
+        them for every rollout it is given (the reference's collectives see the same passes)."""
+        return [logprobs for _, logprobs in self._logprobs(rollouts, self.reference)]
+
+    def entropy_state(self) -> dict | None:
+        """The entropy bonus's adaptive state, for checkpoints (None without a bonus)."""
+        return None if self.entropy is None else self.entropy.state()
+
+    def load_entropy_state(self, state: dict | None) -> None:
+        """A checkpoint's entropy state read back (a checkpoint of a run without one has none)."""
+        if self.entropy is not None and state is not None:
+            self.entropy.load_state(state)
+
     def _one_pass(self, rollouts: list[Rollout], totals: dict, seed: str) -> dict[str, float]:
         """One AdamW step over every micro-batch of this rank's rollouts, gradients accumulated; its stats.
-        `seed` (from TrainConfig.seed, the step and the pass) shuffles the micro-batches."""
+        `seed` (from TrainConfig.seed, the step and the pass) shuffles the micro-batches, and draws
+        Clip-Cov's choices."""
         generator = torch.Generator().manual_seed(random.Random(seed).getrandbits(62))
+        choices = torch.Generator().manual_seed(random.Random(f"{seed}-covariance").getrandbits(62))
+        entropy_coef = 0.0 if self.entropy is None else self.entropy.applied()
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         chunks = self._micro_batches(rollouts, generator)
@@ -131,7 +154,7 @@ class Updater:
         micro_stats = []
         for n, part in enumerate(parts):
             with self.policy.accumulating(last=n == len(parts) - 1):
-                micro_stats.append(self._micro_step(part, totals))
+                micro_stats.append(self._micro_step(part, totals, entropy_coef, choices))
         out = self._combine(micro_stats)
         grad_norm = self.policy.clip_gradients(self.config.max_grad_norm)
         skipped = not (math.isfinite(out["loss"]) and math.isfinite(grad_norm))
@@ -139,12 +162,21 @@ class Updater:
             self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
         else:
             self.optimizer.step()
+        if self.entropy is not None:
+            out.update(self._entropy_step(out, entropy_coef, skipped))
         tokens_per_s = out.pop("tokens") / max(time.perf_counter() - started, 1e-9)
         out["grad_norm"] = grad_norm
         out["skipped"] = float(skipped)
         out["training/tokens_per_s"] = tokens_per_s
         out["update/padding_frac"] = padding_fraction(rollouts, chunks, self._group_size)
         return out
+
+    def _entropy_step(self, out: dict[str, float], applied: float, skipped: bool) -> dict[str, float]:
+        """The entropy bonus's coefficient after this pass's AdamW step (adapted to its mean entropy,
+        over every rank), and the one its loss used: their stats."""
+        if not skipped:
+            self.entropy.after_step(out["entropy"])
+        return {"entropy/coef": self.entropy.coef, "entropy/coef_applied": applied}
 
     def _check_finite_weights(self, step: int) -> None:
         """Raise NonFiniteWeights if any weight, on any rank, is NaN or inf (a rank holds its shards under
@@ -191,27 +223,24 @@ class Updater:
         out.update(peaks)
         return out
 
-    def _micro_step(self, rollouts: list[Rollout], totals: dict) -> dict[str, float]:
+    def _micro_step(
+        self, rollouts: list[Rollout], totals: dict, entropy_coef: float, choices: torch.Generator
+    ) -> dict[str, float]:
         batch, logprobs, entropies = self._forward(self.policy, rollouts)
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
-        loss, stats = grpo_loss(
+        loss, stats = objective_loss(
+            self.objective,
             logprobs,
             old,
             batch.advantages,
             batch.completion_mask,
             ref_logprobs=batch.ref_logprobs,
-            beta=self.grpo.beta,
-            epsilon=self.grpo.epsilon,
-            epsilon_high=self.grpo.epsilon_high,
-            loss_type=self.grpo.loss_type,
-            importance_sampling_level=self.grpo.importance_sampling_level,
             sampler_logprobs=batch.sampler_logprobs,
-            sampler_correction=self.grpo.sampler_correction,
-            sampler_correction_cap=self.grpo.sampler_correction_cap,
-            max_completion_length=self.grpo.max_completion_length,
+            entropies=entropies,
+            entropy_coef=entropy_coef,
             num_sequences=totals["sequences"],
             num_tokens=totals["tokens"],
-            entropies=entropies,
+            generator=choices,
         )
         # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart
         # in fp32.
