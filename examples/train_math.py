@@ -461,6 +461,7 @@ if __name__ == "__main__":
         trainer.dist.print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
 
     # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
+    trainer.dist.print(f"objective: {trainer.describe_objective()}")
     trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
     try:  # broken weights are never saved; a full disk keeps nothing of the write it stopped
         run.train(
@@ -484,6 +485,7 @@ if __name__ == "__main__":
         "final_accuracy": final_accuracy,
         "gain": final_accuracy - initial["initial_accuracy"],
         "steps": trainer.step,
+        "objective": trainer.describe_objective(),
         **held_out_extras(initial.get("initial_stats", {}), final),
         "wall_seconds": round(wall, 1),
         "eval_problems": len(eval_problems),

@@ -24,7 +24,7 @@ import torch
 from ..files import replaced_whole
 from ..rollout import collate
 from ..step_rewards import policy_steps
-from ..update import token_logprobs
+from ..update import formula, token_logprobs
 from ..verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
@@ -92,7 +92,12 @@ class Trace:
         w(
             f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} "
             f"(scale={trainer.grpo.scale_rewards}); "
-            f"advantage = (reward - mean) / (std + eps)"
+            + (
+                f"advantage_estimator={trainer.grpo.advantage_estimator}: "
+                if trainer.grpo.advantage_estimator != "grpo"
+                else ""
+            )
+            + f"advantage = {formula(trainer.grpo)}"
             + ("  -> all equal: no signal" if rewards.std() == 0 else "")
         )
         if trainer.grpo.advantage_type != "outcome":
@@ -112,8 +117,9 @@ class Trace:
             ]
         self.record["stats"] = dict(stats)
         w = self._writer(trainer)
+        objective = trainer.updater.objective.describe()
         w(
-            f"[4 update]         {trainer.grpo.num_iterations} pass(es), loss_type={trainer.grpo.loss_type}: "
+            f"[4 update]         {trainer.grpo.num_iterations} pass(es), {objective}: "
             f"the {MAX_TOKENS_SHOWN} tokens of each completion it moved most, "
             "position:token log p before -> after the AdamW step (ratio)"
         )

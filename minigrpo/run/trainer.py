@@ -440,6 +440,20 @@ class Trainer:
         ]
 
     # -- beside the loop ------------------------------------------------------------------------
+    def describe_objective(self) -> str:
+        """One line naming what the run optimises: the estimator, the objective, the entropy bonus."""
+        grpo = self.grpo
+        parts = [f"advantage_estimator={grpo.advantage_estimator}", self.updater.objective.describe()]
+        if grpo.scale_rewards != "group":
+            parts.insert(1, f"scale_rewards={grpo.scale_rewards}")
+        if grpo.advantage_type != "outcome":
+            parts.insert(1, f"advantage_type={grpo.advantage_type}")
+        if grpo.use_adaptive_entropy:
+            parts.append(f"adaptive entropy bonus (target {grpo.entropy_target:g})")
+        elif grpo.entropy_coef:
+            parts.append(f"entropy_coef={grpo.entropy_coef:g}")
+        return " ".join(parts)
+
     def check_context(self, prompt_ids: list[list[int]], what: str, sources: list[str] | None = None) -> None:
         """Every prompt (the task's, or held-out ones) leaves room for max_completion_length new tokens;
         `sources` name them in an error ("data.jsonl, line 7")."""

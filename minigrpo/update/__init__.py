@@ -20,7 +20,7 @@ this folder imports from inside it: only the names below.
 from .advantages import EPS, group_advantages, process_advantages, token_advantages, zero_variance_groups
 from .copies import SamplingCopy, frozen_copy
 from .entropy import EntropyCoefficient
-from .estimators import estimator_for, kl_shaped_returns
+from .estimators import estimator_for, formula, kl_shaped_returns
 from .logprobs import BaseLogprobs, TokenLogprobs, full_vocabulary_logprobs, token_logprobs
 from .loss import Objective, grpo_loss, k3, objective_from, objective_loss, sampler_mismatch
 from .updater import NonFiniteWeights, Updater
@@ -35,6 +35,7 @@ __all__ = [
     "TokenLogprobs",
     "Updater",
     "estimator_for",
+    "formula",
     "frozen_copy",
     "full_vocabulary_logprobs",
     "group_advantages",

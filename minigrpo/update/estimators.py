@@ -48,6 +48,18 @@ from ..config import GRPOConfig
 from .advantages import EPS, group_advantages, zero_variance_groups
 
 WHITEN_EPS = 1e-8  # added to the variance before the root, as verl's masked_whiten
+# each estimator's advantage in words, for the trace (grpo's by its scale_rewards)
+FORMULAS = {
+    "grpo": "(reward - mean) / (std + eps)",
+    "grpo/batch": "(reward - mean) / (the batch's std + eps)",
+    "grpo/none": "reward - mean",
+    "rloo": "reward - mean of the other G - 1 rewards",
+    "reinforce_plus_plus": "reward (less beta * the KL from each token on), whitened over the batch's tokens",
+    "reinforce_plus_plus_baseline": "reward - mean, whitened over the batch's tokens",
+    "grpo_passk": "(best - second best) / (std + eps) for the best completion, 0 for the others",
+    "passk": "the analytic pass@k advantage of a right or a wrong completion",
+    "maxrl": "(reward - mean) / (mean + eps)",
+}
 
 
 def rloo(rewards: torch.Tensor, group_size: int, lengths=None) -> torch.Tensor:
@@ -105,7 +117,9 @@ def passk(rewards: torch.Tensor, group_size: int, lengths=None, k: int = 4) -> t
             continue
         right_advantage = (1 - mean) / std
         wrong_advantage = (1 - mean - math.comb(wrong - 1, k - 1) / math.comb(N - 1, k - 1)) / std
-        out.append(torch.where(group == 1, right_advantage, wrong_advantage))
+        advantages = torch.full((N,), wrong_advantage, dtype=torch.float64)  # (G,)
+        advantages[group == 1] = right_advantage
+        out.append(advantages)
     return torch.cat(out)  # (N,)
 
 
@@ -151,6 +165,14 @@ def kl_shaped_returns(rewards, token_kls: list[torch.Tensor], beta: float) -> li
         return [torch.zeros_like(r) for r in returns]
     whitened = (flat - flat.mean()) * torch.rsqrt(flat.var() + WHITEN_EPS)  # unbiased, as verl
     return list(whitened.split([len(r) for r in returns]))
+
+
+def formula(grpo: GRPOConfig) -> str:
+    """The run's advantage in words (FORMULAS)."""
+    name = grpo.advantage_estimator
+    if name == "grpo" and grpo.scale_rewards != "group":
+        name = f"grpo/{grpo.scale_rewards}"
+    return FORMULAS[name]
 
 
 def estimator_for(grpo: GRPOConfig) -> Callable[[torch.Tensor, int, list[int]], torch.Tensor]:

@@ -1,0 +1,310 @@
+"""The objectives menu beside its references: each estimator, loss and entropy control trains, is chosen
+once, keeps gradient accumulation exact, resumes bit for bit, and refuses what it cannot do in one line.
+Equality with verl's and TRL's own code: test_objectives_references.py."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from helpers import tiny_policy
+
+import minigrpo
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.run import Trace
+from minigrpo.update import EntropyCoefficient, grpo_loss, objective_from, objective_loss
+from minigrpo.update.estimators import passk, whiten_over_tokens
+from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
+
+
+def _vowel_share(completions, **_):
+    """A reward a random model earns unevenly, in [0, 1]: the share of characters that are vowels."""
+    return [sum(c in "aeiou" for c in text) / max(len(text), 1) for text in completions]
+
+
+def _has_vowel_x(completions, **_):
+    """A 0/1 reward for pass@k: 1 if the completion holds an 'x' or an 'e'."""
+    return [float("x" in text or "e" in text) for text in completions]
+
+
+for _name, _fn in (("objectives_vowels", _vowel_share), ("objectives_binary", _has_vowel_x)):
+    if _name not in REWARD_FUNCTIONS:
+        register_reward(_name)(_fn)
+
+# Every new choice, as the GRPOConfig fields that select it (with num_iterations 2 the ratio moves from 1 in
+# the second pass, so the clips, gates and masks act).
+OPTIONS = {
+    "rloo": dict(advantage_estimator="rloo"),
+    "reinforce_plus_plus": dict(advantage_estimator="reinforce_plus_plus"),
+    "reinforce_plus_plus_kl": dict(advantage_estimator="reinforce_plus_plus", beta=0.05),
+    "reinforce_plus_plus_baseline": dict(advantage_estimator="reinforce_plus_plus_baseline"),
+    "grpo_passk": dict(advantage_estimator="grpo_passk"),
+    "passk": dict(advantage_estimator="passk", pass_k=2),
+    "maxrl": dict(advantage_estimator="maxrl"),
+    "lite_ppo": dict(scale_rewards="batch", loss_type="dapo"),
+    "dual_clip": dict(clip_ratio_c=3.0),
+    "sapo": dict(loss_type="sapo"),
+    "gmpo": dict(loss_type="gmpo", epsilon=0.4),
+    "dppo_tv": dict(loss_type="dppo_tv"),
+    "dppo_kl": dict(loss_type="dppo_kl", epsilon=0.05),
+    "reinforce": dict(loss_type="reinforce"),
+    "entropy_bonus": dict(entropy_coef=0.01),
+    "adaptive_entropy": dict(use_adaptive_entropy=True, entropy_target=5.0, entropy_coef=0.01),
+    "clip_cov": dict(covariance_control="clip_cov", clip_cov_ratio=0.05, clip_cov_lb=-5.0),
+    "kl_cov": dict(covariance_control="kl_cov", kl_cov_ratio=0.05),
+}
+# the stats that name what an option did, beside the ones every step logs
+OWN_STATS = {
+    "reinforce_plus_plus_kl": ["kl"],
+    "dual_clip": ["clip/dual_frac"],
+    "dppo_tv": ["clip/truncated_frac"],
+    "dppo_kl": ["clip/truncated_frac"],
+    "entropy_bonus": ["entropy/coef", "entropy/coef_applied"],
+    "adaptive_entropy": ["entropy/coef", "entropy/coef_applied"],
+    "clip_cov": ["cov/selected_frac"],
+    "kl_cov": ["cov/selected_frac"],
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
+
+
+def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", **settings):
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12, num_iterations=2, **settings)
+    train = TrainConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        batch_size=8,
+        micro_batch_size=3,
+        learning_rate=1e-2,
+        progress_bar=False,
+        log_completions_every=0,
+    )
+    return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, train)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_each_option_trains_and_is_named(checkpoint, tmp_path, option):
+    reward = "objectives_binary" if option == "passk" else "objectives_vowels"
+    trainer = make_trainer(checkpoint, tmp_path, reward, **OPTIONS[option])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    lines = []
+    for step in range(3):
+        stats, _ = trainer.train_step(Trace(write=lines.append) if step == 0 else None)
+        assert stats["skipped"] == 0.0, option
+        assert all(math.isfinite(v) for v in stats.values() if isinstance(v, float)), option
+        for name in OWN_STATS.get(option, []):
+            assert name in stats, (option, name)
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    named = trainer.describe_objective()
+    for value in OPTIONS[option].values():
+        if isinstance(value, str):
+            assert value in named, (option, named)
+    text = "\n".join(lines)
+    assert trainer.updater.objective.describe() in text  # the trace's stage 4 names it
+    if trainer.grpo.advantage_estimator != "grpo":
+        assert f"advantage_estimator={trainer.grpo.advantage_estimator}" in text
+
+
+def test_the_objective_is_a_record_built_once_and_each_micro_batch_reads_it(
+    checkpoint, tmp_path, monkeypatch
+):
+    """The updater builds its Objective when it is built; changing GRPOConfig afterwards changes nothing,
+    and objective_from is not called on any step."""
+    trainer = make_trainer(checkpoint, tmp_path, loss_type="sapo")
+    built = trainer.updater.objective
+    calls = []
+    monkeypatch.setattr(minigrpo.update.loss, "objective_from", lambda grpo: calls.append(grpo))
+    trainer.grpo.loss_type = "grpo"  # read nowhere after the build
+    trainer.train_step()
+    assert calls == [] and trainer.updater.objective is built and built.loss_type == "sapo"
+
+
+# -- the estimators beside hand computations that are not their formulas ----------------------------------
+def brute_force_passk_advantages(rewards: list[float], k: int) -> list[float]:
+    """Pass@k training's advantages from first principles: each completion's reward in a k-subset is the
+    subset's max; its advantage is the mean over the k-subsets holding it of (that max - the group's
+    mean pass@k), over the std of pass@k across subsets (Chen et al., 2025, sec. 3)."""
+    N = len(rewards)
+    subsets = list(itertools.combinations(range(N), k))
+    passes = [max(rewards[i] for i in s) for s in subsets]
+    mean = sum(passes) / len(passes)
+    std = math.sqrt(sum((p - mean) ** 2 for p in passes) / len(passes))
+    if std == 0:
+        return [0.0] * N
+    out = []
+    for i in range(N):
+        holding = [p for s, p in zip(subsets, passes) if i in s]
+        out.append((sum(holding) / len(holding) - mean) / std)
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+@pytest.mark.parametrize(
+    "rewards", [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 1, 0], [0] * 6, [1] * 6, [1, 1, 1, 1, 1, 0]]
+)
+def test_the_analytic_passk_advantage_is_the_subsets_average(rewards, k):
+    got = passk(torch.tensor(rewards, dtype=torch.float64), len(rewards), k=k).tolist()
+    assert got == pytest.approx(brute_force_passk_advantages(rewards, k), abs=1e-12)
+
+
+def test_passk_refuses_rewards_other_than_zero_and_one():
+    with pytest.raises(ValueError, match=r"advantage_estimator='passk' needs rewards of 0 or 1 .*got 0.5"):
+        passk(torch.tensor([1.0, 0.5, 0.0, 1.0]), 4, k=2)
+
+
+def test_whitening_weighs_each_completion_by_its_tokens():
+    """verl whitens a (B, T) batch over its valid tokens: a completion of 3 tokens counts 3 times."""
+    values = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    lengths = [3, 1, 0]
+    tokens = torch.tensor([1.0, 1.0, 1.0, -1.0], dtype=torch.float64)  # the 4 valid tokens, repeated
+    expected = (tokens - tokens.mean()) / torch.sqrt(tokens.var() + 1e-8)
+    got = whiten_over_tokens(values, lengths)
+    assert got[0].item() == pytest.approx(expected[0].item()) and got[1].item() == pytest.approx(
+        expected[3].item()
+    )
+    assert got[2].item() == 0.0  # no token in the loss: no advantage
+
+
+# -- the loss: exact shares under accumulation, the entropy bonus ---------------------------------------
+def ragged_batch(seed=0, B=6, T=5):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([5, 2, 4, 1, 3, 5])[:B]
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()  # (B, T)
+    old = -torch.rand(B, T, generator=g) * 3  # (B, T)
+    logprobs = (old + torch.randn(B, T, generator=g) * 0.4).requires_grad_()
+    advantages = torch.randn(B, generator=g)
+    entropies = (torch.rand(B, T, generator=g) * 2).requires_grad_()
+    return logprobs, old, advantages, mask, entropies
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(loss_type="dapo", entropy=0.1),
+        dict(loss_type="grpo", entropy=0.1),
+        dict(loss_type="dppo_tv"),
+        dict(loss_type="reinforce"),
+        dict(loss_type="gmpo", epsilon=0.4),
+        dict(loss_type="sapo"),
+        dict(loss_type="cispo", entropy=0.3),
+        dict(loss_type="grpo", clip_ratio_c=2.0),
+    ],
+)
+def test_micro_batches_sum_to_the_whole_batch(settings):
+    """With the step's totals passed, the micro-batches' losses and gradients add up to the whole batch's,
+    the entropy bonus's too."""
+    settings = dict(settings)
+    coef = settings.pop("entropy", 0.0)
+    objective = objective_from(GRPOConfig(max_completion_length=5, **settings))
+    logprobs, old, advantages, mask, entropies = ragged_batch()
+    totals = dict(num_sequences=6, num_tokens=int(mask.sum()))
+    whole, _ = objective_loss(
+        objective, logprobs, old, advantages, mask, entropies=entropies, entropy_coef=coef
+    )
+    whole.backward()
+    grads = (logprobs.grad.clone(), entropies.grad.clone() if coef else None)
+    logprobs.grad = None
+    entropies.grad = None
+    parts = 0.0
+    for rows in ([0, 3], [1, 2, 4], [5]):
+        part, _ = objective_loss(
+            objective,
+            logprobs[rows],
+            old[rows],
+            advantages[rows],
+            mask[rows],
+            entropies=entropies[rows],
+            entropy_coef=coef,
+            **totals,
+        )
+        part.backward()
+        parts += part.item()
+    assert parts == pytest.approx(whole.item(), abs=1e-6)
+    assert torch.allclose(logprobs.grad, grads[0], atol=1e-6)
+    if coef:
+        assert torch.allclose(entropies.grad, grads[1], atol=1e-7)
+
+
+def test_the_entropy_bonus_is_the_step_token_mean_of_the_entropies():
+    logprobs, old, advantages, mask, entropies = ragged_batch()
+    without, _ = grpo_loss(logprobs, old, advantages, mask, entropies=entropies)
+    with_bonus, _ = grpo_loss(logprobs, old, advantages, mask, entropies=entropies, entropy_coef=0.25)
+    token_mean = (entropies * mask).sum() / mask.sum()
+    assert (without - with_bonus).item() == pytest.approx(0.25 * token_mean.item(), abs=1e-7)
+    with_bonus.backward()
+    assert torch.allclose(entropies.grad, -0.25 * mask / mask.sum())  # d loss / d H: -coef per token
+
+
+def test_the_adaptive_coefficient_follows_the_entropy_within_its_bounds():
+    control = EntropyCoefficient(coef=0.01, adaptive=True, target=1.0, delta=0.004, low=0.0, high=0.015)
+    applied = []
+    for entropy in (0.5, 0.5, 2.0, 0.2, 0.2, 0.2):
+        applied.append(control.applied())
+        control.after_step(entropy)
+    # no bonus before a measurement, then the coefficient of the step before, only while at or below the target
+    assert applied == pytest.approx([0.0, 0.014, 0.015, 0.0, 0.015, 0.015])
+    assert control.coef == pytest.approx(0.015)  # capped at the upper bound
+
+
+def test_an_adaptive_run_resumes_its_coefficient_bit_for_bit(checkpoint, tmp_path):
+    settings = dict(use_adaptive_entropy=True, entropy_target=5.0, entropy_coef=0.02, entropy_coef_delta=0.01)
+    straight = make_trainer(checkpoint, tmp_path / "a", **settings)
+    for _ in range(3):
+        last, _ = straight.train_step()
+    resumed = None
+    first = make_trainer(checkpoint, tmp_path / "b", **settings)
+    first.train_step()
+    first.train_step()
+    state = minigrpo.run.checkpoint.trainer_state(first, 0.0)
+    assert state["entropy_control"]["coef"] == first.updater.entropy.coef
+    resumed = make_trainer(checkpoint, tmp_path / "c", **settings)
+    resumed.model.load_state_dict(first.model.state_dict())
+    minigrpo.run.checkpoint.restore(resumed, state)
+    again, _ = resumed.train_step()
+    assert (
+        again["entropy/coef"] == last["entropy/coef"]
+        and again["entropy/coef_applied"] == last["entropy/coef_applied"]
+    )
+    assert all(torch.equal(v, straight.model.state_dict()[k]) for k, v in resumed.model.state_dict().items())
+
+
+# -- bad input: one line, before any step ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(advantage_estimator="ppo"), "advantage_estimator must be one of grpo, rloo, "),
+        (dict(clip_ratio_c=1.0), r"clip_ratio_c must be > 1"),
+        (dict(clip_ratio_c=3.0, loss_type="sapo"), r"clip_ratio_c=3.0 is read only with loss_type grpo, "),
+        (dict(advantage_estimator="passk", pass_k=9), "pass_k=9 is more than num_generations=8"),
+        (dict(pass_k=2), r"pass_k=2 is read only with advantage_estimator='passk'"),
+        (dict(entropy_target=0.0, use_adaptive_entropy=True), r"entropy_target must be in \(0, log V\)"),
+        (dict(entropy_target=0.5), "entropy_target=0.5 is read only with use_adaptive_entropy"),
+        (dict(entropy_coef=-0.1), "entropy_coef must be >= 0"),
+        (dict(covariance_control="clip_cov", loss_type="cispo"), "covariance_control='clip_cov' modifies"),
+        (
+            dict(loss_type="gmpo", importance_sampling_level="sequence"),
+            "cannot be combined with loss_type='gmpo'",
+        ),
+        (dict(advantage_estimator="rloo", scale_rewards="none"), "scale_rewards='none' is read by"),
+        (
+            dict(advantage_estimator="rloo", advantage_type="process"),
+            "is not read by advantage_type='process'",
+        ),
+        (dict(advantage_estimator="maxrl", overlong_buffer=4), "advantage_estimator='maxrl' divides"),
+        (dict(sapo_temperature_neg=2.0), "sapo_temperature_neg=2.0 is read only with loss_type='sapo'"),
+    ],
+)
+def test_bad_settings_are_refused_with_a_message(settings, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**settings)
+
+
+def test_an_entropy_target_above_log_v_is_refused_before_any_step(checkpoint, tmp_path):
+    with pytest.raises(ValueError, match=r"entropy_target must be in \(0, log V\) = \(0, 5\.\d+\) nats"):
+        make_trainer(checkpoint, tmp_path, use_adaptive_entropy=True, entropy_target=6.0)
