@@ -247,7 +247,7 @@ def test_the_adaptive_coefficient_follows_the_entropy_within_its_bounds():
     for entropy in (0.5, 0.5, 2.0, 0.2, 0.2, 0.2):
         applied.append(control.applied())
         control.after_step(entropy)
-    # no bonus before a measurement, then the coefficient of the step before, only while at or below the target
+    # none before a measurement, then the coefficient of the step before, only while at or below the target
     assert applied == pytest.approx([0.0, 0.014, 0.015, 0.0, 0.015, 0.015])
     assert control.coef == pytest.approx(0.015)  # capped at the upper bound
 
