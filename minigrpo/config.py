@@ -301,6 +301,12 @@ class GRPOConfig:
             f"replaces the token ratio of {', '.join(sequence_losses)} (gmpo's ratio is already one per "
             "sequence; dppo and reinforce read log-probs, not a ratio)",
         )
+        _require(
+            not (loss == "gmpo" and (self.advantage_type != "outcome" or self.kl_in_reward)),
+            "loss_type='gmpo' takes one advantage per completion (its ratio is one per completion): it "
+            f"cannot be combined with advantage_type={self.advantage_type!r} or REINFORCE++'s per-token "
+            "KL returns",
+        )
         control = self.covariance_control
         _require(
             control in COVARIANCE_CONTROLS,
