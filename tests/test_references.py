@@ -1,0 +1,175 @@
+"""The reference harness loads and calls verl's own code: small cases whose answer is known by hand.
+
+These hold the harness (verl_reference.py) itself; the tests comparing minigrpo's objectives with the
+reference live beside those objectives' other tests.
+"""
+
+import sys
+
+import pytest
+import torch
+
+# (B, T) = (4, 4): ragged, right-padded completions
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float32)
+
+
+def test_verl_grpo_advantages_are_each_groups_z_scores_on_valid_tokens(verl_reference):
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5])
+    mask = torch.cat([MASK, MASK[:2]])  # (6, 4)
+    groups = [7, 7, 7, 3, 3, 3]
+    grouped = rewards.view(2, 3)
+    by_hand = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(
+        6, 1
+    ) * mask
+
+    advantages, returns = verl_reference.advantages("grpo", rewards, mask, groups)
+
+    torch.testing.assert_close(advantages, by_hand, rtol=0, atol=1e-6)
+    torch.testing.assert_close(returns, advantages)
+    centred, _ = verl_reference.advantages("grpo", rewards, mask, groups, norm_adv_by_std_in_grpo=False)
+    torch.testing.assert_close(centred, (grouped - grouped.mean(1, keepdim=True)).view(6, 1) * mask)
+
+
+def test_verl_rloo_baseline_is_the_mean_of_the_others(verl_reference):
+    rewards = torch.tensor([1.0, 0.0, 0.25, 2.0])
+    others_mean = (rewards.view(2, 2).sum(1, keepdim=True) - rewards.view(2, 2)).view(
+        4
+    )  # G = 2: the other one
+
+    advantages, _ = verl_reference.advantages("rloo", rewards, MASK, [0, 0, 1, 1])
+
+    torch.testing.assert_close(advantages, (rewards - others_mean).view(4, 1) * MASK)
+
+
+def test_verl_kl_in_reward_and_reinforce_plus_plus_returns(verl_reference):
+    rewards = torch.tensor([1.0, 0.0, 0.5, 2.0])
+    old_log_probs = -torch.rand(4, 4)
+    ref_log_prob = -torch.rand(4, 4)
+
+    token_rewards, _ = verl_reference.kl_in_reward(rewards, MASK, old_log_probs, ref_log_prob, kl_coef=0.5)
+    _, returns = verl_reference.advantages(
+        "reinforce_plus_plus", token_rewards, MASK, [0, 0, 1, 1], gamma=1.0
+    )
+
+    outcome = verl_reference.token_rewards(rewards, MASK)
+    torch.testing.assert_close(token_rewards, outcome - 0.5 * (old_log_probs - ref_log_prob) * MASK)
+    torch.testing.assert_close(returns, token_rewards.flip(-1).cumsum(-1).flip(-1) * MASK)
+
+
+def test_verl_vanilla_loss_inside_the_clip_is_the_plain_surrogate(verl_reference):
+    old_log_prob = -torch.rand(4, 4) - 0.5
+    log_prob = (old_log_prob + 0.1 * torch.rand(4, 4) - 0.05).requires_grad_()  # ratios in (0.95, 1.06)
+    advantages = torch.randn(4, 1).expand(4, 4)
+
+    loss, metrics = verl_reference.policy_loss("vanilla", old_log_prob, log_prob, advantages, MASK)
+    surrogate = -(advantages * (log_prob - old_log_prob).exp() * MASK).sum() / MASK.sum()
+
+    torch.testing.assert_close(loss, surrogate)
+    grad, surrogate_grad = (torch.autograd.grad(value, log_prob)[0] for value in (loss, surrogate))
+    torch.testing.assert_close(grad, surrogate_grad)
+    assert metrics["actor/pg_clipfrac"] == 0.0
+
+
+def test_verl_vanilla_dual_clip_caps_a_negative_advantages_loss_at_clip_ratio_c(verl_reference):
+    old_log_prob = torch.full((1, 2), -3.0)
+    log_prob = torch.full((1, 2), -3.0 + torch.log(torch.tensor(5.0)).item(), requires_grad=True)  # ratio 5
+    advantages = torch.full((1, 2), -1.0)
+
+    loss, metrics = verl_reference.policy_loss(
+        "vanilla", old_log_prob, log_prob, advantages, torch.ones(1, 2), clip_ratio_c=3.0
+    )
+
+    torch.testing.assert_close(loss, torch.tensor(3.0))  # -A * clip_ratio_c, not -A * ratio = 5
+    assert metrics["actor/pg_clipfrac_lower"] == 1.0
+    assert torch.autograd.grad(loss, log_prob)[0].abs().sum() == 0
+
+
+def test_verl_settings_it_does_not_have_are_refused(verl_reference):
+    with pytest.raises(TypeError, match="clip_ratio_C"):
+        verl_reference.policy_loss(
+            "vanilla",
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.ones(1, 1),
+            torch.ones(1, 1),
+            clip_ratio_C=2,
+        )
+
+
+# clip_cov's covariances cov(A, log pi): positive for (0, 0), (0, 2), (1, 0), (1, 2), negative elsewhere
+CLIP_COV_ADVANTAGES = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.0, 1.0, -1.0, -1.0]])
+CLIP_COV_LOG_PROB = torch.tensor([[-0.5, -2.0, -2.1, -0.6], [-0.7, -1.9, -2.2, -0.4]])
+
+
+def clip_cov_dropped_tokens(verl_reference, clip_cov_ratio, seed):
+    """(n, 2): the tokens verl's clip_cov drops (zero gradient), drawn under torch's seed `seed`."""
+    log_prob = CLIP_COV_LOG_PROB.clone().requires_grad_()
+    torch.manual_seed(seed)
+    loss, _ = verl_reference.policy_loss(
+        "clip_cov",
+        CLIP_COV_LOG_PROB,  # ratio 1: no ratio is clipped, the 4 positive covariances are candidates
+        log_prob,
+        CLIP_COV_ADVANTAGES,
+        torch.ones(2, 4),
+        clip_cov_ratio=clip_cov_ratio,
+        clip_cov_lb=0.0,
+        clip_cov_ub=100.0,
+    )
+    return torch.nonzero(torch.autograd.grad(loss, log_prob)[0] == 0)
+
+
+def test_verl_clip_cov_is_deterministic_when_every_candidate_is_clipped(verl_reference):
+    every_candidate = torch.tensor([[0, 0], [0, 2], [1, 0], [1, 2]])
+    for seed in range(4):  # clip_num = int(0.5 * 8 tokens) = 4 = the candidates: the draw chooses nothing
+        assert torch.equal(clip_cov_dropped_tokens(verl_reference, 0.5, seed), every_candidate)
+
+
+def test_verl_clip_cov_draw_is_reproduced_by_seeding_and_the_same_randperm(verl_reference):
+    candidates = clip_cov_dropped_tokens(
+        verl_reference, 0.5, seed=0
+    )  # row-major, as torch.nonzero lists them
+    draws = set()
+    for seed in range(8):  # clip_num = int(0.25 * 8 tokens) = 2 of the 4 candidates
+        dropped = clip_cov_dropped_tokens(verl_reference, 0.25, seed)
+        torch.manual_seed(seed)
+        mine = candidates[torch.randperm(len(candidates))[:2]]
+        assert sorted(map(tuple, dropped.tolist())) == sorted(map(tuple, mine.tolist()))
+        draws.add(tuple(map(tuple, dropped.tolist())))
+    assert len(draws) > 1  # the choice is random: a seed is what makes it reproducible
+
+
+def test_verl_harness_leaves_no_stub_modules_behind(verl_reference):
+    def stubbed():
+        return {
+            name: sys.modules[name]
+            for name in sys.modules
+            if name.split(".")[0] in verl_reference.STUBBED_PACKAGES
+        }
+
+    before = stubbed()
+    fresh = verl_reference.load.__wrapped__()  # runs verl's files again, stubs in place meanwhile
+
+    assert fresh.core_algos.get_policy_loss_fn("vanilla") is not None
+    assert stubbed() == before
+    assert "verl" not in sys.modules and "omegaconf" not in sys.modules and "tensordict" not in sys.modules
+
+
+def test_verl_wheel_not_found_skips_saying_how_to_get_it(verl_reference, monkeypatch, tmp_path):
+    monkeypatch.setenv(verl_reference.WHEEL_ENV, str(tmp_path / "missing.whl"))
+    with pytest.raises(verl_reference.WheelUnavailable, match="missing.whl is not a file"):
+        verl_reference.wheel_path()
+
+    def unavailable():
+        raise verl_reference.WheelUnavailable("offline")
+
+    monkeypatch.setattr(verl_reference, "load", unavailable)
+    with pytest.raises(pytest.skip.Exception, match="offline.*MINIGRPO_VERL_WHEEL.*pip download verl==0.9.1"):
+        verl_reference.require()
+
+
+def test_verl_wheel_with_other_bytes_is_an_error_not_a_skip(verl_reference, monkeypatch, tmp_path):
+    other = tmp_path / verl_reference.WHEEL_NAME
+    other.write_bytes(b"not verl")
+    monkeypatch.setenv(verl_reference.WHEEL_ENV, str(other))
+    with pytest.raises(verl_reference.WrongWheel, match="is not verl 0.9.1's wheel"):
+        verl_reference.wheel_path()
