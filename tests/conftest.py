@@ -39,6 +39,16 @@ def verl_reference():
     return verl_reference
 
 
+@pytest.fixture(scope="session")
+def trl_reference():
+    """TRL 1.16's own GRPOTrainer._compute_loss (tests/trl_reference.py); the tests that ask for it skip
+    when the installed trl is not 1.16.0."""
+    import trl_reference
+
+    trl_reference.require()
+    return trl_reference
+
+
 # ---------------------------------------------------------------- work beside the suite
 # A test file whose fixtures are mostly other processes' work (torchrun jobs, the benchmarks' smoke runs,
 # inductor compiling) puts that work in a module-level `background_work(tmp_path_factory)`, which runs it

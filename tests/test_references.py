@@ -1,7 +1,7 @@
-"""The reference harness loads and calls verl's own code: small cases whose answer is known by hand.
+"""The reference harnesses load and call verl's and TRL's own code: small cases whose answer is known by hand.
 
-These hold the harness (verl_reference.py) itself; the tests comparing minigrpo's objectives with the
-reference live beside those objectives' other tests.
+These hold the harnesses (verl_reference.py, trl_reference.py) themselves; the tests comparing minigrpo's
+objectives with the references live beside those objectives' other tests.
 """
 
 import sys
@@ -173,3 +173,75 @@ def test_verl_wheel_with_other_bytes_is_an_error_not_a_skip(verl_reference, monk
     monkeypatch.setenv(verl_reference.WHEEL_ENV, str(other))
     with pytest.raises(verl_reference.WrongWheel, match="is not verl 0.9.1's wheel"):
         verl_reference.wheel_path()
+
+
+def test_trl_grpo_loss_is_the_mean_of_each_completions_token_mean(trl_reference):
+    old_log_prob = -torch.rand(4, 4) - 0.5
+    log_prob = (old_log_prob + 0.1 * torch.rand(4, 4) - 0.05).requires_grad_()  # ratios inside the clip
+    advantages = torch.randn(4)
+    entropies = torch.rand(4, 4)
+
+    loss, metrics = trl_reference.loss("grpo", log_prob, old_log_prob, advantages, MASK, entropies)
+    per_token_loss = -(log_prob - old_log_prob).exp() * advantages.unsqueeze(1)
+    by_hand = ((per_token_loss * MASK).sum(-1) / MASK.sum(-1)).mean()
+
+    torch.testing.assert_close(loss, by_hand)
+    grad, by_hand_grad = (torch.autograd.grad(value, log_prob)[0] for value in (loss, by_hand))
+    torch.testing.assert_close(grad, by_hand_grad)
+    assert metrics["clip_ratio/region_mean"] == 0.0
+    torch.testing.assert_close(metrics["entropy"], ((entropies * MASK).sum() / MASK.sum()).item())
+
+
+def test_trl_sapo_equals_verl_sapo_on_the_same_batch(trl_reference, verl_reference):
+    old_log_prob = -torch.rand(4, 4) - 0.5
+    log_prob = (old_log_prob + torch.randn(4, 4)).requires_grad_()  # ratios far outside any clip
+    advantages = torch.tensor([1.0, -0.5, 0.0, 2.0])
+
+    trl_loss, _ = trl_reference.loss("sapo", log_prob, old_log_prob, advantages, MASK, torch.zeros(4, 4))
+    verl_loss, _ = verl_reference.policy_loss(
+        "sapo", old_log_prob, log_prob, advantages.view(4, 1) * MASK, MASK
+    )
+
+    torch.testing.assert_close(trl_loss, verl_loss, rtol=0, atol=1e-6)
+    trl_grad, verl_grad = (torch.autograd.grad(value, log_prob)[0] for value in (trl_loss, verl_loss))
+    torch.testing.assert_close(trl_grad, verl_grad, rtol=0, atol=1e-6)
+
+
+def no_advantage_micro_batch(entropies, mask):
+    """A micro-batch whose policy term is zero: its loss is the entropy bonus alone."""
+    log_prob = torch.zeros(mask.shape)
+    return dict(
+        per_token_logps=log_prob,
+        old_per_token_logps=log_prob,
+        advantages=torch.zeros(len(mask)),
+        completion_mask=mask,
+        entropies=entropies,
+    )
+
+
+def test_trl_adaptive_coefficient_rises_when_entropy_is_below_target_and_applies_a_step_later(trl_reference):
+    low = no_advantage_micro_batch(torch.full((2, 3), 0.1), torch.ones(2, 3))  # entropy 0.1 < target 0.4
+    high = no_advantage_micro_batch(torch.full((2, 3), 0.9), torch.ones(2, 3))  # entropy 0.9 > target
+    driver = trl_reference.AdaptiveEntropy(
+        gradient_accumulation_steps=2, entropy_coef=0.1, entropy_target=0.4, entropy_coef_delta=0.01
+    )
+
+    coefficients, losses = driver.run([[low, low], [low, low], [high, high], [low, low]])
+
+    torch.testing.assert_close(coefficients, [0.11, 0.12, 0.11, 0.12])
+    # coefficient applied (the previous step's, if its entropy was <= target) * token mean / 2 micro-batches
+    expected = [0.0, -0.11 * 0.1 / 2, -0.12 * 0.9 / 2, 0.0]  # step 1: no entropy measured yet
+    for step_losses, step_expected in zip(losses, expected, strict=True):
+        torch.testing.assert_close([loss.item() for loss in step_losses], [step_expected] * 2)
+
+
+def test_trl_adaptive_step_entropy_weighs_tokens_not_micro_batches(trl_reference):
+    one_token = no_advantage_micro_batch(torch.tensor([[1.0, 1.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0]]))
+    three_tokens = no_advantage_micro_batch(torch.tensor([[0.1, 0.1, 0.1]]), torch.tensor([[1.0, 1.0, 1.0]]))
+    driver = trl_reference.AdaptiveEntropy(gradient_accumulation_steps=2, entropy_target=0.4)
+
+    driver.step([one_token, three_tokens])
+
+    # (1.0 + 3 * 0.1) / 4 tokens = 0.325 <= 0.4, though the micro-batches' means average 0.55
+    assert driver.last_step_entropy == pytest.approx(0.325)
+    assert driver.entropy_coef == pytest.approx(0.005)  # GRPOConfig's entropy_coef 0.0 plus its delta 0.005
