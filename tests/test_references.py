@@ -4,7 +4,11 @@ These hold the harnesses (verl_reference.py, trl_reference.py) themselves; the t
 objectives with the references live beside those objectives' other tests.
 """
 
+import shutil
+import subprocess
 import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +60,18 @@ def test_verl_kl_in_reward_and_reinforce_plus_plus_returns(verl_reference):
     torch.testing.assert_close(returns, token_rewards.flip(-1).cumsum(-1).flip(-1) * MASK)
 
 
+def test_verl_remax_subtracts_each_completions_baseline_from_its_returns(verl_reference):
+    rewards = torch.tensor([1.0, 0.0, 0.5, 2.0])
+    baselines = torch.tensor([0.5, 0.5, 1.0, 1.0])  # ReMax: the greedy completion's reward
+
+    advantages, returns = verl_reference.advantages(
+        "remax", rewards, MASK, [0, 0, 1, 1], reward_baselines=baselines
+    )
+
+    torch.testing.assert_close(returns, rewards.view(4, 1) * MASK)  # the outcome reward, on every valid token
+    torch.testing.assert_close(advantages, (rewards - baselines).view(4, 1) * MASK)
+
+
 def test_verl_vanilla_loss_inside_the_clip_is_the_plain_surrogate(verl_reference):
     old_log_prob = -torch.rand(4, 4) - 0.5
     log_prob = (old_log_prob + 0.1 * torch.rand(4, 4) - 0.05).requires_grad_()  # ratios in (0.95, 1.06)
@@ -68,6 +84,11 @@ def test_verl_vanilla_loss_inside_the_clip_is_the_plain_surrogate(verl_reference
     grad, surrogate_grad = (torch.autograd.grad(value, log_prob)[0] for value in (loss, surrogate))
     torch.testing.assert_close(grad, surrogate_grad)
     assert metrics["actor/pg_clipfrac"] == 0.0
+    per_sequence, _ = verl_reference.policy_loss(
+        "vanilla", old_log_prob, log_prob, advantages, MASK, loss_agg_mode="seq-mean-token-mean"
+    )
+    per_token = -advantages * (log_prob - old_log_prob).exp()
+    torch.testing.assert_close(per_sequence, ((per_token * MASK).sum(-1) / MASK.sum(-1)).mean())
 
 
 def test_verl_vanilla_dual_clip_caps_a_negative_advantages_loss_at_clip_ratio_c(verl_reference):
@@ -85,6 +106,8 @@ def test_verl_vanilla_dual_clip_caps_a_negative_advantages_loss_at_clip_ratio_c(
 
 
 def test_verl_settings_it_does_not_have_are_refused(verl_reference):
+    with pytest.raises(TypeError, match="AlgoConfig has no field norm_adv_by_std"):
+        verl_reference.advantages("grpo", torch.ones(2), torch.ones(2, 1), [0, 0], norm_adv_by_std=False)
     with pytest.raises(TypeError, match="clip_ratio_C"):
         verl_reference.policy_loss(
             "vanilla",
@@ -165,6 +188,59 @@ def test_verl_wheel_not_found_skips_saying_how_to_get_it(verl_reference, monkeyp
     monkeypatch.setattr(verl_reference, "load", unavailable)
     with pytest.raises(pytest.skip.Exception, match="offline.*MINIGRPO_VERL_WHEEL.*pip download verl==0.9.1"):
         verl_reference.require()
+
+
+def test_verl_wheel_is_read_where_the_variable_or_else_the_cache_says(verl_reference, monkeypatch, tmp_path):
+    wheel = verl_reference.wheel_path()  # wherever this session found it
+    monkeypatch.setenv(verl_reference.WHEEL_ENV, str(wheel))
+    assert verl_reference.wheel_path() == wheel
+
+    monkeypatch.delenv(verl_reference.WHEEL_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cached = tmp_path / "minigrpo" / "tests" / verl_reference.WHEEL_NAME
+    cached.parent.mkdir(parents=True)
+    shutil.copyfile(wheel, cached)
+    monkeypatch.setattr(verl_reference, "_download", None)  # a fetch would fail: the cached file is read
+    assert verl_reference.wheel_path() == cached
+
+
+def fake_pip(wheel, commands, returncode=0, stderr=""):
+    """subprocess as verl_reference sees it, its pip writing `wheel` into the -d folder when it succeeds."""
+
+    def run(command, **_):
+        commands.append(command)
+        if returncode == 0:
+            shutil.copyfile(wheel, Path(command[command.index("-d") + 1]) / wheel.name)
+        return subprocess.CompletedProcess(command, returncode, "", stderr)
+
+    return types.SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired)
+
+
+def test_verl_wheel_pip_fetches_lands_whole_in_the_cache(verl_reference, monkeypatch, tmp_path):
+    wheel = verl_reference.wheel_path()
+    monkeypatch.delenv(verl_reference.WHEEL_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    commands = []
+    monkeypatch.setattr(verl_reference, "subprocess", fake_pip(wheel, commands))
+
+    fetched = verl_reference.wheel_path()
+
+    assert fetched == tmp_path / "minigrpo" / "tests" / verl_reference.WHEEL_NAME
+    assert fetched.read_bytes() == wheel.read_bytes()
+    assert [path.name for path in fetched.parent.iterdir()] == [verl_reference.WHEEL_NAME]  # no folder left
+    assert commands[0][:4] == [sys.executable, "-m", "pip", "download"]
+    assert "verl==0.9.1" in commands[0] and "--no-deps" in commands[0]
+
+
+def test_verl_wheel_pip_cannot_fetch_says_why_and_leaves_nothing(verl_reference, monkeypatch, tmp_path):
+    monkeypatch.delenv(verl_reference.WHEEL_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    failing = fake_pip(None, [], returncode=1, stderr="Looking in indexes\nERROR: No matching distribution\n")
+    monkeypatch.setattr(verl_reference, "subprocess", failing)
+
+    with pytest.raises(verl_reference.WheelUnavailable, match="pip download failed: ERROR: No matching"):
+        verl_reference.wheel_path()
+    assert list((tmp_path / "minigrpo" / "tests").iterdir()) == []
 
 
 def test_verl_wheel_with_other_bytes_is_an_error_not_a_skip(verl_reference, monkeypatch, tmp_path):

@@ -226,7 +226,7 @@ def _module(name, **attributes):
 
 
 def _stub_modules():
-    """The stand-ins for verl's heavy imports, by module name; packages get a __path__, as packages have."""
+    """The stand-ins for verl's heavy imports, by full module name (which is how imports find them)."""
     stubs = {
         "omegaconf": _module("omegaconf", DictConfig=type("DictConfig", (), {})),
         "tensordict": _module("tensordict", TensorDict=type("TensorDict", (), {})),
@@ -242,23 +242,17 @@ def _stub_modules():
         ),
     }
     for package in ("verl", "verl.trainer", "verl.trainer.ppo", "verl.utils", "verl.workers"):
-        stubs[package] = _module(package, __path__=[])
-    for name, module in stubs.items():
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(stubs[parent], child, module)
+        stubs[package] = _module(package)
     return stubs
 
 
-def _run_file(modules, wheel, sources, path):
-    """Runs the wheel's file `path` as the module it is in verl (in sys.modules, and on its parent)."""
+def _run_file(wheel, sources, path):
+    """Runs the wheel's file `path` as the module it is in verl, in sys.modules for the files after it."""
     name = path.removesuffix(".py").replace("/", ".")
     filename = f"{wheel}/{path}"
     register_source(filename, sources[path])
     module = _module(name, __file__=filename)
     sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    setattr(modules[parent], child, module)
     exec(compile(sources[path], filename, "exec"), module.__dict__)
     return module
 
@@ -282,12 +276,12 @@ def load():
         sources = {path: archive.read(path).decode() for path in VERL_FILES}
     modules = _stub_modules()
     with _modules_swapped(modules):  # each file after the ones it imports
-        _run_file(modules, wheel, sources, "verl/utils/import_utils.py")
-        groupwise = _run_file(modules, wheel, sources, "verl/utils/groupwise.py")
+        _run_file(wheel, sources, "verl/utils/import_utils.py")
+        groupwise = _run_file(wheel, sources, "verl/utils/groupwise.py")
         modules["verl.utils"].as_torch_index = groupwise.as_torch_index
         modules["verl.utils"].group_mean_std = groupwise.group_mean_std
-        torch_functional = _run_file(modules, wheel, sources, "verl/utils/torch_functional.py")
-        core_algos = _run_file(modules, wheel, sources, "verl/trainer/ppo/core_algos.py")
+        torch_functional = _run_file(wheel, sources, "verl/utils/torch_functional.py")
+        core_algos = _run_file(wheel, sources, "verl/trainer/ppo/core_algos.py")
     namespace = {
         "DataProto": DataProto,
         "AdvantageEstimator": core_algos.AdvantageEstimator,
