@@ -161,27 +161,29 @@ def test_verl_clip_cov_draw_is_reproduced_by_seeding_and_the_same_randperm(verl_
     assert len(draws) > 1  # the choice is random: a seed is what makes it reproducible
 
 
-def test_verl_harness_leaves_no_stub_modules_behind(verl_reference):
+def test_verl_harness_leaves_no_stub_modules_behind(verl_reference, monkeypatch):
     def stubbed():
-        return {
-            name: sys.modules[name]
-            for name in sys.modules
-            if name.split(".")[0] in verl_reference.STUBBED_PACKAGES
-        }
+        packages = verl_reference.STUBBED_PACKAGES
+        return {name: module for name, module in sys.modules.items() if name.split(".")[0] in packages}
 
+    a_real_omegaconf = types.ModuleType("omegaconf")  # one of the stubbed names, there before: it comes back
+    monkeypatch.setitem(sys.modules, "omegaconf", a_real_omegaconf)
     before = stubbed()
     fresh = verl_reference.load.__wrapped__()  # runs verl's files again, stubs in place meanwhile
 
     assert fresh.core_algos.get_policy_loss_fn("vanilla") is not None
     assert stubbed() == before
-    assert "verl" not in sys.modules and "omegaconf" not in sys.modules and "tensordict" not in sys.modules
+    assert sys.modules["omegaconf"] is a_real_omegaconf
+    assert not any(name in sys.modules for name in ("verl", "verl.utils", "tensordict"))
 
 
-def test_verl_wheel_not_found_skips_saying_how_to_get_it(verl_reference, monkeypatch, tmp_path):
+def test_verl_wheel_named_but_missing_is_an_error_not_a_skip(verl_reference, monkeypatch, tmp_path):
     monkeypatch.setenv(verl_reference.WHEEL_ENV, str(tmp_path / "missing.whl"))
-    with pytest.raises(verl_reference.WheelUnavailable, match="missing.whl is not a file"):
+    with pytest.raises(verl_reference.WrongWheel, match="MINIGRPO_VERL_WHEEL=.*missing.whl is not a file"):
         verl_reference.wheel_path()
 
+
+def test_verl_wheel_unavailable_skips_saying_how_to_get_it(verl_reference, monkeypatch):
     def unavailable():
         raise verl_reference.WheelUnavailable("offline")
 
@@ -220,6 +222,7 @@ def test_verl_wheel_pip_fetches_lands_whole_in_the_cache(verl_reference, monkeyp
     wheel = verl_reference.wheel_path()
     monkeypatch.delenv(verl_reference.WHEEL_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "minigrpo" / "tests").mkdir(parents=True)  # the cache's folder may be there already
     commands = []
     monkeypatch.setattr(verl_reference, "subprocess", fake_pip(wheel, commands))
 
@@ -235,7 +238,8 @@ def test_verl_wheel_pip_fetches_lands_whole_in_the_cache(verl_reference, monkeyp
 def test_verl_wheel_pip_cannot_fetch_says_why_and_leaves_nothing(verl_reference, monkeypatch, tmp_path):
     monkeypatch.delenv(verl_reference.WHEEL_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    failing = fake_pip(None, [], returncode=1, stderr="Looking in indexes\nERROR: No matching distribution\n")
+    stderr = "Looking in indexes: https://pypi.org/simple\nRetrying\nERROR: No matching distribution\n"
+    failing = fake_pip(None, [], returncode=1, stderr=stderr)
     monkeypatch.setattr(verl_reference, "subprocess", failing)
 
     with pytest.raises(verl_reference.WheelUnavailable, match="pip download failed: ERROR: No matching"):

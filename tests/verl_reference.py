@@ -14,8 +14,9 @@ Where the code comes from: these files of verl-0.9.1-py3-none-any.whl run as the
 
 How the wheel is found: $MINIGRPO_VERL_WHEEL if set; else verl-0.9.1-py3-none-any.whl in the per-user cache
 ($XDG_CACHE_HOME or ~/.cache, then minigrpo/tests/); else `python -m pip download verl==0.9.1 --no-deps
---only-binary=:all:` fetches it into that cache. When none of these works the tests skip with a one-line
-reason saying how to get it; a file that is not 0.9.1's wheel (another sha256) stops them with an error.
+--only-binary=:all:` fetches it into that cache. When neither the cache nor pip has it the tests skip with
+a one-line reason saying how to get it; a variable naming no file, or a file that is not 0.9.1's wheel
+(another sha256), stops them with an error instead: a wheel asked for by name is never silently skipped.
 
 What is stubbed, and only while those files execute (sys.modules is put back as it was afterwards: no fake
 verl, omegaconf, tensordict or transformers stays behind): omegaconf.DictConfig, tensordict.TensorDict and
@@ -99,7 +100,7 @@ class WheelUnavailable(Exception):
 
 
 class WrongWheel(Exception):
-    """A file given as verl 0.9.1's wheel is another: the tests stop rather than compare with other code."""
+    """The wheel named is missing or another file: the tests stop rather than skip or use other code."""
 
 
 # ---------------------------------------------------------------- the configs verl's code reads
@@ -162,7 +163,7 @@ def wheel_path():
     given = os.environ.get(WHEEL_ENV)
     if given:
         if not Path(given).is_file():
-            raise WheelUnavailable(f"{WHEEL_ENV}={given} is not a file")
+            raise WrongWheel(f"{WHEEL_ENV}={given} is not a file")
         return _checked(Path(given))
     cached = cache_dir() / WHEEL_NAME
     if not cached.is_file():
