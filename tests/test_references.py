@@ -4,6 +4,7 @@ These hold the harnesses (verl_reference.py, trl_reference.py) themselves; the t
 objectives with the references live beside those objectives' other tests.
 """
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -325,3 +326,133 @@ def test_trl_adaptive_step_entropy_weighs_tokens_not_micro_batches(trl_reference
     # (1.0 + 3 * 0.1) / 4 tokens = 0.325 <= 0.4, though the micro-batches' means average 0.55
     assert driver.last_step_entropy == pytest.approx(0.325)
     assert driver.entropy_coef == pytest.approx(0.005)  # GRPOConfig's entropy_coef 0.0 plus its delta 0.005
+
+
+def ratios_inside_the_clip():
+    """(old_log_prob, log_prob): (4, 4), log_prob a leaf with ratios in (0.95, 1.06)."""
+    old_log_prob = -torch.rand(4, 4) - 0.5
+    return old_log_prob, (old_log_prob + 0.1 * torch.rand(4, 4) - 0.05).requires_grad_()
+
+
+def test_trl_loss_types_divide_the_masked_sum_as_trl_documents(trl_reference):
+    old_log_prob, log_prob = ratios_inside_the_clip()
+    advantages = torch.randn(4)
+    per_token = -(log_prob - old_log_prob).exp() * advantages.unsqueeze(1)
+    masked_sum = (per_token * MASK).sum()
+    sequence_mean = ((per_token * MASK).sum(-1) / MASK.sum(-1)).mean()
+    twenty = torch.tensor(20.0)
+    cases = [
+        ("grpo", {"gradient_accumulation_steps": 2}, sequence_mean / 2),
+        ("bnpo", {}, masked_sum / MASK.sum()),
+        ("dr_grpo", {"max_completion_length": 8}, masked_sum / (4 * 8)),
+        ("dapo", {}, masked_sum / MASK.sum()),  # num_items_in_batch: this micro-batch's tokens
+        ("dapo", {"num_items_in_batch": twenty}, masked_sum / 20),
+        ("dapo", {"num_items_in_batch": twenty, "steps_per_generation": 2}, masked_sum / (20 / 2)),
+    ]
+    for loss_type, settings, by_hand in cases:
+        loss, _ = trl_reference.loss(
+            loss_type, log_prob, old_log_prob, advantages, MASK, torch.rand(4, 4), **settings
+        )
+        torch.testing.assert_close(loss, by_hand, msg=f"{loss_type} {settings}")
+
+
+def test_trl_static_entropy_bonus_kl_term_tool_mask_and_entropy_quantile(trl_reference):
+    log_prob = -torch.rand(4, 4) - 0.5  # old_per_token_logps None: ratio 1
+    no_advantage = torch.zeros(4)
+    entropies = torch.rand(4, 4)
+    token_mean_entropy = (entropies * MASK).sum() / MASK.sum()
+
+    bonus_only, metrics = trl_reference.loss(
+        "grpo", log_prob, None, no_advantage, MASK, entropies, entropy_coef=0.1
+    )
+    torch.testing.assert_close(bonus_only, -0.1 * token_mean_entropy)
+    assert metrics["entropy_coef"] == 0.1
+
+    ref_log_prob = log_prob - 0.3 * torch.rand(4, 4)
+    kl = (ref_log_prob - log_prob).exp() - (ref_log_prob - log_prob) - 1
+    kl_only, _ = trl_reference.loss(
+        "grpo", log_prob, None, no_advantage, MASK, entropies, beta=0.04, ref_per_token_logps=ref_log_prob
+    )
+    torch.testing.assert_close(kl_only, 0.04 * ((kl * MASK).sum(-1) / MASK.sum(-1)).mean())
+
+    old_log_prob, log_prob = ratios_inside_the_clip()
+    advantages = torch.randn(4)
+    tool_mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]]).expand(4, 4)
+    with_tool_mask, _ = trl_reference.loss(
+        "grpo", log_prob, old_log_prob, advantages, MASK, entropies, tool_mask=tool_mask
+    )
+    masked, _ = trl_reference.loss("grpo", log_prob, old_log_prob, advantages, MASK * tool_mask, entropies)
+    torch.testing.assert_close(with_tool_mask, masked)
+
+    top_token, _ = trl_reference.loss(
+        "grpo", log_prob, old_log_prob, advantages, MASK, entropies, top_entropy_quantile=0.0
+    )
+    highest = (entropies * MASK == (entropies * MASK).max()).float()  # quantile 0: the top token alone
+    per_token = -(log_prob - old_log_prob).exp() * advantages.unsqueeze(1)
+    torch.testing.assert_close(top_token, ((per_token * highest * MASK).sum(-1) / MASK.sum(-1)).mean())
+
+
+def test_trl_settings_it_does_not_have_are_refused(trl_reference):
+    with pytest.raises(TypeError, match="GRPOConfig has no field epsilon_hi"):
+        trl_reference.loss(
+            "grpo", torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), torch.ones(1, 1), epsilon_hi=1
+        )
+
+
+def test_trl_not_installed_or_another_version_skips_saying_how_to_get_it(trl_reference, monkeypatch):
+    installed_spec = importlib.util.find_spec("trl")
+
+    def importlib_finding(version, spec):
+        """importlib as trl_reference sees it, finding `spec` for trl and reading `version` for it."""
+        metadata = types.SimpleNamespace(version=lambda name: version)
+        return types.SimpleNamespace(
+            metadata=metadata, util=types.SimpleNamespace(find_spec=lambda name: spec)
+        )
+
+    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.15.0", installed_spec))
+    with pytest.raises(trl_reference.TrlUnavailable, match="trl 1.15.0 is installed"):
+        trl_reference._trl_folder()
+    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.16.0", None))
+    with pytest.raises(trl_reference.TrlUnavailable, match="trl is not installed"):
+        trl_reference._trl_folder()
+    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.16.0", installed_spec))
+    assert (trl_reference._trl_folder() / "trainer" / "grpo_trainer.py").is_file()
+
+    def unavailable():
+        raise trl_reference.TrlUnavailable("trl 1.15.0 is installed")
+
+    monkeypatch.setattr(trl_reference, "load", unavailable)
+    with pytest.raises(pytest.skip.Exception, match="trl 1.15.0 is installed.*pip install trl==1.16.0"):
+        trl_reference.require()
+
+
+def test_trl_metrics_are_each_micro_batchs_own(trl_reference):
+    stand_in = trl_reference.trainer(gradient_accumulation_steps=2, use_adaptive_entropy=True)
+    micro_batch = no_advantage_micro_batch(torch.full((1, 2), 0.1), torch.ones(1, 2))
+
+    _, first = stand_in.micro_batch_loss(**micro_batch, sync_gradients=False)
+    _, last = stand_in.micro_batch_loss(**micro_batch, sync_gradients=True)
+    _, next_first = stand_in.micro_batch_loss(**micro_batch, sync_gradients=False)
+
+    assert "entropy_coef" not in first and "entropy_coef" not in next_first  # logged at the step's end only
+    assert last["entropy_coef"] == pytest.approx(0.005)
+
+
+def test_trl_adaptive_driver_steps_an_optimizer_on_micro_batches_made_in_turn(trl_reference):
+    entropy = torch.tensor(0.1, requires_grad=True)  # every token's, a parameter the optimizer moves
+    optimizer = torch.optim.SGD([entropy], lr=1.0)
+
+    def micro_batch():
+        return no_advantage_micro_batch(entropy * torch.ones(2, 3), torch.ones(2, 3))
+
+    driver = trl_reference.AdaptiveEntropy(
+        gradient_accumulation_steps=2, entropy_coef=0.1, entropy_target=0.4, entropy_coef_delta=0.01
+    )
+
+    driver.step([micro_batch, micro_batch], optimizer)  # no coefficient applied yet
+    assert entropy.item() == pytest.approx(0.1)
+    driver.step([micro_batch, micro_batch], optimizer)  # 0.11: two losses -0.11 * entropy / 2
+    assert entropy.item() == pytest.approx(0.1 + 0.11)
+    assert entropy.grad is None  # zeroed after the step
+    with pytest.raises(ValueError, match="1 micro-batches for gradient_accumulation_steps=2"):
+        driver.step([micro_batch])

@@ -64,28 +64,26 @@ class TrlUnavailable(Exception):
 class _Accelerator:
     """accelerate's Accelerator on one process, as _compute_loss uses it: every collective is the identity."""
 
-    num_processes = 1
-    sync_gradients = True
+    num_processes = 1  # sync_gradients is set before each micro-batch
 
     def gather(self, tensor):
         return tensor
 
-    def reduce(self, tensor, reduction="sum"):
+    def reduce(self, tensor, reduction):
         return tensor
 
-    def pad_across_processes(self, tensor, dim=0, pad_index=0):
+    def pad_across_processes(self, tensor, dim, pad_index):
         return tensor
 
 
 class _StandIn:
     """The `self` of GRPOTrainer._compute_loss; load() adds TRL's methods to a subclass of it."""
 
-    def __init__(self, config_defaults, gradient_accumulation_steps=1, **settings):
+    def __init__(self, config_defaults, gradient_accumulation_steps, **settings):
         unknown = [key for key in settings if key not in config_defaults]
         if unknown:
             raise TypeError(f"TRL {TRL_VERSION}'s GRPOConfig has no field {', '.join(unknown)}")
         args = types.SimpleNamespace(**{**config_defaults, **settings})
-        args.gradient_accumulation_steps = gradient_accumulation_steps
         if args.steps_per_generation is None:  # GRPOConfig.__post_init__
             args.steps_per_generation = gradient_accumulation_steps
         self.args = args
@@ -98,8 +96,9 @@ class _StandIn:
         self.max_completion_length = args.max_completion_length
         self.top_entropy_quantile = args.top_entropy_quantile
         self.off_policy_mask_threshold = args.off_policy_mask_threshold
-        self.use_vllm = False  # left out: the sampler's importance-sampling correction
-        self.vllm_importance_sampling_correction = args.vllm_importance_sampling_correction
+        self.use_vllm = (
+            False  # left out: the sampler's importance-sampling correction (so its flag is not read)
+        )
         self.aux_loss_enabled = False  # left out: MoE router losses
         self.entropy_coef = args.entropy_coef
         self.use_adaptive_entropy = args.use_adaptive_entropy
