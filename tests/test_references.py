@@ -4,7 +4,6 @@ These hold the harnesses (verl_reference.py, trl_reference.py) themselves; the t
 objectives with the references live beside those objectives' other tests.
 """
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -178,13 +177,17 @@ def test_verl_harness_leaves_no_stub_modules_behind(verl_reference, monkeypatch)
     assert not any(name in sys.modules for name in ("verl", "verl.utils", "tensordict"))
 
 
-def test_verl_wheel_named_but_missing_is_an_error_not_a_skip(verl_reference, monkeypatch, tmp_path):
+def test_verl_wheel_named_but_missing_is_an_error_not_a_skip(monkeypatch, tmp_path):
+    import verl_reference  # not the fixture: these hold while the wheel is missing
+
     monkeypatch.setenv(verl_reference.WHEEL_ENV, str(tmp_path / "missing.whl"))
     with pytest.raises(verl_reference.WrongWheel, match="MINIGRPO_VERL_WHEEL=.*missing.whl is not a file"):
         verl_reference.wheel_path()
 
 
-def test_verl_wheel_unavailable_skips_saying_how_to_get_it(verl_reference, monkeypatch):
+def test_verl_wheel_unavailable_skips_saying_how_to_get_it(monkeypatch):
+    import verl_reference  # not the fixture: these hold while the wheel is missing
+
     def unavailable():
         raise verl_reference.WheelUnavailable("offline")
 
@@ -236,7 +239,9 @@ def test_verl_wheel_pip_fetches_lands_whole_in_the_cache(verl_reference, monkeyp
     assert "verl==0.9.1" in commands[0] and "--no-deps" in commands[0]
 
 
-def test_verl_wheel_pip_cannot_fetch_says_why_and_leaves_nothing(verl_reference, monkeypatch, tmp_path):
+def test_verl_wheel_pip_cannot_fetch_says_why_and_leaves_nothing(monkeypatch, tmp_path):
+    import verl_reference  # not the fixture: these hold while the wheel is missing
+
     monkeypatch.delenv(verl_reference.WHEEL_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     stderr = "Looking in indexes: https://pypi.org/simple\nRetrying\nERROR: No matching distribution\n"
@@ -248,7 +253,9 @@ def test_verl_wheel_pip_cannot_fetch_says_why_and_leaves_nothing(verl_reference,
     assert list((tmp_path / "minigrpo" / "tests").iterdir()) == []
 
 
-def test_verl_wheel_with_other_bytes_is_an_error_not_a_skip(verl_reference, monkeypatch, tmp_path):
+def test_verl_wheel_with_other_bytes_is_an_error_not_a_skip(monkeypatch, tmp_path):
+    import verl_reference  # not the fixture: these hold while the wheel is missing
+
     other = tmp_path / verl_reference.WHEEL_NAME
     other.write_bytes(b"not verl")
     monkeypatch.setenv(verl_reference.WHEEL_ENV, str(other))
@@ -270,6 +277,7 @@ def test_trl_grpo_loss_is_the_mean_of_each_completions_token_mean(trl_reference)
     grad, by_hand_grad = (torch.autograd.grad(value, log_prob)[0] for value in (loss, by_hand))
     torch.testing.assert_close(grad, by_hand_grad)
     assert metrics["clip_ratio/region_mean"] == 0.0
+    assert "entropy_coef" not in metrics  # entropy_coef 0 and no adaptive control: no bonus at all
     torch.testing.assert_close(metrics["entropy"], ((entropies * MASK).sum() / MASK.sum()).item())
 
 
@@ -399,8 +407,8 @@ def test_trl_settings_it_does_not_have_are_refused(trl_reference):
         )
 
 
-def test_trl_not_installed_or_another_version_skips_saying_how_to_get_it(trl_reference, monkeypatch):
-    installed_spec = importlib.util.find_spec("trl")
+def test_trl_not_installed_or_another_version_skips_saying_how_to_get_it(monkeypatch, tmp_path):
+    import trl_reference  # not the fixture: it would skip this very test if the check were wrong
 
     def importlib_finding(version, spec):
         """importlib as trl_reference sees it, finding `spec` for trl and reading `version` for it."""
@@ -409,14 +417,15 @@ def test_trl_not_installed_or_another_version_skips_saying_how_to_get_it(trl_ref
             metadata=metadata, util=types.SimpleNamespace(find_spec=lambda name: spec)
         )
 
-    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.15.0", installed_spec))
+    package = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.16.0", package))
+    assert trl_reference._trl_folder() == tmp_path
+    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.15.0", package))
     with pytest.raises(trl_reference.TrlUnavailable, match="trl 1.15.0 is installed"):
         trl_reference._trl_folder()
     monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.16.0", None))
     with pytest.raises(trl_reference.TrlUnavailable, match="trl is not installed"):
         trl_reference._trl_folder()
-    monkeypatch.setattr(trl_reference, "importlib", importlib_finding("1.16.0", installed_spec))
-    assert (trl_reference._trl_folder() / "trainer" / "grpo_trainer.py").is_file()
 
     def unavailable():
         raise trl_reference.TrlUnavailable("trl 1.15.0 is installed")

@@ -142,9 +142,8 @@ class _StandIn:
             "advantages": advantages,
             "old_per_token_logps": old_per_token_logps,
             "num_items_in_batch": completion_mask.sum() if num_items_in_batch is None else num_items_in_batch,
+            "ref_per_token_logps": ref_per_token_logps,  # read when beta != 0
         }
-        if ref_per_token_logps is not None:
-            inputs["ref_per_token_logps"] = ref_per_token_logps
         if tool_mask is not None:
             inputs["tool_mask"] = tool_mask
         self._given = (per_token_logps, entropies)
@@ -239,7 +238,7 @@ class AdaptiveEntropy:
     optimizer steps (and zeroes its gradients) after the step's last micro-batch.
     """
 
-    def __init__(self, gradient_accumulation_steps=1, **settings):
+    def __init__(self, gradient_accumulation_steps, **settings):
         self.trainer = trainer(gradient_accumulation_steps, use_adaptive_entropy=True, **settings)
 
     @property
