@@ -96,9 +96,8 @@ class _StandIn:
         self.max_completion_length = args.max_completion_length
         self.top_entropy_quantile = args.top_entropy_quantile
         self.off_policy_mask_threshold = args.off_policy_mask_threshold
-        self.use_vllm = (
-            False  # left out: the sampler's importance-sampling correction (so its flag is not read)
-        )
+        # left out: the sampler's importance-sampling correction (so its flag is never read)
+        self.use_vllm = False
         self.aux_loss_enabled = False  # left out: MoE router losses
         self.entropy_coef = args.entropy_coef
         self.use_adaptive_entropy = args.use_adaptive_entropy
@@ -134,7 +133,7 @@ class _StandIn:
         num_items_in_batch: dapo/cispo/vespo's token count of the generation batch (default: this one's).
         """
         batch_size, length = completion_mask.shape
-        inputs = {
+        inputs = {  # ids only for their shapes: the stand-in's forward hands back the tensors given
             "prompt_ids": torch.zeros((batch_size, 0), dtype=torch.long),
             "prompt_mask": torch.zeros((batch_size, 0), dtype=torch.long),
             "completion_ids": torch.zeros((batch_size, length), dtype=torch.long),
