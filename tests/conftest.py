@@ -29,6 +29,26 @@ def examples_server():
     server.close()
 
 
+@pytest.fixture(scope="session")
+def verl_reference():
+    """verl 0.9.1's own estimators and losses (tests/verl_reference.py), run from its wheel; the tests that
+    ask for it skip, with how to get the wheel, when it can be neither found nor fetched."""
+    import verl_reference
+
+    verl_reference.require()
+    return verl_reference
+
+
+@pytest.fixture(scope="session")
+def trl_reference():
+    """TRL 1.16's own GRPOTrainer._compute_loss (tests/trl_reference.py); the tests that ask for it skip
+    when the installed trl is not 1.16.0."""
+    import trl_reference
+
+    trl_reference.require()
+    return trl_reference
+
+
 # ---------------------------------------------------------------- work beside the suite
 # A test file whose fixtures are mostly other processes' work (torchrun jobs, the benchmarks' smoke runs,
 # inductor compiling) puts that work in a module-level `background_work(tmp_path_factory)`, which runs it
