@@ -139,7 +139,7 @@ class GRPOConfig:
     clip_cov_lb: float = 1.0  # clip_cov: a candidate's covariance is above this
     clip_cov_ub: float = 5.0  # clip_cov: and below this
     kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens given the |log ratio| penalty
-    ppo_kl_coef: float = 1.0  # kl_cov: the penalty's weight
+    ppo_kl_coef: float = 0.1  # kl_cov: the penalty's weight (verl's default)
     importance_sampling_level: str = "token"  # token | sequence (GSPO: one normalised ratio per completion)
     sampler_correction: str = "none"  # weight tokens by trained-on over sampler probability (update/loss.py)
     sampler_correction_cap: float = 3.0  # C: weights truncated at C, or masked outside [1/C, C]
@@ -247,7 +247,7 @@ class GRPOConfig:
         )
         _require_read("pass_k", self, estimator == "passk", "advantage_estimator='passk'")
         _require(
-            self.pass_k <= self.num_generations,
+            estimator != "passk" or self.pass_k <= self.num_generations,
             f"pass_k={self.pass_k} is more than num_generations={self.num_generations}: pass@k draws k of a "
             "group's completions",
         )

@@ -99,7 +99,7 @@ class Covariance:
         1.0,
         5.0,
     )  # clip_cov: (clip_cov_lb, clip_cov_ub) of a candidate's covariance
-    coef: float = 1.0  # kl_cov: ppo_kl_coef, the weight of |log r| on the selected tokens
+    coef: float = 0.1  # kl_cov: ppo_kl_coef, the weight of |log r| on the selected tokens
 
 
 @dataclass(frozen=True)
