@@ -275,6 +275,13 @@ def test_an_adaptive_run_resumes_its_coefficient_bit_for_bit(checkpoint, tmp_pat
 
 
 # -- bad input: one line, before any step ------------------------------------------------------------
+def test_a_setting_of_an_option_that_is_off_is_not_checked_against_others():
+    """pass_k's default (4) is more than a group of 2, which only advantage_estimator='passk' reads."""
+    assert GRPOConfig(num_generations=2).pass_k == 4
+    with pytest.raises(ValueError, match="pass_k=4 is more than num_generations=2"):
+        GRPOConfig(num_generations=2, advantage_estimator="passk")
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -300,13 +307,6 @@ def test_an_adaptive_run_resumes_its_coefficient_bit_for_bit(checkpoint, tmp_pat
         (dict(sapo_temperature_neg=2.0), "sapo_temperature_neg=2.0 is read only with loss_type='sapo'"),
     ],
 )
-def test_a_setting_of_an_option_that_is_off_is_not_checked_against_others():
-    """pass_k's default (4) is more than a group of 2, which only advantage_estimator='passk' reads."""
-    assert GRPOConfig(num_generations=2).pass_k == 4
-    with pytest.raises(ValueError, match="pass_k=4 is more than num_generations=2"):
-        GRPOConfig(num_generations=2, advantage_estimator="passk")
-
-
 def test_bad_settings_are_refused_with_a_message(settings, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(**settings)

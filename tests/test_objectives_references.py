@@ -238,7 +238,7 @@ def test_sapo_equals_trls_and_verls(verl_reference, trl_reference, seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reinforce_equals_verls_gpg_loss(verl_reference, seed):
-    """-A log p with no ratio: verl's gpg policy loss (token-mean); minigrpo's reinforce (dapo's aggregation)."""
+    """-A log p, no ratio: verl's gpg policy loss (token-mean); minigrpo's reinforce (dapo's aggregation)."""
     logprobs, old, advantages, mask, _ = tokens(seed)
     loss, _ = minigrpo_loss(dict(loss_type="reinforce"), logprobs, old, advantages, mask)
     reference, _ = verl_reference.policy_loss("gpg", old, logprobs, advantages[:, None].expand_as(mask), mask)
