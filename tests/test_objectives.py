@@ -13,7 +13,7 @@ import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.run import Trace
 from minigrpo.update import EntropyCoefficient, grpo_loss, objective_from, objective_loss
-from minigrpo.update.estimators import passk, whiten_over_tokens
+from minigrpo.update.estimators import estimator_for, kl_shaped_returns, passk, whiten_over_tokens
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
@@ -151,6 +151,31 @@ def brute_force_passk_advantages(rewards: list[float], k: int) -> list[float]:
 def test_the_analytic_passk_advantage_is_the_subsets_average(rewards, k):
     got = passk(torch.tensor(rewards, dtype=torch.float64), len(rewards), k=k).tolist()
     assert got == pytest.approx(brute_force_passk_advantages(rewards, k), abs=1e-12)
+
+
+def test_the_estimators_the_config_chooses_for_passk_and_maxrl():
+    """MaxRL by hand: (r - mean) / (mean + eps), a group of equal rewards 0 (none right, or all); pass@k
+    through GRPOConfig reads its pass_k."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 0.5, 0.0])
+    maxrl = estimator_for(GRPOConfig(num_generations=4, advantage_estimator="maxrl"))(rewards, 4, None)
+    right, wrong = (1 - 0.25) / (0.25 + 1e-4), (0 - 0.25) / (0.25 + 1e-4)
+    expected = [right, wrong, wrong, wrong] + [0.0] * 8 + [x / (0.5 + 1e-4) for x in (0.0, 0.5, 0.0, -0.5)]
+    assert maxrl.tolist() == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match=r"advantage_estimator='maxrl' needs rewards >= 0 .*got -0.5"):
+        estimator_for(GRPOConfig(num_generations=4, advantage_estimator="maxrl"))(-rewards / 2, 4, None)
+    binary = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    config = GRPOConfig(num_generations=4, advantage_estimator="passk", pass_k=3)
+    assert estimator_for(config)(binary, 4, None).tolist() == pytest.approx(
+        brute_force_passk_advantages([1, 0, 0, 0], 3) + brute_force_passk_advantages([1, 1, 0, 0], 3),
+        abs=1e-12,
+    )
+
+
+def test_whitening_with_fewer_than_two_tokens_gives_no_advantage():
+    """One token in the whole batch has no spread to whiten by (verl refuses it): advantages 0, not NaN."""
+    assert whiten_over_tokens(torch.tensor([1.0, 0.5], dtype=torch.float64), [1, 0]).tolist() == [0.0, 0.0]
+    returns = kl_shaped_returns(torch.tensor([1.0, 0.0]), [torch.tensor([0.3]), torch.tensor([])], 0.1)
+    assert [r.tolist() for r in returns] == [[0.0], []]
 
 
 def test_passk_refuses_rewards_other_than_zero_and_one():
