@@ -10,7 +10,6 @@ minigrpo and in transformers alone (no peft), with the adapter directory's token
 the adapted model's logits. It is written whole or not at all, never over the adapter or its base.
 """
 
-import argparse
 import os
 import sys
 
@@ -18,9 +17,10 @@ import torch
 
 import minigrpo
 from minigrpo import files
+from minigrpo.flags import OneLineErrors
 from minigrpo.model import is_adapter_directory, load_adapter, merged, read_adapter_config, read_tokenizer
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OneLineErrors(description=__doc__.splitlines()[0])
 parser.add_argument("adapter", help="a PEFT adapter directory (a LoRA run's checkpoint)")
 parser.add_argument("output", help="the merged checkpoint's directory (replaced whole if it exists)")
 parser.add_argument("--base", help="the base model, where the adapter's config names one that moved")

@@ -29,7 +29,7 @@ import tempfile
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed, files
-from minigrpo.flags import add_fields, from_args
+from minigrpo.flags import OneLineErrors, add_fields, from_args
 from minigrpo.model import read_task, tokenizer_directory
 from minigrpo.run import (
     Trace,
@@ -61,14 +61,6 @@ DEFAULTS = dict(
     save_every=50,
     log_completions_every=50,
 )
-
-
-class OneLineErrors(argparse.ArgumentParser):
-    """argparse, whose errors (a bad choice, a value of the wrong type) are one line, as this script's own
-    are, not its usage of some fifty lines and then the error."""
-
-    def error(self, message: str):
-        sys.exit(f"train_math.py: {message}")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:

@@ -469,6 +469,28 @@ CASES += [
         "process_samples=8 is read only by process_rewards='monte_carlo'",
     ),
 ]
+# Issue 58, item 7: argparse's own errors are one line in every tool, as in train_math.py (a bad choice, a
+# value of the wrong type, an unknown flag, a missing argument), not its usage and then the error.
+CASES += [
+    (
+        "eval_math.py",
+        "template_unknown",
+        ["--template", "bogus"],
+        "argument --template: invalid choice: 'bogus'",
+    ),
+    (
+        "eval_math.py",
+        "num_samples_not_a_number",
+        ["--num_samples", "many"],
+        "argument --num_samples: invalid int value: 'many'",
+    ),
+    ("eval_math.py", "flag_unknown", ["--bogus", "1"], "unrecognized arguments: --bogus 1"),
+    ("sample.py", "dtype_unknown", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("sample.py", "seed_not_a_number", ["--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    ("merge_lora.py", "arguments_missing", [], "the following arguments are required: adapter, output"),
+    ("merge_lora.py", "dtype_unknown", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("pretrain_tiny.py", "kind_unknown", ["--kind", "bogus"], "argument --kind: invalid choice: 'bogus'"),
+]
 # Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case,
 # arguments, note).
 NOTED = [
