@@ -19,6 +19,7 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 import minigrpo
+from minigrpo import files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -740,7 +741,6 @@ def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatc
     """Two runs started at once into runs/a and runs/b, where runs/ does not exist yet: the other run
     makes runs/ between this probe's look and its mkdir. The probe goes on with the other's runs/, and,
     once it passes, keeps runs/ (the other run may be about to make its directory there)."""
-    train_math = load_train_math()
     real_mkdir = os.mkdir
 
     def the_other_run_first(path, *args, **kwargs):
@@ -750,9 +750,9 @@ def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatc
 
     with monkeypatch.context() as patched:
         patched.setattr(os, "mkdir", the_other_run_first)
-        assert train_math.write_probe(str(tmp_path / "runs" / "a")) is None
+        assert files.write_probe(str(tmp_path / "runs" / "a")) is None
     assert [p.name for p in tmp_path.iterdir()] == ["runs"] and list((tmp_path / "runs").iterdir()) == []
-    assert train_math.write_probe(str(tmp_path / "runs" / "b")) is None
+    assert files.write_probe(str(tmp_path / "runs" / "b")) is None
 
 
 def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_path):
