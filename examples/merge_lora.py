@@ -117,7 +117,7 @@ def check_writable(output: str) -> None:
 if not args.output:  # "" would be read as the working directory
     fail("the output directory is empty: name one, such as runs/merged")
 try:
-    adapter = resolve_checkpoint(args.adapter)  # a Hub id: its files, downloaded (small)
+    adapter = resolve_checkpoint(args.adapter)  # a Hub id: downloaded into the Hugging Face cache
     if not is_adapter_directory(adapter):
         fail(f"{args.adapter} is not a LoRA adapter directory (no adapter_config.json, or a full model's)")
     base = args.base or read_adapter_config(adapter)[1]

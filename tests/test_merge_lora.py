@@ -155,6 +155,20 @@ REFUSED = [
     ),
     ("adapter_refused", ["dora", "merged"], "", "dora/adapter_config.json: use_dora = True is not supported"),
     (
+        "adapter_names_no_base",
+        ["nobase", "merged"],
+        "",
+        "nobase/adapter_config.json names no base_model_name_or_path",
+    ),
+    # a Hub id is no path: Qwen/ (a folder of the owner's name) is not taken to hold it, and the id is then
+    # looked for in ./Qwen, as load_pretrained does (no download)
+    (
+        "base_a_hub_id_is_no_path",
+        ["hub", "Qwen"],
+        "",
+        "no such checkpoint directory: Qwen/Qwen3-0.6B",
+    ),
+    (
         "base_moved",
         ["elsewhere/adapter", "merged"],
         "",
@@ -205,8 +219,8 @@ def layout(tmp_path_factory) -> str:
     """What every case copies: the base (models/base) and its adapter (ADAPTER, beside run/metrics.jsonl);
     a symlink to run/; a directory of notes; an earlier merge (merged-before, a checkpoint) and an empty
     directory; copies of the adapter naming a base that moved (models/old-place), one without a tokenizer
-    (as PEFT writes them); a DoRA adapter; a bf16 base with its adapter; an adapter whose base's weights
-    are cut short."""
+    (as PEFT writes them); adapters that are DoRA, name no base, or name a Hub id (beside an empty Qwen/);
+    a bf16 base with its adapter; an adapter whose base's weights are cut short."""
     root = tmp_path_factory.mktemp("merge_layout")
     base = tiny_policy(str(root / "models" / "base"))
     save_adapter(base, str(root / ADAPTER))
@@ -226,6 +240,11 @@ def layout(tmp_path_factory) -> str:
         edit_json(str(root / "elsewhere" / adapter / "adapter_config.json"), moved)
     shutil.copytree(root / ADAPTER, root / "dora")
     edit_json(str(root / "dora" / "adapter_config.json"), {"use_dora": True})
+    shutil.copytree(root / ADAPTER, root / "nobase")
+    edit_json(str(root / "nobase" / "adapter_config.json"), {"base_model_name_or_path": None})
+    shutil.copytree(root / ADAPTER, root / "hub")
+    edit_json(str(root / "hub" / "adapter_config.json"), {"base_model_name_or_path": "Qwen/Qwen3-0.6B"})
+    (root / "Qwen").mkdir()
     model, tokenizer = minigrpo.load_pretrained(base, dtype="bfloat16")
     minigrpo.save_pretrained(model, tokenizer, str(root / "bf16" / "base"))
     save_adapter(str(root / "bf16" / "base"), str(root / "bf16" / "adapter"), dtype="bfloat16")
@@ -249,8 +268,9 @@ def copy_layout(layout: str, directory: str) -> str:
         if "adapter_config.json" in names:
             path = os.path.join(folder, "adapter_config.json")
             with open(path) as f:
-                base = json.load(f)["base_model_name_or_path"]
-            edit_json(path, {"base_model_name_or_path": base.replace(layout, directory, 1)})
+                base = json.load(f)["base_model_name_or_path"] or ""
+            if base.startswith(layout):
+                edit_json(path, {"base_model_name_or_path": directory + base.removeprefix(layout)})
     return directory
 
 
@@ -381,3 +401,11 @@ def test_a_really_full_disk_during_the_merge_is_one_line_and_leaves_nothing(
     assert code == 1 and len(lines) == 1, lines[-20:]
     assert lines[0].startswith(f"merge_lora.py: no space left on the device to write {output} (")
     assert os.listdir(disk) == [] and tree(directory) == before
+
+
+def test_help_says_what_overwrite_replaces(examples_server, tmp_path):
+    assert examples_server.run("merge_lora.py", ["--help"], str(tmp_path), "help") == 0
+    shown = " ".join((tmp_path / "help.out").read_text().split())
+    assert "Merge a LoRA adapter into its base: a full Hugging Face checkpoint whose weights are" in shown
+    overwrite = "replace the checkpoint already in output, whole (never a directory holding anything else)"
+    assert f"--overwrite {overwrite}" in shown
