@@ -17,7 +17,6 @@ directory records its task (data kind, template, tools and their format, complet
 tokenizer_config.json's "minigrpo_task", which train_math.py and eval_math.py take as defaults.
 """
 
-import argparse
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
+from minigrpo.flags import OneLineErrors
 from minigrpo.rollout import Rollout, collate
 from minigrpo.run import evaluate
 from minigrpo.tasks import generate_problems, template
@@ -59,7 +59,7 @@ KINDS = {
     ),
 }
 CALC_MARKERS = ["<calc>", "</calc>", "<out>", "</out>"]  # tools.py's compact format, one token each
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser = OneLineErrors(description=__doc__.split("\n")[0])
 parser.add_argument(
     "--kind", choices=list(KINDS), default="arithmetic", help="what the model learns to solve"
 )

@@ -1,9 +1,10 @@
 """Beneath every stage: files written whole or not at all, and read back with a clear error.
 
 In: paths and JSON-able data. Out: files replaced by rename (`replaced_whole`, `replace_json`,
-`replace_dir`), JSON objects read back (`read_json_object`), and a full disk as one `DiskFull` line
-naming the path and the space left. It knows the file system, not what the files hold: run/checkpoint.py,
-model/weights.py, run/metrics.py and run/trace.py use it.
+`replace_dir`), JSON objects read back (`read_json_object`), a full disk as one `DiskFull` line
+naming the path and the space left, and whether a directory takes a new file (`write_probe`, which
+the tools run on their outputs before any work). It knows the file system, not what the files hold:
+run/checkpoint.py, model/weights.py, run/metrics.py, run/trace.py and the tools use it.
 """
 
 from __future__ import annotations
@@ -119,6 +120,50 @@ def replace_dir(new: str, target: str) -> None:
     os.rename(new, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_probe(path: str) -> str | None:
+    """Create `path`, write a file in it and remove both again; what went wrong, or None. os.access is not
+    enough: root passes it everywhere, /proc and /sys included, and it knows nothing of a full disk.
+    Missing parents are made too, and kept once the probe passes: another run creating its own directory
+    beside this one (runs/a and runs/b at once) may be using them. A failed probe leaves nothing it made.
+    An existing `path` is only written in: nothing is made."""
+    path = os.path.abspath(path)
+    missing = []  # the directories to make, outermost first
+    existing = path
+    while not os.path.exists(existing):
+        missing.insert(0, existing)
+        existing = os.path.dirname(existing)
+    made = []  # those this call made (another run may make one first)
+    step = "creating it"
+    try:
+        for directory in missing:
+            step = f"creating {directory}"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory)
+                made.append(directory)
+        step = f"writing a file in {path}"
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        try:
+            os.write(fd, b"minigrpo")
+            os.fsync(fd)  # some file systems report a full disk only here
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as error:
+        remove_empty(made)
+        if error.errno == errno.ENOSPC:
+            return f"no space left on the device ({shutil.disk_usage(existing).free} bytes free)"
+        return f"{step} fails ({error.strerror or error})"
+    remove_empty(made[-1:] if made and made[-1] == path else [])
+    return None
+
+
+def remove_empty(directories: list[str]) -> None:
+    """Remove these directories, innermost first, where they are (still) empty."""
+    for directory in reversed(directories):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
 
 
 def fsync(path: str) -> None:

@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 import threading
 
@@ -83,3 +84,27 @@ def background(request, tmp_path_factory) -> Background:
         if hasattr(module, "background_work"):
             works.setdefault(module.__name__, module.background_work)
     return Background(works, tmp_path_factory)
+
+
+# ---------------------------------------------------------------- a disk that fills up
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """mount(kib): a tmpfs of that size (root only), a disk that really fills up; unmounted after the test."""
+    mounted = []
+
+    def mount(kib: int) -> str:
+        path = tmp_path / f"disk-{len(mounted)}"
+        path.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(
+                f"cannot mount a tmpfs here (root only): {result.stderr.strip() or result.returncode}"
+            )
+        mounted.append(path)
+        return str(path)
+
+    yield mount
+    for path in mounted:
+        # lazy: an open file cannot keep it mounted
+        subprocess.run(["umount", "--lazy", str(path)], check=True)

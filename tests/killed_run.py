@@ -96,16 +96,16 @@ def _wait(pid: int) -> int | None:
 
 
 def serve() -> None:
-    """One job a line on stdin (JSON: script, args, kill point, log directory, name), each run in a forked
-    child with its stdout and stderr in log_dir/name.out and .err; one answer a line on stdout: its
-    exit code, or "timeout"."""
+    """One job a line on stdin (JSON: script, args, kill point, log directory, name, working directory), each
+    run in a forked child with its stdout and stderr in log_dir/name.out and .err; one answer a line on
+    stdout: its exit code, or "timeout"."""
     for line in sys.stdin:
-        script, args, kill_point, log_dir, name = json.loads(line)
+        script, args, kill_point, log_dir, name, cwd = json.loads(line)
         pid = os.fork()
         if pid == 0:
             if kill_point is not None:
                 KILL_POINTS[kill_point]()
-            os._exit(tool_runner.run({"name": name, "script": script, "argv": args}, log_dir))
+            os._exit(tool_runner.run({"name": name, "script": script, "argv": args, "cwd": cwd}, log_dir))
         code = _wait(pid)
         print("timeout" if code is None else code, flush=True)
 
@@ -135,11 +135,17 @@ class Server:
         return self.run("train_math.py", args, log_dir, name, kill_point)
 
     def run(
-        self, script: str, args: list[str], log_dir: str, name: str, kill_point: str | None = None
+        self,
+        script: str,
+        args: list[str],
+        log_dir: str,
+        name: str,
+        kill_point: str | None = None,
+        cwd: str | None = None,
     ) -> int:
-        """`python script *args` (a file of examples/, or a path) as a forked child: its exit code (-9:
-        killed)."""
-        self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name]) + "\n")
+        """`python script *args` (a file of examples/, or a path) as a forked child, typed in `cwd` (None:
+        the repository's root): its exit code (-9: killed)."""
+        self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name, cwd]) + "\n")
         self.process.stdin.flush()
         answer = self.process.stdout.readline().strip()
         if answer in ("", "timeout"):

@@ -19,6 +19,7 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 import minigrpo
+from minigrpo import files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -469,6 +470,28 @@ CASES += [
         "process_samples=8 is read only by process_rewards='monte_carlo'",
     ),
 ]
+# Issue 58, item 7: argparse's own errors are one line in every tool, as in train_math.py (a bad choice, a
+# value of the wrong type, an unknown flag, a missing argument), not its usage and then the error.
+CASES += [
+    (
+        "eval_math.py",
+        "template_unknown",
+        ["--template", "bogus"],
+        "argument --template: invalid choice: 'bogus'",
+    ),
+    (
+        "eval_math.py",
+        "num_samples_not_a_number",
+        ["--num_samples", "many"],
+        "argument --num_samples: invalid int value: 'many'",
+    ),
+    ("eval_math.py", "flag_unknown", ["--bogus", "1"], "unrecognized arguments: --bogus 1"),
+    ("sample.py", "dtype_unknown", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("sample.py", "seed_not_a_number", ["--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    ("merge_lora.py", "arguments_missing", [], "the following arguments are required: adapter, output"),
+    ("merge_lora.py", "dtype_unknown", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("pretrain_tiny.py", "kind_unknown", ["--kind", "bogus"], "argument --kind: invalid choice: 'bogus'"),
+]
 # Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case,
 # arguments, note).
 NOTED = [
@@ -718,7 +741,6 @@ def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatc
     """Two runs started at once into runs/a and runs/b, where runs/ does not exist yet: the other run
     makes runs/ between this probe's look and its mkdir. The probe goes on with the other's runs/, and,
     once it passes, keeps runs/ (the other run may be about to make its directory there)."""
-    train_math = load_train_math()
     real_mkdir = os.mkdir
 
     def the_other_run_first(path, *args, **kwargs):
@@ -728,9 +750,9 @@ def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatc
 
     with monkeypatch.context() as patched:
         patched.setattr(os, "mkdir", the_other_run_first)
-        assert train_math.write_probe(str(tmp_path / "runs" / "a")) is None
+        assert files.write_probe(str(tmp_path / "runs" / "a")) is None
     assert [p.name for p in tmp_path.iterdir()] == ["runs"] and list((tmp_path / "runs").iterdir()) == []
-    assert train_math.write_probe(str(tmp_path / "runs" / "b")) is None
+    assert files.write_probe(str(tmp_path / "runs" / "b")) is None
 
 
 def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_path):

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..files import read_json_object, replace_dir, write_json
+from ..files import disk_full_named, read_json_object, replace_dir, write_json
 from .adapter_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -349,20 +349,22 @@ def save_pretrained(
 
     Everything is written to a temporary sibling directory which then replaces `directory`, so a
     crash mid-save leaves either the old checkpoint or the new one, never a mix. Files larger than
-    max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index.
+    max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index. A full disk is
+    one DiskFull line naming `directory` and the space left, as a training checkpoint's is.
     """
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):  # replace_dir would delete it
         raise CheckpointError(f"{directory} is a file; a checkpoint is saved as a directory")
     parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
-    try:
-        write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
-        replace_dir(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with disk_full_named(directory):
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
+        try:
+            write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
+            replace_dir(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def write_files(
