@@ -440,15 +440,15 @@ def sandbox_with_failing_mount(directory):
     unreachable."""
     source = open(code_module.sandbox.__file__).read()
     hooked = source.replace(
-        '_mount(f"/proc/self/fd/{directory}", shared,',
-        '_mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
+        'mounts.mount(f"/proc/self/fd/{directory}", shared,',
+        'mounts.mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
     )
     assert hooked != source
     path = directory / "sandbox.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.sandbox.__file__)
     # sandbox.py loads them from its own directory
-    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py"):
+    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 
@@ -1000,7 +1000,7 @@ def sandbox_without_namespaces(directory):
     path = directory / "sandbox.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.sandbox.__file__)
-    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py"):
+    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 
