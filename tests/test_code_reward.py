@@ -1189,3 +1189,121 @@ def test_a_mount_inside_the_interpreters_directory_under_tmp_is_shown_too(user, 
     # the mount beneath is shown, and read-only too (a remount of the top one alone left it writable)
     assert result["stdout"] == "shown\nOSError\n", result["stderr"]
     assert os.listdir(bin_dir / "sub") == []  # the tmpfs was the test's namespace's only
+
+
+# Run by an interpreter whose prefix is closed to others (mode 0700, as `mktemp -d` makes it): the program
+# imports a module that lives only in that environment's site-packages, starts sys.executable again and
+# prints the new interpreter's prefix (with that module imported there too), lists the prefix, reads
+# SECRET, a file beside bin/ in it, and tries to write there.
+OWN_ENVIRONMENT = """
+import os, subprocess, sys
+import only_in_this_environment
+again = "import sys, only_in_this_environment; print(sys.prefix)"
+child = subprocess.run([sys.executable, "-c", again], capture_output=True, text=True)
+print(sys.prefix)
+print(child.stdout.strip() or child.stderr.strip().replace("\\n", " | "))
+print(" ".join(sorted(os.listdir(sys.prefix))))
+for attempt in (lambda: open(SECRET).read(), lambda: open(os.path.join(sys.prefix, "forged"), "w")):
+    try:
+        attempt()
+        print("reached")
+    except OSError as error:
+        print(type(error).__name__)
+"""
+PYTHON_VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
+ONLY_HERE = "only_in_this_environment.py"
+
+
+def closed_venv(where: str) -> str:
+    """`python -m venv "$(mktemp -d)"` in `where`: a virtual environment whose own directory is closed to
+    others, with a module in its site-packages alone. Its prefix."""
+    prefix = tempfile.mkdtemp(dir=where)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", prefix], check=True)
+    open(os.path.join(prefix, "lib", PYTHON_VERSION, "site-packages", ONLY_HERE), "w").close()
+    return prefix
+
+
+def closed_conda_prefix(where: str) -> str:
+    """A conda-style prefix closed to others in `where`, made cheaply: bin/ holds a copy of this python's
+    binary; lib/ links to what this python's lib/ holds (libpython, for a binary that looks beside itself)
+    and lib/pythonX.Y/ to every entry of its standard library, so that the copy finds its prefix there, but
+    for a site-packages of its own with a module in it alone. Its prefix."""
+    prefix = tempfile.mkdtemp(dir=where)
+    os.makedirs(os.path.join(prefix, "bin"))
+    shutil.copy2(os.path.realpath(sys.executable), os.path.join(prefix, "bin", PYTHON_VERSION))
+    stdlib = os.path.dirname(os.__file__)
+    own_stdlib = os.path.join(prefix, "lib", PYTHON_VERSION)
+    os.makedirs(os.path.join(own_stdlib, "site-packages"))
+    open(os.path.join(own_stdlib, "site-packages", ONLY_HERE), "w").close()
+    for name in os.listdir(os.path.dirname(stdlib)):
+        if name != PYTHON_VERSION:
+            os.symlink(os.path.join(os.path.dirname(stdlib), name), os.path.join(prefix, "lib", name))
+    for name in os.listdir(stdlib):
+        if name != "site-packages":
+            os.symlink(os.path.join(stdlib, name), os.path.join(own_stdlib, name))
+    return prefix
+
+
+@pytest.fixture
+def made_here():
+    """Directories a test makes outside tmp_path (in /opt, /dev/shm, /var/tmp, beside the tests), removed
+    afterwards: add each to the list."""
+    made = []
+    yield made
+    for path in made:
+        if os.path.islink(path):
+            os.remove(path)
+        else:
+            shutil.rmtree(path)
+
+
+# layout: how the environment is made, where, and whether the interpreter is reached through a link
+CLOSED_LAYOUTS = {
+    "venv-in-tmp": (closed_venv, "/tmp", False),
+    "venv-in-dev-shm": (closed_venv, "/dev/shm", False),
+    "venv-in-var-tmp": (closed_venv, "/var/tmp", False),
+    "venv-in-opt": (closed_venv, "/opt", False),
+    "conda-in-opt": (closed_conda_prefix, "/opt", False),
+    "conda-in-tmp": (closed_conda_prefix, "/tmp", False),
+}
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+@pytest.mark.parametrize("layout", list(CLOSED_LAYOUTS))
+def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout, user, made_here):
+    """An interpreter whose prefix is closed to others (a venv made in `mktemp -d`, under /tmp, /dev/shm,
+    /var/tmp or /opt; a conda-style prefix), also one reached through a link from outside the shared
+    directories (from beside the tests): the program and the interpreter it starts again are the same
+    environment (the same sys.prefix, its own site-packages importable). As root, the closed prefix shows
+    only what the interpreter needs (bin/, lib/, a venv's pyvenv.cfg), read-only: a file beside them is not
+    there. As a plain user, the prefix is the trainer's own, shown whole and read-only."""
+    make, where, through_a_link = CLOSED_LAYOUTS[layout]
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    if not os.path.isdir(where) or not os.access(where, os.W_OK):
+        pytest.skip(f"{where} is not a directory this user can write")
+    prefix = make(where)
+    made_here.append(prefix)
+    secret = os.path.join(prefix, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("the trainer's")
+    listing = " ".join(sorted(os.listdir(prefix)))
+    if through_a_link:
+        outside = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(__file__)))
+        made_here.append(outside)
+        os.symlink(prefix, os.path.join(outside, "environment"))
+        prefix = os.path.join(outside, "environment")
+    python = os.path.join(prefix, "bin", PYTHON_VERSION)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [python, "-c", UNDER_TMP_DRIVER, user, secret, OWN_ENVIRONMENT]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    if user == "root":
+        listing = "bin lib pyvenv.cfg" if make is closed_venv else "bin lib"
+    seen = "FileNotFoundError" if user == "root" else "reached"
+    expected = [prefix, prefix, listing, seen, "OSError"]
+    assert result["stdout"].splitlines() == expected, result["stderr"]
+    assert not os.path.exists(os.path.join(prefix, "forged"))

@@ -2,6 +2,29 @@
 sandboxed program still reaches through them.
 
 Standard library only: `sandbox.py` loads this file by its path. It knows paths and mounts, not tests.
+
+What of the interpreter stays reachable. A program imports what the interpreter can and may start it
+again (`subprocess.run([sys.executable, ...])`), which must find the same environment: the same sys.prefix
+and site-packages. That needs the interpreter's directories (its prefixes, sys.executable's directory and
+sys.path), the file sys.executable is, and a virtual environment's pyvenv.cfg (at sys.prefix), from which
+the restarted interpreter learns its prefix. Two things of the sandbox's would hide them, and each gives
+back only this much, read-only:
+- The scratch tmpfs over /tmp, /var/tmp, /dev/shm and /run/lock (a virtual environment or a clone there):
+  the outermost of the interpreter's directories there are bound again, whole, with every mount beneath
+  them (`interpreter_under`, `show_read_only`); nothing else of those directories comes back.
+- As root, a directory on the way that the sandbox uid cannot search (closed to others and not its own:
+  /root above pyenv, a virtual environment made by `python -m venv "$(mktemp -d)"`, a conda prefix of mode
+  0700): it becomes a tmpfs holding only the entries that the way to those paths goes through
+  (`expose_python`), each bound again with the mounts beneath it: .pyenv of /root; bin/, lib/ and
+  pyvenv.cfg of a virtual environment; bin/ and lib/ of a conda prefix. The closed directory's other
+  entries (include/, a file beside bin/) stay out of reach. An entry carried over keeps its owner and
+  mode, so what the uid can read in it is what it could read were the directory above open: the one
+  thing granted is the search of the closed directory, for those entries alone. A closed directory
+  further down is rebuilt the same way.
+Without root nothing is rebuilt: the tests run as the trainer's uid, which searches its own closed
+directories, and an interpreter's directory under /tmp comes back whole, as that uid reads it elsewhere.
+Not opened: a closed directory that is itself one of sys.path (a site-packages of mode 0700: its modules
+stay out of reach), and files closed to others (a umask of 077): the sandbox widens no file's mode.
 """
 
 from __future__ import annotations
@@ -49,16 +72,19 @@ def read_only_mounts(path: str = "/") -> None:
         raise OSError(code, f"making the mounts at {path} read-only: {os.strerror(code)}")
 
 
+# ---------------------------------------------------------------- the interpreter under the scratch tmpfs
+
+
 def interpreter_paths() -> set[str]:
-    """Where the interpreter lives, as a program run with it sees it: its prefixes, the directory of
-    sys.executable (a virtual environment's bin/, whose python a program starts again), and sys.path."""
+    """The interpreter's directories, as a program run with it sees them: its prefixes, the directory of
+    sys.executable (a virtual environment's bin/, whose python a program starts again) and sys.path."""
     paths = (sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path)
     return {os.path.abspath(p) for p in paths if p and os.path.isdir(p)}
 
 
 def interpreter_under(covered: tuple[str, ...]) -> list[str]:
-    """The interpreter's paths that lie in one of the `covered` directories (a virtual environment or a
-    clone under /tmp), outermost only: each is shown again, read-only, once the tmpfs covers the rest."""
+    """The interpreter's directories that lie in one of the `covered` directories (a virtual environment or
+    a clone under /tmp), outermost only: each is shown again, read-only, once the tmpfs covers the rest."""
     inside = sorted(
         path
         for path in interpreter_paths()
@@ -75,38 +101,65 @@ def interpreter_under(covered: tuple[str, ...]) -> list[str]:
 def show_read_only(fd: int, path: str) -> None:
     """The directory opened as `fd` (before the tmpfs covered it) bound again at `path` with the mounts
     beneath it, every one of them read-only and otherwise with the flags it had."""
-    os.makedirs(path, exist_ok=True)  # in the scratch tmpfs, root's: the test's uid cannot remove it
-    mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    _bind_again(fd, path)
     read_only_mounts(path)
-    os.close(fd)
+
+
+# ---------------------------------------------------------------- as root: directories closed to the uid
 
 
 def expose_python(uid: int) -> None:
-    """Let the sandbox uid reach the interpreter even where a directory above it is closed to others (pyenv
-    under /root, mode 0700): in our mount namespace such a directory becomes a tmpfs holding just the way
-    on."""
-    paths = {os.path.realpath(p) for p in interpreter_paths()}
-    while blocked := _first_blocked_ancestors(paths, uid):
-        for ancestor, children in blocked.items():
-            # the children, opened before hiding
-            keep = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}
-            mount("tmpfs", ancestor, "tmpfs", 0, b"mode=0755")
-            for child, fd in keep.items():
-                os.mkdir(os.path.join(ancestor, child))
-                mount(f"/proc/self/fd/{fd}", os.path.join(ancestor, child), None, MS_BIND)
-                os.close(fd)
+    """Let the sandbox uid reach the interpreter where a directory on its way is closed to others: each
+    such directory becomes a read-only tmpfs holding only the entries on the way (the module docstring
+    says which), until none is left."""
+    needed = _needed_paths()
+    while closed := _closed_directories_on_the_way(needed, uid):
+        for directory, entries in closed.items():
+            _carry_over(directory, entries)
 
 
-def _first_blocked_ancestors(paths: set[str], uid: int) -> dict[str, set[str]]:
-    """For each path, its highest ancestor that `uid` cannot search (closed to others and not its own: the
-    scratch tmpfs over /tmp is the uid's), with the child on the way; grouped."""
-    blocked: dict[str, set[str]] = {}
+def _needed_paths() -> set[str]:
+    """What starting the interpreter again needs: its directories, sys.executable and a virtual
+    environment's pyvenv.cfg, each as its links resolve."""
+    files = [sys.executable, os.path.join(sys.prefix, "pyvenv.cfg")]
+    paths = [*interpreter_paths(), *(f for f in files if os.path.isfile(f))]
+    return {os.path.realpath(p) for p in paths}
+
+
+def _closed_directories_on_the_way(paths: set[str], uid: int) -> dict[str, set[str]]:
+    """For each path, the first directory on its way that `uid` cannot search (closed to others and not its
+    own: the scratch tmpfs over /tmp is the uid's), with the entry the way goes through there, its parent
+    included; grouped by directory."""
+    closed: dict[str, set[str]] = {}
     for path in paths:
-        parts = path.split("/")
-        for depth in range(1, len(parts) - 1):
-            ancestor = "/".join(parts[:depth]) or "/"
-            status = os.stat(ancestor)
+        names = [name for name in path.split("/") if name]
+        for depth, name in enumerate(names):
+            directory = "/" + "/".join(names[:depth])
+            status = os.stat(directory)
             if status.st_uid != uid and not status.st_mode & stat.S_IXOTH:
-                blocked.setdefault(ancestor, set()).add(parts[depth])
+                closed.setdefault(directory, set()).add(name)
                 break
-    return blocked
+    return closed
+
+
+def _carry_over(directory: str, entries: set[str]) -> None:
+    """Cover `directory` with a tmpfs (root's, mode 0755) holding only `entries` of it, each bound again with
+    the mounts beneath it; then all of it read-only."""
+    # opened before the tmpfs hides them
+    kept = {name: os.open(os.path.join(directory, name), os.O_PATH) for name in entries}
+    mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"mode=0755")
+    for name, fd in kept.items():
+        _bind_again(fd, os.path.join(directory, name))
+    read_only_mounts(directory)
+
+
+def _bind_again(fd: int, path: str) -> None:
+    """What `fd` opens (O_PATH, before a mount hid it) bound at `path` with the mounts beneath it, on a
+    mount point made there of its kind: a directory for a directory, an empty file for anything else (a
+    mount point, which the test cannot remove)."""
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.makedirs(path, exist_ok=True)
+    else:
+        open(path, "x").close()
+    mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    os.close(fd)
