@@ -1265,6 +1265,7 @@ CLOSED_LAYOUTS = {
     "venv-in-opt": (closed_venv, "/opt", False),
     "conda-in-opt": (closed_conda_prefix, "/opt", False),
     "conda-in-tmp": (closed_conda_prefix, "/tmp", False),
+    "venv-in-tmp-through-a-link": (closed_venv, "/tmp", True),
 }
 
 

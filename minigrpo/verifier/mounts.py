@@ -7,24 +7,27 @@ What of the interpreter stays reachable. A program imports what the interpreter 
 again (`subprocess.run([sys.executable, ...])`), which must find the same environment: the same sys.prefix
 and site-packages. That needs the interpreter's directories (its prefixes, sys.executable's directory and
 sys.path), the file sys.executable is, and a virtual environment's pyvenv.cfg (at sys.prefix), from which
-the restarted interpreter learns its prefix. Two things of the sandbox's would hide them, and each gives
-back only this much, read-only:
-- The scratch tmpfs over /tmp, /var/tmp, /dev/shm and /run/lock (a virtual environment or a clone there):
-  the outermost of the interpreter's directories there are bound again, whole, with every mount beneath
-  them (`interpreter_under`, `show_read_only`); nothing else of those directories comes back.
+the restarted interpreter learns its prefix; each path as written and as its links resolve. Two things of
+the sandbox's would hide them, and each gives back only this much, read-only:
+- The scratch tmpfs over /tmp, /var/tmp, /dev/shm and /run/lock (a virtual environment or a clone there,
+  also one reached through a link from elsewhere): the outermost of the interpreter's directories there
+  are bound again, whole, with every mount beneath them (`interpreter_under`, `show_read_only`); nothing
+  else of those directories comes back.
 - As root, a directory on the way that the sandbox uid cannot search (closed to others and not its own:
   /root above pyenv, a virtual environment made by `python -m venv "$(mktemp -d)"`, a conda prefix of mode
-  0700): it becomes a tmpfs holding only the entries that the way to those paths goes through
-  (`expose_python`), each bound again with the mounts beneath it: .pyenv of /root; bin/, lib/ and
-  pyvenv.cfg of a virtual environment; bin/ and lib/ of a conda prefix. The closed directory's other
-  entries (include/, a file beside bin/) stay out of reach. An entry carried over keeps its owner and
-  mode, so what the uid can read in it is what it could read were the directory above open: the one
-  thing granted is the search of the closed directory, for those entries alone. A closed directory
-  further down is rebuilt the same way.
+  0700, a directory holding a link to an environment): it becomes a tmpfs holding only the entries that
+  the way to those paths goes through (`expose_python`), a link made again as it was, any other entry
+  bound again with the mounts beneath it: .pyenv of /root; bin/, lib/ and pyvenv.cfg of a virtual
+  environment; bin/ and lib/ of a conda prefix; the link. The closed directory's other entries (include/,
+  a file beside bin/) stay out of reach. An entry carried over keeps its owner and mode, so what the uid
+  can read in it is what it could read were the directory above open: the one thing granted is the
+  search of the closed directory, for those entries alone. A closed directory further down is rebuilt
+  the same way.
 Without root nothing is rebuilt: the tests run as the trainer's uid, which searches its own closed
 directories, and an interpreter's directory under /tmp comes back whole, as that uid reads it elsewhere.
 Not opened: a closed directory that is itself one of sys.path (a site-packages of mode 0700: its modules
-stay out of reach), and files closed to others (a umask of 077): the sandbox widens no file's mode.
+stay out of reach), and files closed to others (a umask of 077): the sandbox widens no file's mode. Of a
+chain of links, the path as written and the final target are followed, not the links between.
 """
 
 from __future__ import annotations
@@ -77,9 +80,12 @@ def read_only_mounts(path: str = "/") -> None:
 
 def interpreter_paths() -> set[str]:
     """The interpreter's directories, as a program run with it sees them: its prefixes, the directory of
-    sys.executable (a virtual environment's bin/, whose python a program starts again) and sys.path."""
+    sys.executable (a virtual environment's bin/, whose python a program starts again) and sys.path; each
+    as written and as its links resolve (a virtual environment under /tmp reached through a link from
+    elsewhere lies under /tmp, though its path does not say so)."""
     paths = (sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path)
-    return {os.path.abspath(p) for p in paths if p and os.path.isdir(p)}
+    directories = [p for p in paths if p and os.path.isdir(p)]
+    return {os.path.abspath(p) for p in directories} | {os.path.realpath(p) for p in directories}
 
 
 def interpreter_under(covered: tuple[str, ...]) -> list[str]:
@@ -120,21 +126,22 @@ def expose_python(uid: int) -> None:
 
 def _needed_paths() -> set[str]:
     """What starting the interpreter again needs: its directories, sys.executable and a virtual
-    environment's pyvenv.cfg, each as its links resolve."""
+    environment's pyvenv.cfg, each as written and as its links resolve."""
     files = [sys.executable, os.path.join(sys.prefix, "pyvenv.cfg")]
-    paths = [*interpreter_paths(), *(f for f in files if os.path.isfile(f))]
-    return {os.path.realpath(p) for p in paths}
+    files = [f for f in files if os.path.isfile(f)]
+    return interpreter_paths() | {os.path.abspath(f) for f in files} | {os.path.realpath(f) for f in files}
 
 
 def _closed_directories_on_the_way(paths: set[str], uid: int) -> dict[str, set[str]]:
     """For each path, the first directory on its way that `uid` cannot search (closed to others and not its
-    own: the scratch tmpfs over /tmp is the uid's), with the entry the way goes through there, its parent
-    included; grouped by directory."""
+    own: the scratch tmpfs over /tmp is the uid's), its parent included, by its real path, with the entry
+    the way goes through there (a link, where the path as written goes through one); grouped by
+    directory."""
     closed: dict[str, set[str]] = {}
     for path in paths:
         names = [name for name in path.split("/") if name]
         for depth, name in enumerate(names):
-            directory = "/" + "/".join(names[:depth])
+            directory = os.path.realpath("/" + "/".join(names[:depth]))
             status = os.stat(directory)
             if status.st_uid != uid and not status.st_mode & stat.S_IXOTH:
                 closed.setdefault(directory, set()).add(name)
@@ -143,13 +150,17 @@ def _closed_directories_on_the_way(paths: set[str], uid: int) -> dict[str, set[s
 
 
 def _carry_over(directory: str, entries: set[str]) -> None:
-    """Cover `directory` with a tmpfs (root's, mode 0755) holding only `entries` of it, each bound again with
-    the mounts beneath it; then all of it read-only."""
-    # opened before the tmpfs hides them
-    kept = {name: os.open(os.path.join(directory, name), os.O_PATH) for name in entries}
+    """Cover `directory` with a tmpfs (root's, mode 0755) holding only `entries` of it, each as it was: a
+    link made again, any other entry bound again with the mounts beneath it; then all of it read-only."""
+    paths = [os.path.join(directory, name) for name in entries]
+    links = {path: os.readlink(path) for path in paths if os.path.islink(path)}
+    # the others, opened before the tmpfs hides them
+    kept = {path: os.open(path, os.O_PATH) for path in paths if path not in links}
     mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"mode=0755")
-    for name, fd in kept.items():
-        _bind_again(fd, os.path.join(directory, name))
+    for path, target in links.items():
+        os.symlink(target, path)
+    for path, fd in kept.items():
+        _bind_again(fd, path)
     read_only_mounts(directory)
 
 
