@@ -13,7 +13,8 @@ root if the trainer is, asks for SIGTERM when the trainer dies (and exits if it 
 child subreaper and unshares four namespaces: network (no network, not even 127.0.0.1; no abstract UNIX
 socket of the host), UTS (host name "sandbox"), SysV IPC, and mount, in which a tmpfs of at most
 scratch_bytes and scratch_inodes, mounted noexec, nosuid and nodev, covers the working directory and is
-also /tmp, /var/tmp, /dev/shm and /run/lock. Not root, it first enters a user namespace, which makes
+also /tmp, /var/tmp, /dev/shm and /run/lock; of what it hides, only the interpreter's own directories
+come back, read-only (mounts.py). Not root, it first enters a user namespace, which makes
 those its own to create, then makes every other mount read-only and goes on as PID 1 of a PID namespace
 with its own /proc. Where the OS refuses the namespaces it runs no test, unless the job says `unisolated`
 (code.py then warns once); once it has a mount namespace, a mount that fails ends the run with an error,
@@ -31,7 +32,9 @@ of a torchrun job on one node; the supervisor holds the lock too, and a uid that
 as is skipped) rather than the shared `nobody`: RLIMIT_NPROC then counts one sandbox's processes,
 `kill(-1)` as that uid removes all it left (also processes that left the group), sandboxes cannot
 signal or read one another, and `kill(-1)` cannot hit system daemons that run as nobody. The uid owns
-only the sandbox's tmpfs. Not root: no uid change; the seccomp filter, the
+only the sandbox's tmpfs; where a directory closed to it lies on the interpreter's way (/root above
+pyenv, a venv made in `mktemp -d`), that directory is rebuilt holding only the entries on the way
+(mounts.py's docstring says which, and why). Not root: no uid change; the seccomp filter, the
 keyring, rlimits, timeouts and process-group kills still apply, and the user, mount and PID namespaces
 above stand in for the uid: the trainer's processes are not in the tests' /proc and its files are on
 read-only mounts, while RLIMIT_NPROC counts every process of the trainer's uid.
@@ -41,7 +44,9 @@ result compares equal to anything passes `assert add(1, 2) == 3`), and a program
 harness (frames, gc, sys.settrace, ctypes) can find the nonce that proves a test ran to its end;
 stdin/stdout tests are judged in the trainer and have neither weakness. A program can read
 world-readable files (a dataset's answers too, if they are world-readable on disk), the host's /proc
-(command lines, CPU and memory figures) and /sys, and write to world-writable places other than the
+(command lines, CPU and memory figures) and /sys, read the interpreter's directories that mounts.py shows
+again (read-only: under /tmp whole, through a directory closed to the uid only the entries on the way),
+and write to world-writable places other than the
 four above. Memory: max_processes times memory_bytes of address space, plus what no rlimit counts: the
 tmpfs (scratch_bytes), SysV shared memory (scratch_bytes), message queues (32 of 16 KiB) and kernel
 buffers of pipes and socketpairs (bounded through max_open_files per process; benchmarks/README.md has
