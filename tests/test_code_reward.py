@@ -1071,15 +1071,17 @@ print(open("/tmp/scratch").read())
 """
 
 # Run by the interpreter of a virtual environment under /tmp: the sandbox's tmpfs covers /tmp, so the
-# interpreter's own directories must be shown again, read-only, and nothing else of /tmp.
+# interpreter's own directories must be shown again, read-only, and nothing else of /tmp. The program runs
+# as the one test of a run, or as each of argv[4] tests; one line per test.
 UNDER_TMP_DRIVER = """
 import contextlib, json, sys
 from minigrpo.verifier import code, run_cases
 if sys.argv[1] == "plain":
     code._sandbox_uid = lambda config: contextlib.nullcontext((None, None))
 program = "SECRET = " + repr(sys.argv[2]) + "\\n" + sys.argv[3]
-result = run_cases(program, [{"input": "", "output": ""}])[0]
-print(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
+tests = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+for result in run_cases(program, [{"input": "", "output": ""}] * tests):
+    print(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
 """
 
 
@@ -1308,3 +1310,41 @@ def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout,
     expected = [prefix, prefix, listing, seen, "OSError"]
     assert result["stdout"].splitlines() == expected, result["stderr"]
     assert not os.path.exists(os.path.join(prefix, "forged"))
+
+
+# Run in each test of a run by the interpreter of a virtual environment deep under /tmp: the program
+# imports a module of that environment alone (anew in each test's process) and starts sys.executable again,
+# then tries to move aside SECRET, the directory of /tmp that leads to the environment.
+IN_EVERY_TEST = """
+import errno, os, subprocess, sys
+import only_in_this_environment
+print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+try:
+    os.rename(SECRET, SECRET + "-moved")
+    print("moved")
+except OSError as error:
+    print(errno.errorcode[error.errno])
+"""
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+def test_the_interpreter_under_tmp_stays_for_every_test_of_a_run(user, tmp_path):
+    """The clean-up between tests empties the scratch tmpfs, which is also /tmp: the directories leading to
+    an interpreter deep under /tmp (a clone in /tmp/work/repo, its venv in it) are mount points, which it
+    cannot remove or move, nor can a test. Every test of the run imports the environment's own module and
+    starts sys.executable again."""
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    assert str(tmp_path).startswith("/tmp/")
+    venv = tmp_path / "work" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (venv / "lib" / PYTHON_VERSION / "site-packages" / ONLY_HERE).write_text("")
+    top = "/tmp/" + str(tmp_path).split("/")[2]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [str(venv / "bin" / "python"), "-c", UNDER_TMP_DRIVER, user, top, IN_EVERY_TEST, "3"]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines()[-3:]]
+    assert [result["stdout"] for result in results] == ["42\nEBUSY\n"] * 3, results[-1]["stderr"]

@@ -11,8 +11,9 @@ the restarted interpreter learns its prefix; each path as written and as its lin
 the sandbox's would hide them, and each gives back only this much, read-only:
 - The scratch tmpfs over /tmp, /var/tmp, /dev/shm and /run/lock (a virtual environment or a clone there,
   also one reached through a link from elsewhere): the outermost of the interpreter's directories there
-  are bound again, whole, with every mount beneath them (`interpreter_under`, `show_read_only`); nothing
-  else of those directories comes back.
+  are bound again, whole, with every mount beneath them (`interpreter_under`, `show_read_only`), each
+  behind a mount point that the clean-up between tests cannot remove; nothing else of those directories
+  comes back, but for the name of that mount point, which the working directory (the same tmpfs) lists.
 - As root, a directory on the way that the sandbox uid cannot search (closed to others and not its own:
   /root above pyenv, a virtual environment made by `python -m venv "$(mktemp -d)"`, a conda prefix of mode
   0700, a directory holding a link to an environment): it becomes a tmpfs holding only the entries that
@@ -104,11 +105,29 @@ def interpreter_under(covered: tuple[str, ...]) -> list[str]:
     return outermost
 
 
-def show_read_only(fd: int, path: str) -> None:
-    """The directory opened as `fd` (before the tmpfs covered it) bound again at `path` with the mounts
-    beneath it, every one of them read-only and otherwise with the flags it had."""
-    _bind_again(fd, path)
-    read_only_mounts(path)
+def show_read_only(opened: dict[str, int], covered: tuple[str, ...]) -> None:
+    """The interpreter's directories under the `covered` directories (each path with a descriptor opened
+    before the tmpfs covered it) bound again with the mounts beneath them, every one of them read-only and
+    otherwise with the flags it had. The entry of a covered directory on the way to one (/tmp/work of
+    /tmp/work/repo/.venv) is a mount point, which neither the clean-up between tests (the scratch tmpfs is
+    also the working directory) nor a test can remove or move: the directory itself, or a tmpfs of its own
+    holding just the way to those below it."""
+    tops: dict[str, list[str]] = {}
+    for path in opened:
+        tops.setdefault(_entry_on_the_way(path, covered), []).append(path)
+    for top, paths in tops.items():
+        os.makedirs(top, exist_ok=True)  # in the scratch tmpfs (/tmp and /var/tmp share it)
+        if top not in paths:
+            mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"mode=0755")
+        for path in paths:
+            _bind_again(opened[path], path)
+        read_only_mounts(top)
+
+
+def _entry_on_the_way(path: str, covered: tuple[str, ...]) -> str:
+    """The entry of the covered directory that `path` lies in: /tmp/work for /tmp/work/repo/.venv."""
+    directory = next(d for d in covered if path.startswith(d + "/"))
+    return os.path.join(directory, path[len(directory) + 1 :].split("/")[0])
 
 
 # ---------------------------------------------------------------- as root: directories closed to the uid

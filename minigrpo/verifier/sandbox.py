@@ -189,8 +189,7 @@ def _isolate(job: dict) -> bool:
             # keeps the tmpfs's size and flags
             mounts.mount(f"/proc/self/fd/{directory}", shared, None, mounts.MS_BIND)
     os.close(directory)
-    for path, fd in interpreter.items():
-        mounts.show_read_only(fd, path)
+    mounts.show_read_only(interpreter, SHARED_DIRECTORIES)
     if job["uid"] is not None:
         mounts.expose_python(job["uid"])
     if plain_user:
