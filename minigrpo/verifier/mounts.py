@@ -85,7 +85,7 @@ def interpreter_paths() -> set[str]:
     as written and as its links resolve (a virtual environment under /tmp reached through a link from
     elsewhere lies under /tmp, though its path does not say so)."""
     paths = (sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path)
-    directories = [p for p in paths if p and os.path.isdir(p)]
+    directories = [p for p in paths if os.path.isdir(p)]  # not '', a zip or a missing entry of sys.path
     return {os.path.abspath(p) for p in directories} | {os.path.realpath(p) for p in directories}
 
 
