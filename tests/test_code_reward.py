@@ -1259,15 +1259,17 @@ def made_here():
             shutil.rmtree(path)
 
 
-# layout: how the environment is made, where, and whether the interpreter is reached through a link
+# layout: how the environment is made, where, and what a link in a closed directory beside the tests leads
+# to, through which the interpreter is reached: nothing (no link), the prefix, or its python
 CLOSED_LAYOUTS = {
-    "venv-in-tmp": (closed_venv, "/tmp", False),
-    "venv-in-dev-shm": (closed_venv, "/dev/shm", False),
-    "venv-in-var-tmp": (closed_venv, "/var/tmp", False),
-    "venv-in-opt": (closed_venv, "/opt", False),
-    "conda-in-opt": (closed_conda_prefix, "/opt", False),
-    "conda-in-tmp": (closed_conda_prefix, "/tmp", False),
-    "venv-in-tmp-through-a-link": (closed_venv, "/tmp", True),
+    "venv-in-tmp": (closed_venv, "/tmp", None),
+    "venv-in-dev-shm": (closed_venv, "/dev/shm", None),
+    "venv-in-var-tmp": (closed_venv, "/var/tmp", None),
+    "venv-in-opt": (closed_venv, "/opt", None),
+    "conda-in-opt": (closed_conda_prefix, "/opt", None),
+    "conda-in-tmp": (closed_conda_prefix, "/tmp", None),
+    "venv-in-tmp-through-a-link": (closed_venv, "/tmp", "prefix"),
+    "conda-in-opt-through-a-link-to-its-python": (closed_conda_prefix, "/opt", "python"),
 }
 
 
@@ -1275,12 +1277,14 @@ CLOSED_LAYOUTS = {
 @pytest.mark.parametrize("layout", list(CLOSED_LAYOUTS))
 def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout, user, made_here):
     """An interpreter whose prefix is closed to others (a venv made in `mktemp -d`, under /tmp, /dev/shm,
-    /var/tmp or /opt; a conda-style prefix), also one reached through a link from outside the shared
-    directories (from beside the tests): the program and the interpreter it starts again are the same
-    environment (the same sys.prefix, its own site-packages importable). As root, the closed prefix shows
-    only what the interpreter needs (bin/, lib/, a venv's pyvenv.cfg), read-only: a file beside them is not
-    there. As a plain user, the prefix is the trainer's own, shown whole and read-only."""
-    make, where, through_a_link = CLOSED_LAYOUTS[layout]
+    /var/tmp or /opt; a conda-style prefix), also one reached through a link in a closed directory outside
+    the shared ones (beside the tests), to the prefix or to its python (which must stay a link there: the
+    conda-style python finds its prefix where the link leads): the program and the interpreter it starts
+    again are the same environment (the same sys.prefix, its own site-packages importable). As root, the
+    closed prefix shows only what the interpreter needs (bin/, lib/, a venv's pyvenv.cfg), read-only: a
+    file beside them is not there. As a plain user, the prefix is the trainer's own, shown whole and
+    read-only."""
+    make, where, link_to = CLOSED_LAYOUTS[layout]
     if user == "root" and not ROOT:
         pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
     if not os.path.isdir(where) or not os.access(where, os.W_OK):
@@ -1291,12 +1295,18 @@ def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout,
     with open(secret, "w") as f:
         f.write("the trainer's")
     listing = " ".join(sorted(os.listdir(prefix)))
-    if through_a_link:
+    python = os.path.join(prefix, "bin", PYTHON_VERSION)
+    if link_to is not None:
         outside = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(__file__)))
         made_here.append(outside)
-        os.symlink(prefix, os.path.join(outside, "environment"))
-        prefix = os.path.join(outside, "environment")
-    python = os.path.join(prefix, "bin", PYTHON_VERSION)
+        link = os.path.join(outside, "link")
+    if link_to == "prefix":  # the environment's prefix is where the link lies
+        os.symlink(prefix, link)
+        python = os.path.join(link, "bin", PYTHON_VERSION)
+        prefix = link
+    elif link_to == "python":  # the python finds its prefix where the link leads
+        os.symlink(python, link)
+        python = link
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     driver = [python, "-c", UNDER_TMP_DRIVER, user, secret, OWN_ENVIRONMENT]
     done = subprocess.run(
