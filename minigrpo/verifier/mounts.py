@@ -109,16 +109,15 @@ def show_read_only(opened: dict[str, int], covered: tuple[str, ...]) -> None:
     """The interpreter's directories under the `covered` directories (each path with a descriptor opened
     before the tmpfs covered it) bound again with the mounts beneath them, every one of them read-only and
     otherwise with the flags it had. The entry of a covered directory on the way to one (/tmp/work of
-    /tmp/work/repo/.venv) is a mount point, which neither the clean-up between tests (the scratch tmpfs is
-    also the working directory) nor a test can remove or move: the directory itself, or a tmpfs of its own
-    holding just the way to those below it."""
+    /tmp/work/repo/.venv) is a tmpfs of its own holding just the way to them (or the directory itself,
+    bound over it): a mount point, which neither the clean-up between tests (the scratch tmpfs is also the
+    working directory) nor a test can remove or move."""
     tops: dict[str, list[str]] = {}
     for path in opened:
         tops.setdefault(_entry_on_the_way(path, covered), []).append(path)
     for top, paths in tops.items():
-        os.makedirs(top, exist_ok=True)  # in the scratch tmpfs (/tmp and /var/tmp share it)
-        if top not in paths:
-            mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"mode=0755")
+        os.makedirs(top, exist_ok=True)  # in the scratch tmpfs, which /tmp and /var/tmp share
+        mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"mode=0755")
         for path in paths:
             _bind_again(opened[path], path)
         read_only_mounts(top)
