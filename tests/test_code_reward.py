@@ -1289,6 +1289,10 @@ def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout,
         pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
     if not os.path.isdir(where) or not os.access(where, os.W_OK):
         pytest.skip(f"{where} is not a directory this user can write")
+    if make is closed_conda_prefix and sys.platlibdir != "lib":
+        pytest.skip(
+            f"the conda-style prefix is made for a python whose platlibdir is lib, not {sys.platlibdir}"
+        )
     prefix = make(where)
     made_here.append(prefix)
     secret = os.path.join(prefix, "secret.txt")
@@ -1314,8 +1318,9 @@ def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    if user == "root":
-        listing = "bin lib pyvenv.cfg" if make is closed_venv else "bin lib"
+    if user == "root":  # lib/ and the platform's (lib64/ on some systems), on the way to site-packages
+        needed = {"bin", "lib", sys.platlibdir} | ({"pyvenv.cfg"} if make is closed_venv else set())
+        listing = " ".join(sorted(needed))
     seen = "FileNotFoundError" if user == "root" else "reached"
     expected = [prefix, prefix, listing, seen, "OSError"]
     assert result["stdout"].splitlines() == expected, result["stderr"]
@@ -1358,3 +1363,61 @@ def test_the_interpreter_under_tmp_stays_for_every_test_of_a_run(user, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines()[-3:]]
     assert [result["stdout"] for result in results] == ["42\nEBUSY\n"] * 3, results[-1]["stderr"]
+
+
+# Run by a virtual environment under /tmp whose site-packages adds a directory of the same name under
+# /var/tmp (a .pth file): both imported, in the program and in the python it starts again.
+TWO_NAMESAKES = """
+import subprocess, sys
+import only_in_this_environment, only_in_var_tmp
+again = "import only_in_this_environment, only_in_var_tmp; print('both')"
+print(subprocess.run([sys.executable, "-c", again], capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+def test_interpreter_directories_of_one_name_under_tmp_and_var_tmp_are_both_shown(user, made_here):
+    """/tmp/<name> and /var/tmp/<name> are one directory of the scratch tmpfs, which is behind both: the
+    interpreter's directories under each are shown again all the same."""
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    if not os.path.isdir("/var/tmp") or not os.access("/var/tmp", os.W_OK):
+        pytest.skip("/var/tmp is not a directory this user can write")
+    prefix = closed_venv("/tmp")
+    made_here.append(prefix)
+    namesake = os.path.join("/var/tmp", os.path.basename(prefix))
+    os.makedirs(os.path.join(namesake, "extra"))
+    made_here.append(namesake)
+    open(os.path.join(namesake, "extra", "only_in_var_tmp.py"), "w").close()
+    site_packages = os.path.join(prefix, "lib", PYTHON_VERSION, "site-packages")
+    with open(os.path.join(site_packages, "namesake.pth"), "w") as f:
+        f.write(os.path.join(namesake, "extra") + "\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [os.path.join(prefix, "bin", "python"), "-c", UNDER_TMP_DRIVER, user, "", TWO_NAMESAKES]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["stdout"] == "both\n", result["stderr"]
+
+
+def sandbox_with_refused_read_only_mounts(directory):
+    """A copy of sandbox.py and its siblings in which mount_setattr(2) is refused (ENOSYS: a number no
+    kernel gives a call)."""
+    verifier = os.path.dirname(code_module.sandbox.__file__)
+    for name in ("sandbox.py", "confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
+        (directory / name).write_text(open(os.path.join(verifier, name)).read())
+    source = (directory / "mounts.py").read_text()
+    hooked = source.replace("MOUNT_SETATTR = 442", "MOUNT_SETATTR = 1023")
+    assert hooked != source
+    (directory / "mounts.py").write_text(hooked)
+    return str(directory / "sandbox.py")
+
+
+def test_a_refused_read_only_remount_stops_the_sandbox(as_a_plain_user, monkeypatch, tmp_path):
+    """As a plain user every mount is made read-only first: where that is refused, no test runs (the
+    trainer's files would be writable), and the error says why."""
+    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_with_refused_read_only_mounts(tmp_path))
+    with pytest.raises(RuntimeError, match="sandbox isolation failed: .*making the mounts at / read-only"):
+        run_tests(ADD, ADD_TESTS[:1])
