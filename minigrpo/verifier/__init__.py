@@ -19,9 +19,9 @@
 The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
 for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
 wrapped by math_reward (worker_pool: worker processes running math_worker.py); steps (with step_expression);
-format; code (code_cases, sandbox_config; sandbox, which loads confine, seccomp, cleanup and process_io);
-countdown; the constraints json_schema, length and sql (constraint_inputs: what they read alike); scores and
-rewards beside them. Nothing outside this folder imports from inside it: only the names below.
+format; code (code_cases, sandbox_config; sandbox, which loads confine, seccomp, cleanup, process_io and
+mounts); countdown; the constraints json_schema, length and sql (constraint_inputs: what they read alike);
+scores and rewards beside them. Nothing outside this folder imports from inside it: only the names below.
 """
 
 import importlib
