@@ -7,15 +7,18 @@ as task rows, the template kept as it came when a checkpoint is saved, and bad i
 
 import json
 import os
+import re
 
+import jinja2
 import pytest
 from helpers import SPECIALS, tiny_model, tiny_tokenizer
 
 import minigrpo
-from minigrpo.model import Tokenizer
+from minigrpo.model import ChatTemplate, Tokenizer, chat_template
 from minigrpo.tools import FORMATS, ToolFormat, check_format_against_template, declared_tools, tool_schemas
 
-TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat_templates")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATES = os.path.join(ROOT, "tests", "data", "chat_templates")
 FAMILIES = ["qwen3", "deepseek_v3"]
 
 CALCULATOR, PYTHON = tool_schemas(["calculator", "python"])
@@ -264,3 +267,30 @@ def test_a_schema_without_the_calls_argument_is_refused():
     schema = {"type": "function", "function": {"name": "lookup", "parameters": {"properties": {"q": {}}}}}
     with pytest.raises(ValueError, match="has no parameter 'query', the argument a JSON call passes"):
         minigrpo.register_tool("lookup", argument="query", schema=schema)(lambda text: text)
+
+
+@pytest.mark.parametrize(
+    "version, refused",
+    [("3.1.5", True), ("3.0.3", True), ("3.1.6", False), ("3.1.10", False), ("3.2.0", False)],
+)
+def test_a_jinja2_whose_sandbox_leaks_is_refused_before_compiling(monkeypatch, version, refused):
+    """jinja2 3.1.5's sandbox let a template read os.environ (|attr('format'), GHSA-cpwx-vrp4-4pq7): the
+    version the module reads is checked before a template compiles, in one line saying what to install."""
+    monkeypatch.setattr(jinja2, "__version__", version)
+    if not refused:
+        assert (
+            ChatTemplate("{{ messages[0].content }}", "t").render([{"role": "user", "content": "x"}]) == "x"
+        )
+        return
+    with pytest.raises(ValueError) as raised:
+        ChatTemplate("{{ messages[0].content }}", "t")
+    assert str(raised.value) == (
+        "rendering a checkpoint's chat template needs jinja2>=3.1.6 (older versions let a template escape "
+        f"the sandbox), but jinja2 {version} is installed: pip install -U 'jinja2>=3.1.6'"
+    )
+
+
+def test_setup_requires_the_jinja2_the_renderer_checks_for():
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        required = re.search(r'"jinja2>=([\d.]+)"', f.read()).group(1)
+    assert tuple(map(int, required.split("."))) == chat_template.MIN_JINJA2 == (3, 1, 6)

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from datetime import datetime
 
 import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# jinja2 before 3.1.6 lets a template escape the sandbox (GHSA-cpwx-vrp4-4pq7: |attr('format') reads
+# os.environ); transformers refuses it too, and setup.py requires it
+MIN_JINJA2 = (3, 1, 6)
 
 # tokenizer_config.json's names of the special tokens a template may use, passed to it by these names
 SPECIAL_TOKENS = (
@@ -54,7 +59,21 @@ def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sor
     )
 
 
+def check_jinja2_version() -> None:
+    """Refuse, before any template is compiled, a jinja2 whose sandbox a template escapes."""
+    numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", jinja2.__version__)
+    installed = tuple(int(n or 0) for n in numbers.groups()) if numbers else (0,)
+    if installed < MIN_JINJA2:
+        needed = ".".join(map(str, MIN_JINJA2))
+        raise ValueError(
+            f"rendering a checkpoint's chat template needs jinja2>={needed} (older versions let a template "
+            f"escape the sandbox), but jinja2 {jinja2.__version__} is installed: "
+            f"pip install -U 'jinja2>={needed}'"
+        )
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
+    check_jinja2_version()
     environment = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
