@@ -8,13 +8,14 @@ as task rows, the template kept as it came when a checkpoint is saved, and bad i
 import json
 import os
 import re
+import time
 
 import jinja2
 import pytest
 from helpers import SPECIALS, tiny_model, tiny_tokenizer
 
 import minigrpo
-from minigrpo.model import ChatTemplate, Tokenizer, chat_template
+from minigrpo.model import ChatTemplate, Tokenizer, template_sandbox
 from minigrpo.tools import FORMATS, ToolFormat, check_format_against_template, declared_tools, tool_schemas
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -293,4 +294,86 @@ def test_a_jinja2_whose_sandbox_leaks_is_refused_before_compiling(monkeypatch, v
 def test_setup_requires_the_jinja2_the_renderer_checks_for():
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         required = re.search(r'"jinja2>=([\d.]+)"', f.read()).group(1)
-    assert tuple(map(int, required.split("."))) == chat_template.MIN_JINJA2 == (3, 1, 6)
+    assert tuple(map(int, required.split("."))) == template_sandbox.MIN_JINJA2 == (3, 1, 6)
+
+
+ONE_TURN = CONVERSATIONS["one turn"]
+# Templates that never end, or not before they have spent minutes or gigabytes on one conversation; each is
+# refused in one line by the budget of a render: what it spends, and on what
+NEVER_ENDS = {
+    "nested loops": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "made more than 100,000 loop iterations and calls on one conversation: it may never end",
+    ),
+    "a recursive loop": (  # loop(...)'s own iterations count too
+        "{% for i in range(100000) recursive %}{% if loop.depth < 2 %}{{ loop(range(100000)) }}{% endif %}"
+        "{% endfor %}",
+        "made more than 100,000 loop iterations and calls",
+    ),
+    "lipsum": ("{{ lipsum(1000000) }}", "asks lipsum() for 1,000,000 paragraphs of up to 100 words"),
+    "its output": (
+        "{% for i in range(100000) %}{{ range(100000)|join }}{% endfor %}",
+        "wrote more than 4,000,000 characters for one conversation",
+    ),
+    "a repeated string": (
+        "{% for i in range(100000) %}{% set s = 'x' * (100000000 + i) %}{% endfor %}",
+        "repeats a str to more than 4,000,000 items",
+    ),
+    "a power": ("{{ 7 ** 100000000 % 10 }}", "computes an integer of more than 100,000 bits with **"),
+    "squaring": (
+        "{% set ns = namespace(n=7) %}{% for i in range(64) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+        "computes an integer of more than 100,000 bits with *",
+    ),
+    "doubling": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "built a str of 4,194,304 items, more than 4,000,000",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NEVER_ENDS))
+def test_a_template_that_never_ends_is_refused_by_its_budget(tmp_path, monkeypatch, case):
+    """(A tenth of the steps, to spend less of the suite's time on them.)"""
+    monkeypatch.setattr(template_sandbox, "MAX_STEPS", 100_000)
+    source, message = NEVER_ENDS[case]
+    tokenizer = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path, "qwen3", chat_template=source))
+    started = time.monotonic()
+    where = os.path.join(tmp_path, "tokenizer_config.json")
+    with pytest.raises(ValueError, match=re.escape(f"the chat template in {where} {message}")) as raised:
+        tokenizer.apply_chat_template(ONE_TURN)
+    assert "\n" not in str(raised.value)
+    assert time.monotonic() - started < 60  # a budget spent in seconds at most, not minutes or hours
+
+
+def test_a_template_whose_every_step_is_slow_is_stopped_by_the_clock(monkeypatch):
+    """A hundred thousand steps of a fraction of a millisecond each: the clock, read every CLOCK_EVERY steps,
+    stops it.
+    A render of fewer steps never reads the clock, so its result cannot depend on the machine's speed."""
+    monkeypatch.setattr(template_sandbox, "MAX_SECONDS", 0.0)
+    slow = ChatTemplate("{% for i in range(100000) %}{% set s = range(1000)|join %}{% endfor %}", "slow")
+    with pytest.raises(
+        ValueError, match="^the chat template in slow ran longer than 0 s on one conversation"
+    ):
+        slow.render(ONE_TURN)
+    quick = "{% for i in range(1000) %}{% set s = i %}{% endfor %}{{ messages[0].content }}"
+    assert ChatTemplate(quick, "quick").render(ONE_TURN) == ONE_TURN[0]["content"]
+
+
+def test_a_long_conversation_with_tools_is_far_from_the_budget(tmp_path):
+    """Qwen3's template over a thousand turns that think and call a tool, with two tools declared: the text is
+    transformers', and the render spends under 2% of the budget's steps and characters."""
+    from transformers import AutoTokenizer
+
+    directory = checkpoint_tokenizer(tmp_path, "qwen3")
+    long = [message for _ in range(250) for message in CONVERSATIONS["tool call and response"]]
+    long += CONVERSATIONS["earlier thinking"]
+    hf, mine = AutoTokenizer.from_pretrained(directory), Tokenizer.from_directory(directory)
+    text = mine.apply_chat_template(long, tools=[CALCULATOR, PYTHON])
+    assert text == hf.apply_chat_template(
+        long, tools=[CALCULATOR, PYTHON], tokenize=False, add_generation_prompt=True
+    )
+    budget = template_sandbox.Budget()
+    template = mine.chat_template(tools=True)
+    variables = {"messages": long, "tools": [CALCULATOR, PYTHON], "add_generation_prompt": True}
+    assert template_sandbox.render(template.compiled, variables, budget) == text
+    assert budget.steps < template_sandbox.MAX_STEPS / 50 and budget.written < template_sandbox.MAX_CHARS / 50

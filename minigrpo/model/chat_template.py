@@ -8,25 +8,18 @@ token ids or the model.
 transformers' `apply_chat_template` compiles a template in jinja2's immutable sandbox with
 trim_blocks and lstrip_blocks and the loop controls, gives it `raise_exception` and `strftime_now`, and
 replaces the `tojson` filter by `json.dumps` (jinja2's own escapes HTML characters); the special tokens
-(`bos_token`, `eos_token`, ...) are passed by name. This does the same, so the text is transformers'
-for any conversation a template accepts. A template that does not parse, one that raises, a message
-without a role and a tool without a schema are each a ValueError of one line.
+(`bos_token`, `eos_token`, ...) are passed by name. This does the same (template_sandbox.py), so the text
+is transformers' for any conversation a template accepts. Departing from transformers, a render runs on a
+budget (template_sandbox.py: steps, characters, the size of what it builds, a clock), so that a template
+that would never end is refused. A template that does not parse, one that raises or spends its budget, a
+message without a role and a tool without a schema are each a ValueError of one line.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import re
-from datetime import datetime
-
 import jinja2
-import jinja2.meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# jinja2 before 3.1.6 lets a template escape the sandbox (GHSA-cpwx-vrp4-4pq7: |attr('format') reads
-# os.environ); transformers refuses it too, and setup.py requires it
-MIN_JINJA2 = (3, 1, 6)
+from .template_sandbox import Budget, OverBudget, Refused, compile_template, render
 
 # tokenizer_config.json's names of the special tokens a template may use, passed to it by these names
 SPECIAL_TOKENS = (
@@ -40,49 +33,6 @@ SPECIAL_TOKENS = (
 )
 
 
-class _Refused(Exception):
-    """raise_exception(...) in a template: the conversation is one it does not accept."""
-
-
-def _raise_exception(message: str):
-    raise _Refused(message)
-
-
-def _strftime_now(format: str) -> str:
-    return datetime.now().strftime(format)
-
-
-def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
-    """transformers' tojson: json.dumps with its keywords, no HTML escaping."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def check_jinja2_version() -> None:
-    """Refuse, before any template is compiled, a jinja2 whose sandbox a template escapes."""
-    numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", jinja2.__version__)
-    installed = tuple(int(n or 0) for n in numbers.groups()) if numbers else (0,)
-    if installed < MIN_JINJA2:
-        needed = ".".join(map(str, MIN_JINJA2))
-        raise ValueError(
-            f"rendering a checkpoint's chat template needs jinja2>={needed} (older versions let a template "
-            f"escape the sandbox), but jinja2 {jinja2.__version__} is installed: "
-            f"pip install -U 'jinja2>={needed}'"
-        )
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    check_jinja2_version()
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = _strftime_now
-    return environment
-
-
 class ChatTemplate:
     """One chat template, compiled once; `where` names it in errors (a file, or a config's key)."""
 
@@ -91,16 +41,16 @@ class ChatTemplate:
         self.where = where
         self.special_tokens = dict(special_tokens or {})  # bos_token -> "<s>", ...
         try:
-            self.compiled = _environment().from_string(source)
+            self.compiled, self.variables = compile_template(source)  # variables: the names it reads
         except jinja2.TemplateSyntaxError as error:
             raise ValueError(
                 f"the chat template in {where} does not parse: line {error.lineno}: {error.message}"
             ) from None
 
-    @functools.cached_property
+    @property
     def takes_tools(self) -> bool:
         """Whether the template reads a `tools` variable (declares the tools it is given)."""
-        return "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(self.source))
+        return "tools" in self.variables
 
     def render(
         self,
@@ -117,11 +67,12 @@ class ChatTemplate:
             {key: value for key, value in message.items() if value is not None} for message in messages
         ]
         variables = {"documents": None, **self.special_tokens, **kwargs}
+        variables.update(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
         try:
-            return self.compiled.render(
-                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
-            )
-        except _Refused as refused:
+            return render(self.compiled, variables, Budget())
+        except OverBudget as spent:
+            raise ValueError(f"the chat template in {self.where} {spent}") from None
+        except Refused as refused:
             raise ValueError(
                 f"the chat template in {self.where} refuses this conversation: {refused}"
             ) from None
