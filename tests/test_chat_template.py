@@ -377,3 +377,50 @@ def test_a_long_conversation_with_tools_is_far_from_the_budget(tmp_path):
     variables = {"messages": long, "tools": [CALCULATOR, PYTHON], "add_generation_prompt": True}
     assert template_sandbox.render(template.compiled, variables, budget) == text
     assert budget.steps < template_sandbox.MAX_STEPS / 50 and budget.written < template_sandbox.MAX_CHARS / 50
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("{{ 1 / 0 }}", "failed on this conversation: ZeroDivisionError: division by zero"),
+        ("{{ (10 ** 400) | float }}", "failed on this conversation: OverflowError: int too large to convert"),
+        ("{{ range(10 ** 20) }}", "failed on this conversation: OverflowError: Python int too large"),
+        (
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "failed on this conversation: RecursionError: maximum recursion depth exceeded",
+        ),
+        ("{{ 'x' | center(10 ** 15) }}", "failed on this conversation: MemoryError$"),
+        ("{% if true %}" * 3000 + "{% endif %}" * 3000, "nests too deeply to compile \\(RecursionError: "),
+        (
+            "{% for i in [1] %}" * 25 + "{% endfor %}" * 25,
+            "nests too deeply to compile \\(SyntaxError: too many",
+        ),
+        (
+            "{{ raise_exception('no tools here:\\n' ~ 'x' * 1000) }}",
+            "refuses this conversation: no tools here: x{182}\\.\\.\\.$",
+        ),
+    ],
+    ids=[
+        "zero",
+        "float overflow",
+        "range overflow",
+        "recursive macro",
+        "memory",
+        "3000 ifs",
+        "25 fors",
+        "long",
+    ],
+)
+def test_what_a_template_raises_is_one_line_naming_it(source, message):
+    with pytest.raises(ValueError, match=f"^the chat template in hostile.jinja {message}") as raised:
+        ChatTemplate(source, "hostile.jinja").render(ONE_TURN)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_template_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    checkpoint_tokenizer(tmp_path, "qwen3")
+    (tmp_path / "chat_template.jinja").write_bytes(b"{{ messages[0].content }}\xff\xfe")
+    with pytest.raises(ValueError) as raised:
+        Tokenizer.from_directory(str(tmp_path))
+    path = os.path.join(tmp_path, "chat_template.jinja")
+    assert str(raised.value) == f"{path} is not UTF-8 text (invalid start byte), as a chat template must be"

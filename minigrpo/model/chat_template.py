@@ -44,7 +44,12 @@ class ChatTemplate:
             self.compiled, self.variables = compile_template(source)  # variables: the names it reads
         except jinja2.TemplateSyntaxError as error:
             raise ValueError(
-                f"the chat template in {where} does not parse: line {error.lineno}: {error.message}"
+                f"the chat template in {where} does not parse: line {error.lineno}: {one_line(error.message)}"
+            ) from None
+        except (RecursionError, SyntaxError, MemoryError) as error:
+            # 3,000 nested ifs exhaust the parser's recursion; 21 nested fors, Python's static blocks
+            raise ValueError(
+                f"the chat template in {where} nests too deeply to compile ({cause(error)})"
             ) from None
 
     @property
@@ -74,13 +79,37 @@ class ChatTemplate:
             raise ValueError(f"the chat template in {self.where} {spent}") from None
         except Refused as refused:
             raise ValueError(
-                f"the chat template in {self.where} refuses this conversation: {refused}"
+                f"the chat template in {self.where} refuses this conversation: {one_line(str(refused))}"
             ) from None
-        except (jinja2.TemplateError, TypeError, KeyError, AttributeError, IndexError) as error:
-            # a conversation the template reads as it was not written to (a list where it wants text)
+        except Exception as error:
+            # the template is untrusted code: whatever it raises (a conversation it reads as it was not
+            # written to, a division by zero, a macro that calls itself, ...) is its failure on this one
             raise ValueError(
-                f"the chat template in {self.where} failed on this conversation: {error}"
+                f"the chat template in {self.where} failed on this conversation: {cause(error)}"
             ) from None
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` on one line, cut to `limit` characters: a template's message is its author's to write."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cause(error: BaseException) -> str:
+    """What went wrong, in one line: jinja2's own errors say it; Python's are named (MemoryError says
+    nothing else)."""
+    if isinstance(error, jinja2.TemplateError):
+        return one_line(str(error))
+    return one_line(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+
+
+def read_template_file(path: str) -> str:
+    """chat_template.jinja's text; a file that is not UTF-8 is a ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error.reason}), as a chat template must be") from None
 
 
 def check_messages(messages) -> None:
