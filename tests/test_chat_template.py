@@ -5,12 +5,15 @@ its response in the history, and add_generation_prompt both ways: the same text 
 Then the tools a run declares, the qwen3 format's markers checked against the template, conversations
 as task rows, the template kept as it came when a checkpoint is saved, and bad input in one line."""
 
+import dataclasses
+import enum
 import json
 import os
 import re
 import time
 
 import jinja2
+import numpy
 import pytest
 from helpers import SPECIALS, tiny_model, tiny_tokenizer
 
@@ -424,3 +427,80 @@ def test_a_template_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
         Tokenizer.from_directory(str(tmp_path))
     path = os.path.join(tmp_path, "chat_template.jinja")
     assert str(raised.value) == f"{path} is not UTF-8 text (invalid start byte), as a chat template must be"
+
+
+def real_template(family: str) -> str:
+    with open(os.path.join(TEMPLATES, family, "tokenizer_config.json"), encoding="utf-8") as f:
+        return json.load(f)["chat_template"]
+
+
+@pytest.fixture(scope="module")
+def hf_qwen3(tmp_path_factory):
+    """transformers' tokenizer of Qwen3's template, the oracle for templates given as source."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(checkpoint_tokenizer(tmp_path_factory.mktemp("hf"), "qwen3"))
+
+
+@dataclasses.dataclass
+class Message:
+    role: str
+    content: object
+
+
+class Colour(str, enum.Enum):
+    RED = "red"
+
+
+def test_a_template_sees_plain_data_as_transformers_does(hf_qwen3, tmp_path):
+    """A library caller's rich objects (a dataclass message, a str enum, numpy scalars, a Path) are rebuilt
+    as transformers rebuilds them, so the text is the same: an enum is its value, a Path a placeholder."""
+    source = (
+        "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}{{ n + 1 }} {{ flag }} {{ colour }}"
+    )
+    messages = [Message("user", tmp_path / "x"), {"role": "assistant", "content": Colour.RED}]
+    kwargs = dict(n=numpy.int64(41), flag=numpy.bool_(False), colour=Colour.RED)
+    text = ChatTemplate(source, "t").render(messages, add_generation_prompt=False, **kwargs)
+    assert text == hf_qwen3.apply_chat_template(messages, chat_template=source, tokenize=False, **kwargs)
+    assert text == "user=<PosixPath>;assistant=red;42 False red"
+
+
+def test_a_path_given_as_content_cannot_write_a_file(tmp_path):
+    target = tmp_path / "written"
+    template = ChatTemplate("{{ messages[0].content.write_text('owned') }}", "t")
+    with pytest.raises(
+        ValueError, match="failed on this conversation: 'str object' has no attribute 'write_text'"
+    ):
+        template.render([{"role": "user", "content": target}])
+    assert not target.exists()
+
+
+def test_a_value_that_contains_itself_or_nests_too_deep_is_refused_naming_it():
+    template = ChatTemplate(real_template("qwen3"), "qwen3")
+    schema = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+    schema["function"]["parameters"]["properties"]["more"] = schema["function"]["parameters"]
+    with pytest.raises(
+        ValueError, match="^the schema of tool 'lookup' contains itself, which a template cannot"
+    ):
+        template.render(ONE_TURN, tools=[schema])
+    message = {"role": "user", "content": []}
+    message["content"].append(message)
+    with pytest.raises(ValueError, match="^message 0 of the conversation contains itself"):
+        template.render([message])
+    keywords = {}
+    keywords["again"] = keywords
+    with pytest.raises(ValueError, match="^the template keyword 'extra' contains itself"):
+        template.render(ONE_TURN, extra=keywords)
+    deep = "x"
+    for _ in range(150):
+        deep = [deep]
+    with pytest.raises(ValueError, match="^message 1 of the conversation nests more than 100 levels deep$"):
+        template.render([*ONE_TURN, {"role": "user", "content": deep}])
+    shared = ["x"]  # the same list twice, neither inside the other, is no cycle
+    shown = ChatTemplate("{{ messages[0].content }}", "t").render(
+        [{"role": "user", "content": [shared, shared]}]
+    )
+    assert shown == "[['x'], ['x']]"

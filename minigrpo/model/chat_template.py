@@ -17,6 +17,10 @@ message without a role and a tool without a schema are each a ValueError of one 
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from collections.abc import Mapping
+
 import jinja2
 
 from .template_sandbox import Budget, OverBudget, Refused, compile_template, render
@@ -31,6 +35,7 @@ SPECIAL_TOKENS = (
     "cls_token",
     "mask_token",
 )
+MAX_DEPTH = 100  # how deep a message, a tool schema or a keyword's value may nest (lists in dicts in ...)
 
 
 class ChatTemplate:
@@ -64,13 +69,10 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         **kwargs,
     ) -> str:
-        check_messages(messages)
-        check_tool_schemas(tools)
-        # as transformers: a key whose value is None is left out of a message ({"content": None} of an
-        # assistant turn that only calls), and the caller's keywords win over the special tokens
-        messages = [
-            {key: value for key, value in message.items() if value is not None} for message in messages
-        ]
+        messages = template_messages(messages)
+        tools = template_tools(tools)
+        kwargs = {name: plain_data(value, f"the template keyword {name!r}") for name, value in kwargs.items()}
+        # as transformers: the caller's keywords win over the special tokens
         variables = {"documents": None, **self.special_tokens, **kwargs}
         variables.update(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
         try:
@@ -110,6 +112,70 @@ def read_template_file(path: str) -> str:
             return f.read()
     except UnicodeDecodeError as error:
         raise ValueError(f"{path} is not UTF-8 text ({error.reason}), as a chat template must be") from None
+
+
+def template_messages(messages) -> list[dict]:
+    """The conversation as transformers' templates see it: plain data (plain_data), each message with a
+    role, a key whose value is None left out ({"content": None} of an assistant turn that only calls)."""
+    if isinstance(messages, (list, tuple)):
+        messages = [
+            plain_data(message, f"message {i} of the conversation") for i, message in enumerate(messages)
+        ]
+    check_messages(messages)
+    return [{key: value for key, value in message.items() if value is not None} for message in messages]
+
+
+def template_tools(tools) -> list[dict] | None:
+    """Tool schemas (check_tool_schemas) as plain data, or None."""
+    check_tool_schemas(tools)
+    if tools is None:
+        return None
+    return [plain_data(tool, f"the schema of tool {tool['function']['name']!r}") for tool in tools]
+
+
+def plain_data(value, what: str, inside: tuple[int, ...] = ()):
+    """`value` rebuilt from plain JSON types, as transformers rebuilds what a template sees: a str, int or
+    float subclass (an enum, a numpy scalar) as its base type, a mapping as a dict, a dataclass or a
+    pydantic model as its fields, anything else as a placeholder naming its type ("<PosixPath>"): an
+    object's methods (Path.write_text) are not the template's to call. Departing from transformers (which
+    recurses until Python stops it), a value that contains itself, or nests more than MAX_DEPTH deep, is a
+    ValueError naming `what`; `inside`: the ids of the containers `value` is in."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    scalar = _plain_scalar(value)
+    if scalar is not None:
+        return scalar
+    if id(value) in inside:
+        raise ValueError(f"{what} contains itself, which a template cannot render")
+    if len(inside) == MAX_DEPTH:
+        raise ValueError(f"{what} nests more than {MAX_DEPTH} levels deep")
+    inside = (*inside, id(value))
+    if isinstance(value, Mapping):
+        return {plain_data(key, what, inside): plain_data(item, what, inside) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_data(item, what, inside) for item in value]
+    if isinstance(value, tuple):
+        return tuple(plain_data(item, what, inside) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return {field.name: plain_data(getattr(value, field.name), what, inside) for field in fields}
+    if callable(getattr(value, "model_dump", None)):  # a pydantic model (OpenAI's messages)
+        return plain_data(value.model_dump(), what, inside)
+    return f"<{type(value).__name__}>"
+
+
+def _plain_scalar(value):
+    """A str, int or float subclass, or a numpy scalar, as the plain value it stands for; else None."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    numpy = sys.modules.get("numpy")  # a numpy scalar exists only once numpy is imported
+    if numpy is not None and isinstance(value, numpy.generic):
+        return plain_data(value.item(), "a numpy scalar")
+    return None
 
 
 def check_messages(messages) -> None:
