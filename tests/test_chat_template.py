@@ -7,6 +7,8 @@ as task rows, the template kept as it came when a checkpoint is saved, and bad i
 
 import dataclasses
 import enum
+import importlib.util
+import inspect
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import pytest
 from helpers import SPECIALS, tiny_model, tiny_tokenizer
 
 import minigrpo
+from minigrpo.flags import from_args
 from minigrpo.model import ChatTemplate, Tokenizer, template_sandbox
 from minigrpo.tools import FORMATS, ToolFormat, check_format_against_template, declared_tools, tool_schemas
 
@@ -504,3 +507,61 @@ def test_a_value_that_contains_itself_or_nests_too_deep_is_refused_naming_it():
         [{"role": "user", "content": [shared, shared]}]
     )
     assert shown == "[['x'], ['x']]"
+
+
+@pytest.mark.parametrize("name", ["tools", "messages", "add_generation_prompt", "documents"])
+def test_chat_template_kwargs_naming_the_renderers_own_arguments_are_refused(name):
+    """--chat_template_kwargs '{"tools": ...}' was a TypeError traceback when the first prompt rendered."""
+    with pytest.raises(ValueError) as raised:
+        minigrpo.GRPOConfig(chat_template_kwargs=json.dumps({"enable_thinking": False, name: True}))
+    assert str(raised.value) == (
+        f"chat_template_kwargs names {name}, which the run sets itself (the renderer's arguments: messages, "
+        "tools, documents, add_generation_prompt); give only the template's keywords, such as enable_thinking"
+    )
+
+
+def test_the_renderer_arguments_config_names_are_the_renderers():
+    """config.py names them without importing the renderer: ChatTemplate.render's keywords and `documents`."""
+    parameters = inspect.signature(ChatTemplate.render).parameters
+    named = [name for name, p in parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD and name != "self"]
+    assert sorted(minigrpo.config.RENDER_ARGUMENTS) == sorted([*named, "documents"])
+
+
+TRAIN_MATH = os.path.join(ROOT, "examples", "train_math.py")
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_config_file_gives_chat_template_kwargs_as_an_object(tmp_path, suffix):
+    """As TRL's configs do; the flag's JSON text stays, and wins over the file."""
+    spec = importlib.util.spec_from_file_location("train_math", TRAIN_MATH)
+    train_math = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_math)
+    values = {"chat_template_kwargs": {"enable_thinking": False, "style": "brief"}}
+    path = tmp_path / f"run{suffix}"
+    path.write_text(
+        json.dumps(values) if suffix == ".json" else pytest.importorskip("yaml").safe_dump(values)
+    )
+    grpo = from_args(minigrpo.GRPOConfig, train_math.parse_args(["--config", str(path)]))
+    assert grpo.template_kwargs == {"enable_thinking": False, "style": "brief"}
+    flag = ["--chat_template_kwargs", '{"enable_thinking": true}']
+    grpo = from_args(minigrpo.GRPOConfig, train_math.parse_args(["--config", str(path), *flag]))
+    assert grpo.template_kwargs == {"enable_thinking": True}
+    path.write_text(json.dumps({"chat_template_kwargs": {"tools": []}}))
+    path.rename(path := tmp_path / "clash.json")
+    with pytest.raises(ValueError, match="^chat_template_kwargs names tools, which the run sets itself"):
+        from_args(minigrpo.GRPOConfig, train_math.parse_args(["--config", str(path)]))
+    path.write_text(json.dumps({"chat_template_kwargs": ["enable_thinking"]}))
+    with pytest.raises(SystemExit, match="chat_template_kwargs must be text, got \\['enable_thinking'\\]"):
+        train_math.parse_args(["--config", str(path)])
+
+
+def test_code_gives_chat_template_kwargs_as_an_object_or_its_json():
+    assert minigrpo.GRPOConfig(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == (
+        '{"enable_thinking": false}'
+    )
+    itself = {}
+    itself["again"] = itself
+    with pytest.raises(
+        ValueError, match="^chat_template_kwargs must be a JSON object, got .* \\(Circular reference"
+    ):
+        minigrpo.GRPOConfig(chat_template_kwargs=itself)
