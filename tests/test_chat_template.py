@@ -565,3 +565,13 @@ def test_code_gives_chat_template_kwargs_as_an_object_or_its_json():
         ValueError, match="^chat_template_kwargs must be a JSON object, got .* \\(Circular reference"
     ):
         minigrpo.GRPOConfig(chat_template_kwargs=itself)
+
+
+@pytest.mark.parametrize("name", ["reasoning_content", "reasoning", "thinking"])
+def test_reasoning_under_any_of_its_names_is_rendered_as_transformers_does(pair, name):
+    """transformers gives a message's reasoning, under any name, as reasoning_content (what Qwen3's reads)."""
+    hf, mine = pair
+    messages = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2", name: "add one"}]
+    text = mine.apply_chat_template(messages, add_generation_prompt=False)
+    assert text == hf.apply_chat_template(messages, tokenize=False)
+    assert ("add one" in text) == (mine.chat_template(tools=False).source == real_template("qwen3"))

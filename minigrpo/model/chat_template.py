@@ -35,6 +35,9 @@ SPECIAL_TOKENS = (
     "cls_token",
     "mask_token",
 )
+# the names a message's reasoning goes by; the first is the one templates read, and transformers gives a
+# message's reasoning under all of them (gpt-oss's templates read `thinking`)
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 MAX_DEPTH = 100  # how deep a message, a tool schema or a keyword's value may nest (lists in dicts in ...)
 
 
@@ -116,13 +119,23 @@ def read_template_file(path: str) -> str:
 
 def template_messages(messages) -> list[dict]:
     """The conversation as transformers' templates see it: plain data (plain_data), each message with a
-    role, a key whose value is None left out ({"content": None} of an assistant turn that only calls)."""
+    role, a key whose value is None left out ({"content": None} of an assistant turn that only calls), its
+    reasoning under each name templates read it by."""
     if isinstance(messages, (list, tuple)):
         messages = [
             plain_data(message, f"message {i} of the conversation") for i, message in enumerate(messages)
         ]
     check_messages(messages)
-    return [{key: value for key, value in message.items() if value is not None} for message in messages]
+    messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
+    return [_alias_reasoning(message) for message in messages]
+
+
+def _alias_reasoning(message: dict) -> dict:
+    """`message` with its reasoning, under any of REASONING_FIELDS, also under the first two."""
+    reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def template_tools(tools) -> list[dict] | None:
