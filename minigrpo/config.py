@@ -32,7 +32,7 @@ SCHEDULES = ("constant", "cosine")  # TrainConfig.learning_rate_at
 SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (run/trainer.py)
 # model/chat_template.py: the renderer's own arguments (documents: a template variable it sets), which a run
 # sets itself, so chat_template_kwargs may not name them
-RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
+RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
 # model/lora.py: the projections of a Qwen3 block an adapter can go on (PEFT's names), or all of them
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = "all-linear"

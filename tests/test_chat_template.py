@@ -509,14 +509,17 @@ def test_a_value_that_contains_itself_or_nests_too_deep_is_refused_naming_it():
     assert shown == "[['x'], ['x']]"
 
 
-@pytest.mark.parametrize("name", ["tools", "messages", "add_generation_prompt", "documents"])
+@pytest.mark.parametrize(
+    "name", ["tools", "messages", "add_generation_prompt", "documents", "continue_final_message"]
+)
 def test_chat_template_kwargs_naming_the_renderers_own_arguments_are_refused(name):
     """--chat_template_kwargs '{"tools": ...}' was a TypeError traceback when the first prompt rendered."""
     with pytest.raises(ValueError) as raised:
         minigrpo.GRPOConfig(chat_template_kwargs=json.dumps({"enable_thinking": False, name: True}))
     assert str(raised.value) == (
         f"chat_template_kwargs names {name}, which the run sets itself (the renderer's arguments: messages, "
-        "tools, documents, add_generation_prompt); give only the template's keywords, such as enable_thinking"
+        "tools, documents, add_generation_prompt, continue_final_message); give only the template's "
+        "keywords, such as enable_thinking"
     )
 
 
@@ -575,3 +578,93 @@ def test_reasoning_under_any_of_its_names_is_rendered_as_transformers_does(pair,
     text = mine.apply_chat_template(messages, add_generation_prompt=False)
     assert text == hf.apply_chat_template(messages, tokenize=False)
     assert ("add one" in text) == (mine.chat_template(tools=False).source == real_template("qwen3"))
+
+
+CONTINUED = {  # (conversation, continue_final_message): the last message's text, to be continued
+    "content": ([*CONVERSATIONS["system turn"], {"role": "assistant", "content": "The answer is"}], True),
+    "reasoning_content": (
+        [ONE_TURN[0], {"role": "assistant", "content": "", "reasoning_content": "add two"}],
+        "reasoning_content",
+    ),
+    "reasoning": ([ONE_TURN[0], {"role": "assistant", "content": "5", "reasoning": "add two"}], "reasoning"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONTINUED))
+def test_continue_final_message_ends_inside_the_last_message_as_transformers_does(pair, case):
+    """The text ends where the last message's text does, for the model to continue it; a template that does
+    not read the field continued is refused, as transformers refuses it."""
+    hf, mine = pair
+    messages, field = CONTINUED[case]
+    try:
+        expected = hf.apply_chat_template(messages, tokenize=False, continue_final_message=field)
+    except ValueError as refused:
+        assert "is not an accepted field in the chat_template" in str(refused)
+        with pytest.raises(ValueError, match=f"chat template in .* never reads '{field}'$"):
+            mine.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=field)
+        return
+    text = mine.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=field)
+    assert text == expected and text.endswith(("The answer is", "add two"))
+
+
+def test_continue_final_message_over_content_blocks_is_transformers(hf_qwen3):
+    source = "{% for m in messages %}{% for b in m.content %}{{ b.text }}|{% endfor %}{% endfor %}"
+    blocks = [
+        {"type": "text", "text": "first"},
+        {"type": "image"},
+        {"type": "text", "text": "The answer is "},
+    ]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "2+3"}]},
+        {"role": "assistant", "content": blocks},
+    ]
+    text = ChatTemplate(source, "t").render(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert text == hf_qwen3.apply_chat_template(
+        messages, chat_template=source, tokenize=False, continue_final_message=True
+    )
+    assert text == "2+3|first||The answer is "  # the mark was followed by the template's own text
+
+
+@pytest.mark.parametrize(
+    "source, messages, settings, message",
+    [
+        (
+            "{{ messages }}",
+            ONE_TURN,
+            {},
+            "continue_final_message continues the last message, and add_generation",
+        ),
+        (
+            "{{ messages }}",
+            ONE_TURN,
+            {"continue_final_message": "reasoning_content", "add_generation_prompt": False},
+            "the last message has no 'reasoning_content' to continue$",
+        ),
+        (
+            "{{ messages[0].content[:3] }}",
+            [{"role": "assistant", "content": "The answer is"}],
+            {"add_generation_prompt": False},
+            "the chat template in t does not write the last message as it is",
+        ),
+        (
+            "{{ messages[0].content }}",
+            [{"role": "assistant", "content": 5}],
+            {"add_generation_prompt": False},
+            "the last message's content is not text, got 5$",
+        ),
+        (
+            "{{ messages[0].content }}",
+            [{"role": "assistant", "content": [{"type": "image"}]}],
+            {"add_generation_prompt": False},
+            "the last message's content has no text block to continue$",
+        ),
+    ],
+    ids=["with a generation prompt", "no such field", "a template that cuts it", "not text", "no text block"],
+)
+def test_continue_final_message_refusals_are_one_line(source, messages, settings, message):
+    settings = {"continue_final_message": True, **settings}
+    with pytest.raises(ValueError, match=f"^(continue_final_message: )?{message}") as raised:
+        ChatTemplate(source, "t").render(messages, **settings)
+    assert "\n" not in str(raised.value)

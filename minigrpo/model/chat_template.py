@@ -70,16 +70,35 @@ class ChatTemplate:
         messages: list[dict],
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool | str = False,
         **kwargs,
     ) -> str:
+        """The conversation's text. With continue_final_message (True: the last message's content, or the
+        name of another of its fields, such as reasoning_content) the text ends inside the last message,
+        for the model to continue it, as transformers' does."""
         messages = template_messages(messages)
-        tools = template_tools(tools)
+        final = None  # the text of the last message that is continued
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError(
+                    "continue_final_message continues the last message, and add_generation_prompt starts a "
+                    "new one: pass add_generation_prompt=False to continue it"
+                )
+            final = _mark_final_message(messages, continue_final_message, self)
+        text = self._render(self._variables(messages, tools, add_generation_prompt, kwargs), Budget())
+        return text if final is None else _cut_at_mark(text, final, self.where)
+
+    def _variables(self, messages: list[dict], tools, add_generation_prompt: bool, kwargs: dict) -> dict:
+        """What the template sees: plain data; the caller's keywords win over the special tokens."""
         kwargs = {name: plain_data(value, f"the template keyword {name!r}") for name, value in kwargs.items()}
-        # as transformers: the caller's keywords win over the special tokens
         variables = {"documents": None, **self.special_tokens, **kwargs}
+        tools = template_tools(tools)
         variables.update(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        return variables
+
+    def _render(self, variables: dict, budget: Budget) -> str:
         try:
-            return render(self.compiled, variables, Budget())
+            return render(self.compiled, variables, budget)
         except OverBudget as spent:
             raise ValueError(f"the chat template in {self.where} {spent}") from None
         except Refused as refused:
@@ -92,6 +111,55 @@ class ChatTemplate:
             raise ValueError(
                 f"the chat template in {self.where} failed on this conversation: {cause(error)}"
             ) from None
+
+
+# transformers' mark of where the continued message's text ends, found in the rendered text and cut there
+CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _mark_final_message(
+    messages: list[dict], continue_final_message: bool | str, template: ChatTemplate
+) -> str:
+    """Append CONTINUE_MARK to the text of the last message that is continued (its content's last text
+    block, for a list of blocks), under each name it has; the text before the mark."""
+    name = continue_final_message if isinstance(continue_final_message, str) else "content"
+    last = messages[-1]
+    if last.get(name) is None:
+        raise ValueError(f"continue_final_message: the last message has no {name!r} to continue")
+    names = [name]
+    if name in REASONING_FIELDS:  # the reasoning under each of its names: the template reads one
+        names = [key for key in REASONING_FIELDS if last.get(key) == last[name]]
+    if not any(key in template.source for key in names):
+        raise ValueError(
+            f"continue_final_message: the chat template in {template.where} never reads {name!r}"
+        )
+    holders = [(last, key) for key in names]  # (dict, key) of each copy of the text
+    if isinstance(last[name], (list, tuple)):
+        blocks = [block for block in last[name] if isinstance(block, dict) and "text" in block]
+        if not blocks:
+            raise ValueError(
+                f"continue_final_message: the last message's {name} has no text block to continue"
+            )
+        holders = [(blocks[-1], "text")]
+    final = holders[0][0][holders[0][1]]
+    if not isinstance(final, str):
+        raise ValueError(f"continue_final_message: the last message's {name} is not text, got {final!r:.80}")
+    for holder, key in holders:
+        holder[key] = final + CONTINUE_MARK
+    return final
+
+
+def _cut_at_mark(text: str, final: str, where: str) -> str:
+    """The rendered `text` up to where the continued message's text `final` ends (its mark)."""
+    if final.strip() not in text or CONTINUE_MARK.strip() not in text:
+        raise ValueError(
+            f"continue_final_message: the chat template in {where} does not write the last message as it "
+            "is (it changes or drops part of it), so the text cannot end inside it"
+        )
+    at = text.rindex(CONTINUE_MARK.strip())
+    if text[at : at + len(CONTINUE_MARK)] == CONTINUE_MARK:
+        return text[:at]
+    return text[:at].rstrip()  # the template stripped the message's end, and the mark's space with it
 
 
 def one_line(text: str, limit: int = 200) -> str:
