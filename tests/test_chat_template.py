@@ -668,3 +668,48 @@ def test_continue_final_message_refusals_are_one_line(source, messages, settings
     with pytest.raises(ValueError, match=f"^(continue_final_message: )?{message}") as raised:
         ChatTemplate(source, "t").render(messages, **settings)
     assert "\n" not in str(raised.value)
+
+
+TRAINING_TEMPLATES = [
+    "qwen3_training",
+    "deepseekv3_training",
+    "gptoss_training",
+    "llama3_training",
+    "phi3_training",
+]
+
+
+@pytest.mark.parametrize("tools", list(TOOL_SETS)[:2])
+@pytest.mark.parametrize("name", TRAINING_TEMPLATES)
+def test_trls_training_templates_render_with_the_spans_they_mark_as_transformers(name, tools):
+    """TRL's training templates mark what the assistant writes with {% generation %}: the text, and each
+    span's (start, end), are transformers' (its assistant mask before it becomes tokens); gpt-oss's reads
+    the reasoning as `thinking`."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    trl = pytest.importorskip("trl")
+    with open(
+        os.path.join(os.path.dirname(trl.__file__), "chat_templates", f"{name}.jinja"), encoding="utf-8"
+    ) as f:
+        source = f.read()
+    answer = {"role": "assistant", "content": "It is 525.", "reasoning_content": "add 70"}
+    messages = [*CONVERSATIONS["system turn"][:1], *CONVERSATIONS["tool call and response"], answer]
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    (expected,), (spans,) = render_jinja_template(
+        [messages], TOOL_SETS[tools], chat_template=source, return_assistant_tokens_mask=True, **specials
+    )
+    template = ChatTemplate(source, name, specials)
+    rendered = template.render_with_generation_spans(messages, TOOL_SETS[tools], add_generation_prompt=False)
+    assert rendered == (expected, [tuple(span) for span in spans])
+    text, spans = rendered
+    assert len(spans) >= 2 and sum(text[start:end].count("It is 525.") for start, end in spans) == 1
+    assert template.render(messages, TOOL_SETS[tools], add_generation_prompt=False) == text
+
+
+def test_a_template_without_generation_blocks_marks_no_spans_and_a_continued_message_is_refused():
+    template = ChatTemplate(real_template("qwen3"), "qwen3")
+    assert template.render_with_generation_spans(ONE_TURN) == (template.render(ONE_TURN), [])
+    with pytest.raises(ValueError, match="^continue_final_message cuts the text the generation spans are in"):
+        template.render_with_generation_spans(
+            ONE_TURN, add_generation_prompt=False, continue_final_message=True
+        )

@@ -88,6 +88,26 @@ class ChatTemplate:
         text = self._render(self._variables(messages, tools, add_generation_prompt, kwargs), Budget())
         return text if final is None else _cut_at_mark(text, final, self.where)
 
+    def render_with_generation_spans(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs,
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation's text, and the (start, end) in it of each span its {% generation %} blocks
+        wrote: TRL's training templates mark the assistant's text so (transformers' assistant mask, in
+        characters; none for a template without the blocks). Not with continue_final_message, which
+        transformers refuses with the mask too."""
+        if "continue_final_message" in kwargs:
+            raise ValueError(
+                "continue_final_message cuts the text the generation spans are in: render it alone"
+            )
+        budget = Budget()
+        messages = template_messages(messages)
+        text = self._render(self._variables(messages, tools, add_generation_prompt, kwargs), budget)
+        return text, budget.spans
+
     def _variables(self, messages: list[dict], tools, add_generation_prompt: bool, kwargs: dict) -> dict:
         """What the template sees: plain data; the caller's keywords win over the special tokens."""
         kwargs = {name: plain_data(value, f"the template keyword {name!r}") for name, value in kwargs.items()}

@@ -1,11 +1,12 @@
 """The sandbox a checkpoint's chat template runs in: chat_template.py compiles and renders templates here.
 
 jinja2's immutable sandbox, configured as transformers' apply_chat_template configures it: trim_blocks and
-lstrip_blocks, the loop controls, `raise_exception`, `strftime_now`, and `tojson` as json.dumps (jinja2's
-own escapes HTML characters). A template comes with a downloaded checkpoint and is untrusted input, so,
-beyond transformers, each render runs on a `Budget`: the loop iterations and calls it makes, the characters
-it writes, the size of a string, list or integer it builds, and a clock set far above what a template that
-ends needs. It knows the template language, not conversations.
+lstrip_blocks, the loop controls and {% generation %} blocks, `raise_exception`, `strftime_now`, and
+`tojson` as json.dumps (jinja2's own escapes HTML characters). A template comes with a downloaded
+checkpoint and is untrusted input, so, beyond transformers, each render runs on a `Budget`: the loop
+iterations and calls it makes, the characters it writes, the size of a string, list or integer it builds,
+and a clock set far above what a template that ends needs. It knows the template language, not
+conversations.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from datetime import datetime
 import jinja2
 import jinja2.meta
 from jinja2 import nodes
+from jinja2.ext import Extension
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
@@ -142,6 +144,26 @@ class _Namespace(Namespace):
         Namespace.__setitem__(self, name, bounded(value))
 
 
+class _GenerationBlocks(Extension):
+    """{% generation %}...{% endgeneration %}, which TRL's training templates put around what the assistant
+    writes: the text as it is, its (start, end) in the render's text recorded in the budget's spans, as
+    transformers' AssistantTracker records them (a block inside a macro or a set block is placed where
+    the text written so far ends, as there)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+    def _generation(self, caller) -> str:
+        text = caller()
+        budget = _BUDGET.get()
+        budget.spans.append((budget.written, budget.written + len(text)))
+        return text
+
+
 def _raise_exception(message: str):
     raise Refused(message)
 
@@ -179,7 +201,8 @@ def check_jinja2_version() -> None:
 
 def environment() -> _Sandbox:
     check_jinja2_version()
-    sandbox = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    extensions = [_GenerationBlocks, "jinja2.ext.loopcontrols"]
+    sandbox = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=extensions)
     sandbox.filters["tojson"] = _tojson
     sandbox.globals["raise_exception"] = _raise_exception
     sandbox.globals["strftime_now"] = _strftime_now
