@@ -713,3 +713,33 @@ def test_a_template_without_generation_blocks_marks_no_spans_and_a_continued_mes
         template.render_with_generation_spans(
             ONE_TURN, add_generation_prompt=False, continue_final_message=True
         )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% set m = {'a': 1} %}{{ dict.update(m, {'a': 2}) }}{{ m.a }}",  # the dict type's own methods
+        "{% set ns = namespace(_x=1) %}{{ ns._x }}",
+        "{% set ns = namespace() %}{% set ns._y = 2 %}",
+    ],
+    ids=["dict.update", "namespace(_x)", "ns._y"],
+)
+def test_what_transformers_dict_and_namespace_refuse_is_refused(hf_qwen3, source):
+    with pytest.raises(Exception):  # noqa: B017 (transformers' own: jinja2's UndefinedError, SecurityError)
+        hf_qwen3.apply_chat_template(ONE_TURN, chat_template=source, tokenize=False)
+    with pytest.raises(ValueError, match="^the chat template in t failed on this conversation: ") as raised:
+        ChatTemplate(source, "t").render(ONE_TURN)
+    assert "\n" not in str(raised.value)
+
+
+def test_what_transformers_dict_and_namespace_do_is_the_same(hf_qwen3):
+    source = (
+        "{{ dict(a=1) | tojson }} {{ dict.fromkeys(['x'], 0) | tojson }} "
+        "{% set ns = namespace(n=1, self=2) %}{% set ns.n = ns.n + ns.self %}{{ ns.n }}"
+    )
+    text = ChatTemplate(source, "t").render(ONE_TURN, add_generation_prompt=False)
+    assert (
+        text
+        == hf_qwen3.apply_chat_template(ONE_TURN, chat_template=source, tokenize=False)
+        == '{"a": 1} {"x": 0} 3'
+    )

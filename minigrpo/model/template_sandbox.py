@@ -1,12 +1,12 @@
 """The sandbox a checkpoint's chat template runs in: chat_template.py compiles and renders templates here.
 
 jinja2's immutable sandbox, configured as transformers' apply_chat_template configures it: trim_blocks and
-lstrip_blocks, the loop controls and {% generation %} blocks, `raise_exception`, `strftime_now`, and
-`tojson` as json.dumps (jinja2's own escapes HTML characters). A template comes with a downloaded
-checkpoint and is untrusted input, so, beyond transformers, each render runs on a `Budget`: the loop
-iterations and calls it makes, the characters it writes, the size of a string, list or integer it builds,
-and a clock set far above what a template that ends needs. It knows the template language, not
-conversations.
+lstrip_blocks, the loop controls and {% generation %} blocks, `raise_exception`, `strftime_now`, a `dict`
+and a `namespace` that change nothing the sandbox keeps, and `tojson` as json.dumps (jinja2's own escapes
+HTML characters). A template comes with a downloaded checkpoint and is untrusted input, so, beyond
+transformers, each render runs on a `Budget`: the loop iterations and calls it makes, the characters it
+writes, the size of a string, list or integer it builds, and a clock set far above what a template that
+ends needs. It knows the template language, not conversations.
 """
 
 from __future__ import annotations
@@ -138,10 +138,35 @@ def _charged_iterations(context, iterable):
 
 
 class _Namespace(Namespace):
-    """jinja2's namespace(), whose attributes are bounded as a value a template builds."""
+    """jinja2's namespace(), as transformers': no attribute whose name starts with an underscore (CPython's
+    internals); and its values bounded as a value a template builds."""
+
+    def __init__(*args, **kwargs):  # jinja2's signature, so that namespace(self=...) still works
+        self, args = args[0], args[1:]
+        attributes = dict(*args, **kwargs)
+        for name in attributes:
+            _check_attribute(name)
+        Namespace.__init__(self, attributes)
 
     def __setitem__(self, name, value):
+        _check_attribute(name)
         Namespace.__setitem__(self, name, bounded(value))
+
+
+def _check_attribute(name) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"a namespace cannot store {name!r}: its name starts with '_'")
+
+
+class _Dict:
+    """transformers' `dict`: dict(...) and dict.fromkeys(...), nothing more; the dict type's own methods
+    (dict.update(a_dict, ...)) would change a value the immutable sandbox keeps as it is."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
 
 
 class _GenerationBlocks(Extension):
@@ -208,6 +233,7 @@ def environment() -> _Sandbox:
     sandbox.globals["strftime_now"] = _strftime_now
     sandbox.globals["lipsum"] = _lipsum
     sandbox.globals["namespace"] = _Namespace
+    sandbox.globals["dict"] = _Dict()
     sandbox.filters[ITERATIONS] = _charged_iterations
     return sandbox
 
