@@ -167,22 +167,31 @@ def test_a_conversation_row_is_rendered_by_the_template(tmp_path):
 
 @pytest.mark.parametrize("kind", ["string", "named list", "jinja file"])
 def test_a_saved_checkpoint_keeps_the_template_as_it_came(tmp_path, kind):
-    with open(os.path.join(TEMPLATES, "qwen3", "tokenizer_config.json"), encoding="utf-8") as f:
-        source = json.load(f)["chat_template"]
+    """The template a checkpoint ships, as a string, a named list (its tool_use one writes tools its own
+    way) or chat_template.jinja beside a config template the file overrides: the one transformers renders
+    with, kept as it came when the checkpoint is saved."""
+    from transformers import AutoTokenizer
+
+    source = real_template("qwen3")
     directory = tmp_path / "in"
     if kind == "string":
         checkpoint_tokenizer(directory, "qwen3")
     elif kind == "named list":
         named = [
             {"name": "default", "template": source},
-            {"name": "tool_use", "template": source + "{# tools #}"},
+            {"name": "tool_use", "template": source.replace("# Tools", "# Tool use")},
         ]
         checkpoint_tokenizer(directory, "qwen3", chat_template=named)
     else:
         checkpoint_tokenizer(directory, "qwen3", chat_template="{{ 'overridden by the file' }}")
         (directory / "chat_template.jinja").write_text(source, encoding="utf-8")
     tokenizer = Tokenizer.from_directory(str(directory))
-    before = tokenizer.apply_chat_template(CONVERSATIONS["one turn"], tools=[CALCULATOR])
+    hf = AutoTokenizer.from_pretrained(str(directory))
+    before = {}  # the text with tools and without
+    for tools in (None, [CALCULATOR]):
+        before[bool(tools)] = tokenizer.apply_chat_template(CONVERSATIONS["one turn"], tools=tools)
+        expected = hf.apply_chat_template(CONVERSATIONS["one turn"], tools=tools, tokenize=False)
+        assert before[bool(tools)] == expected + "<|im_start|>assistant\n"  # transformers' default: no prompt
     out = tmp_path / "out"
     minigrpo.save_pretrained(
         tiny_model(vocab_size=tokenizer.vocab_size),
@@ -194,12 +203,11 @@ def test_a_saved_checkpoint_keeps_the_template_as_it_came(tmp_path, kind):
     saved = json.loads((out / "tokenizer_config.json").read_text())
     original = json.loads((directory / "tokenizer_config.json").read_text())
     assert saved["chat_template"] == original["chat_template"]
-    assert (
-        Tokenizer.from_directory(str(out)).apply_chat_template(CONVERSATIONS["one turn"], tools=[CALCULATOR])
-        == before
-    )
-    if kind == "named list":
-        assert before.startswith("<|im_start|>system\n# Tools")  # the tool_use template, chosen for tools
+    for tools in (None, [CALCULATOR]):
+        again = Tokenizer.from_directory(str(out)).apply_chat_template(CONVERSATIONS["one turn"], tools=tools)
+        assert again == before[bool(tools)]
+    tools_heading = "# Tool use" if kind == "named list" else "# Tools\n"  # the tool_use template, for tools
+    assert before[True].startswith(f"<|im_start|>system\n{tools_heading}") and "# Tool" not in before[False]
 
 
 @pytest.mark.parametrize(
@@ -743,3 +751,55 @@ def test_what_transformers_dict_and_namespace_do_is_the_same(hf_qwen3):
         == hf_qwen3.apply_chat_template(ONE_TURN, chat_template=source, tokenize=False)
         == '{"a": 1} {"x": 0} 3'
     )
+
+
+# A tool whose description is not ASCII, and has characters HTML would escape: tojson keeps them as they are
+RECHNER = {
+    "type": "function",
+    "function": {
+        "name": "rechner",
+        "description": "Rechnet 2×3 — über <b>&</b> 計算",
+        "parameters": {
+            "type": "object",
+            "properties": {"ausdruck": {"type": "string", "description": "z. B. 2×3"}},
+        },
+    },
+}
+# Templates whose text depends on how transformers sets up the environment, one setting each
+SETTINGS = {
+    "trim_blocks": "{% if true %}\nA{% endif %}\nB",
+    "lstrip_blocks": "  {% if true %}A{% endif %} x\n   {% for i in [1] %}B{% endfor %}",
+    "loop controls": (
+        "{% for m in [1, 2, 3, 4] %}{% if m == 2 %}{% continue %}{% endif %}"
+        "{% if m == 4 %}{% break %}{% endif %}{{ m }}{% endfor %}"
+    ),
+    "tojson": "{{ tools | tojson }}",
+    "tojson's keywords": "{{ tools[0] | tojson(indent=2, sort_keys=True, separators=(',', ': ')) }}",
+    "tojson ensure_ascii": "{{ tools[0].function.description | tojson(ensure_ascii=True) }}",
+    "strftime_now": "{{ strftime_now('%Y') | length }}",
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_the_environment_is_set_up_as_transformers_sets_it_up(hf_qwen3, setting):
+    source = SETTINGS[setting]
+    text = ChatTemplate(source, "t").render(ONE_TURN, tools=[RECHNER], add_generation_prompt=False)
+    assert text == hf_qwen3.apply_chat_template(
+        ONE_TURN, tools=[RECHNER], chat_template=source, tokenize=False
+    )
+    expected = {"trim_blocks": "AB", "lstrip_blocks": "A x\nB", "loop controls": "13", "strftime_now": "4"}
+    assert text == expected.get(setting, text)
+    if setting.startswith("tojson"):  # the text as it is, unless ensure_ascii asks for \u escapes
+        assert ("計算" in text and "<b>&</b>" in text) != (setting == "tojson ensure_ascii")
+
+
+def test_a_tool_described_in_other_scripts_is_declared_as_transformers_declares_it(pair):
+    hf, mine = pair
+    text = mine.apply_chat_template(ONE_TURN, tools=[RECHNER, CALCULATOR])
+    assert text == hf.apply_chat_template(
+        ONE_TURN, tools=[RECHNER, CALCULATOR], tokenize=False, add_generation_prompt=True
+    )
+    ids = hf.apply_chat_template(ONE_TURN, tools=[RECHNER, CALCULATOR], add_generation_prompt=True)
+    assert mine.encode(text) == list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if mine.chat_template(tools=True).takes_tools:
+        assert "Rechnet 2×3 — über <b>&</b> 計算" in text
