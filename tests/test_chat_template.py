@@ -16,6 +16,7 @@ import time
 
 import jinja2
 import numpy
+import pydantic
 import pytest
 from helpers import SPECIALS, tiny_model, tiny_tokenizer
 
@@ -44,6 +45,7 @@ CONVERSATIONS = {
         {"role": "tool", "content": "455"},
     ],
 }
+ONE_TURN = CONVERSATIONS["one turn"]
 TOOL_SETS = {"no tools": None, "one tool": [CALCULATOR], "two tools": [CALCULATOR, PYTHON]}
 
 
@@ -222,11 +224,31 @@ def test_a_saved_checkpoint_keeps_the_template_as_it_came(tmp_path, kind):
         ),
         ("{{ messages }}", [{"content": "hi"}], None, "message 0 of the conversation has no role"),
         ("{{ messages }}", CONVERSATIONS["one turn"], [{"name": "calculator"}], "tool 0 has no JSON schema"),
+        (
+            "{{ messages }}",
+            CONVERSATIONS["one turn"],
+            [{"type": "function", "function": {"name": "calc", "parameters": "expression"}}],
+            "tool 'calc': its parameters must be a JSON-schema object",
+        ),
+        (
+            {"default": "{{ messages }}"},
+            ONE_TURN,
+            None,
+            "chat_template must be a string or a list of {name, temp",
+        ),
+        (
+            [{"name": "default"}],
+            ONE_TURN,
+            None,
+            "chat_template must be a string or a list of {name, template}",
+        ),
+        ([{"name": "tool_use", "template": "x"}], ONE_TURN, None, "have no 'default' one"),
     ],
+    ids=["no parse", "refused", "no role", "no schema", "parameters", "a dict", "a bad entry", "no default"],
 )
 def test_bad_input_is_one_line_naming_the_problem(tmp_path, template, messages, tools, message):
     tokenizer = Tokenizer.from_directory(checkpoint_tokenizer(tmp_path, "qwen3", chat_template=template))
-    with pytest.raises(ValueError, match=message) as raised:
+    with pytest.raises(ValueError, match=re.escape(message) if "{" in message else message) as raised:
         tokenizer.apply_chat_template(messages, tools=tools)
     assert "\n" not in str(raised.value)
 
@@ -311,7 +333,6 @@ def test_setup_requires_the_jinja2_the_renderer_checks_for():
     assert tuple(map(int, required.split("."))) == template_sandbox.MIN_JINJA2 == (3, 1, 6)
 
 
-ONE_TURN = CONVERSATIONS["one turn"]
 # Templates that never end, or not before they have spent minutes or gigabytes on one conversation; each is
 # refused in one line by the budget of a render: what it spends, and on what
 NEVER_ENDS = {
@@ -463,17 +484,28 @@ class Colour(str, enum.Enum):
     RED = "red"
 
 
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+class Point(pydantic.BaseModel):
+    name: str
+
+
 def test_a_template_sees_plain_data_as_transformers_does(hf_qwen3, tmp_path):
-    """A library caller's rich objects (a dataclass message, a str enum, numpy scalars, a Path) are rebuilt
-    as transformers rebuilds them, so the text is the same: an enum is its value, a Path a placeholder."""
+    """A library caller's rich objects (a dataclass message, str and int enums, numpy scalars, a tuple, a
+    pydantic model, a Path) are rebuilt as transformers rebuilds them, so the text is the same: an enum is
+    its value, a model its fields, a Path a placeholder."""
     source = (
-        "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}{{ n + 1 }} {{ flag }} {{ colour }}"
+        "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}{{ n + 1 }} {{ flag }} {{ colour }} "
+        "{{ level }} {{ half }} {{ pair | tojson }} {{ point | tojson }}"
     )
     messages = [Message("user", tmp_path / "x"), {"role": "assistant", "content": Colour.RED}]
-    kwargs = dict(n=numpy.int64(41), flag=numpy.bool_(False), colour=Colour.RED)
+    kwargs = dict(n=numpy.int64(41), flag=numpy.bool_(False), colour=Colour.RED, level=Level.HIGH)
+    kwargs.update(half=numpy.float64(0.5), pair=(1, "a"), point=Point(name="p"))
     text = ChatTemplate(source, "t").render(messages, add_generation_prompt=False, **kwargs)
     assert text == hf_qwen3.apply_chat_template(messages, chat_template=source, tokenize=False, **kwargs)
-    assert text == "user=<PosixPath>;assistant=red;42 False red"
+    assert text == 'user=<PosixPath>;assistant=red;42 False red 2 0.5 [1, "a"] {"name": "p"}'
 
 
 def test_a_path_given_as_content_cannot_write_a_file(tmp_path):
@@ -620,6 +652,7 @@ def test_continue_final_message_over_content_blocks_is_transformers(hf_qwen3):
     blocks = [
         {"type": "text", "text": "first"},
         {"type": "image"},
+        {"type": "text", "text": "second"},
         {"type": "text", "text": "The answer is "},
     ]
     messages = [
@@ -632,7 +665,21 @@ def test_continue_final_message_over_content_blocks_is_transformers(hf_qwen3):
     assert text == hf_qwen3.apply_chat_template(
         messages, chat_template=source, tokenize=False, continue_final_message=True
     )
-    assert text == "2+3|first||The answer is "  # the mark was followed by the template's own text
+    assert text == "2+3|first||second|The answer is "  # the mark was followed by the template's own text
+
+
+def test_continue_final_message_where_the_template_trims_the_message_is_transformers(hf_qwen3):
+    """The template strips the message's end, and the mark's space with it: the text ends at the message's
+    last character, as in transformers."""
+    source = "{% for m in messages %}{{ m.content | trim }}|{% endfor %}"
+    messages = [ONE_TURN[0], {"role": "assistant", "content": "The answer is "}]
+    text = ChatTemplate(source, "t").render(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert text == hf_qwen3.apply_chat_template(
+        messages, chat_template=source, tokenize=False, continue_final_message=True
+    )
+    assert text == "70+65*7|The answer is"
 
 
 @pytest.mark.parametrize(
@@ -657,6 +704,12 @@ def test_continue_final_message_over_content_blocks_is_transformers(hf_qwen3):
             "the chat template in t does not write the last message as it is",
         ),
         (
+            "{{ messages[0].content | replace('answer', 'result') }}",
+            [{"role": "assistant", "content": "The answer is"}],
+            {"add_generation_prompt": False},
+            "the chat template in t does not write the last message as it is",
+        ),
+        (
             "{{ messages[0].content }}",
             [{"role": "assistant", "content": 5}],
             {"add_generation_prompt": False},
@@ -669,7 +722,14 @@ def test_continue_final_message_over_content_blocks_is_transformers(hf_qwen3):
             "the last message's content has no text block to continue$",
         ),
     ],
-    ids=["with a generation prompt", "no such field", "a template that cuts it", "not text", "no text block"],
+    ids=[
+        "with a generation prompt",
+        "no such field",
+        "a template that cuts it",
+        "a template that rewrites it",
+        "not text",
+        "no text block",
+    ],
 )
 def test_continue_final_message_refusals_are_one_line(source, messages, settings, message):
     settings = {"continue_final_message": True, **settings}
