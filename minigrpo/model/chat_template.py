@@ -2,17 +2,18 @@
 
 In: the template's Jinja source (tokenizer_config.json's `chat_template`, a named one of a list, or
 chat_template.jinja), a conversation ([{"role", "content", ...}, ...]), tool schemas and the template's
-keywords (`enable_thinking`, ...). Out: the prompt's text. It knows text and the template language, not
-token ids or the model.
+keywords (`enable_thinking`, ...). Out: the prompt's text (and where a training template's
+{% generation %} blocks are in it). It knows text and the template language, not token ids or the model.
 
-transformers' `apply_chat_template` compiles a template in jinja2's immutable sandbox with
-trim_blocks and lstrip_blocks and the loop controls, gives it `raise_exception` and `strftime_now`, and
-replaces the `tojson` filter by `json.dumps` (jinja2's own escapes HTML characters); the special tokens
-(`bos_token`, `eos_token`, ...) are passed by name. This does the same (template_sandbox.py), so the text
-is transformers' for any conversation a template accepts. Departing from transformers, a render runs on a
-budget (template_sandbox.py: steps, characters, the size of what it builds, a clock), so that a template
-that would never end is refused. A template that does not parse, one that raises or spends its budget, a
-message without a role and a tool without a schema are each a ValueError of one line.
+transformers' `apply_chat_template` compiles a template in a configured jinja2 sandbox (template_sandbox.py
+does the same), passes the special tokens (`bos_token`, ...) by name, rebuilds what the template sees from
+plain JSON types (a caller's objects cannot be reached through it), gives a message's `reasoning` or
+`thinking` also as `reasoning_content`, and with `continue_final_message` ends the text inside the last
+message. This does the same, so the text is transformers' for any conversation a template accepts.
+Departing from transformers, a template is untrusted input: a render runs on a budget (template_sandbox.py)
+that refuses a template that would never end, and a value that contains itself or nests more than
+MAX_DEPTH deep is refused before the template sees it. A template that does not parse, one that raises or
+spends its budget, a message without a role and a tool without a schema are each a ValueError of one line.
 """
 
 from __future__ import annotations
