@@ -33,7 +33,7 @@ MIN_JINJA2 = (3, 1, 6)
 # One render's budget. A real template makes some ten steps per message (Qwen3's) and writes its conversation
 # once or twice, so these leave room for tens of thousands of messages, and stop within seconds a template
 # that would never end.
-MAX_STEPS = 1_000_000  # loop iterations, calls and written chunks
+MAX_STEPS = 1_000_000  # loop iterations and calls (every chunk written beyond the source's comes of one)
 MAX_CHARS = 4_000_000  # characters written, and the length of any string or list the template builds
 MAX_INT_BITS = 100_000  # the largest integer * or ** may build (Python's big integers take seconds)
 # the clock: far above what the budget's steps take, it stops a template whose every step is slow; it is
@@ -68,7 +68,6 @@ class Budget:
             raise OverBudget(f"ran longer than {MAX_SECONDS:g} s on one conversation: it may never end")
 
     def write(self, chunk: str) -> None:
-        self.step()
         self.written += len(chunk)
         if self.written > MAX_CHARS:
             raise OverBudget(f"wrote more than {MAX_CHARS:,} characters for one conversation")
