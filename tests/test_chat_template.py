@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import json
 import os
+import random
 import re
 import time
 
@@ -308,7 +309,17 @@ def test_a_schema_without_the_calls_argument_is_refused():
 
 @pytest.mark.parametrize(
     "version, refused",
-    [("3.1.5", True), ("3.0.3", True), ("3.1.6", False), ("3.1.10", False), ("3.2.0", False)],
+    [
+        ("3.1.5", True),
+        ("3.0.3", True),
+        ("3.1", True),
+        ("unknown", True),
+        ("3.1.6", False),
+        ("3.1.10", False),
+        ("3.2.0", False),
+        ("3.2", False),
+        ("4.0.0rc1", False),
+    ],
 )
 def test_a_jinja2_whose_sandbox_leaks_is_refused_before_compiling(monkeypatch, version, refused):
     """jinja2 3.1.5's sandbox let a template read os.environ (|attr('format'), GHSA-cpwx-vrp4-4pq7): the
@@ -343,6 +354,10 @@ NEVER_ENDS = {
     "a recursive loop": (  # loop(...)'s own iterations count too
         "{% for i in range(100000) recursive %}{% if loop.depth < 2 %}{{ loop(range(100000)) }}{% endif %}"
         "{% endfor %}",
+        "made more than 100,000 loop iterations and calls",
+    ),
+    "a macro that calls itself twice": (  # 2**41 calls, 40 deep: only the calls count
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}",
         "made more than 100,000 loop iterations and calls",
     ),
     "lipsum": ("{{ lipsum(1000000) }}", "asks lipsum() for 1,000,000 paragraphs of up to 100 words"),
@@ -863,3 +878,54 @@ def test_a_tool_described_in_other_scripts_is_declared_as_transformers_declares_
     assert mine.encode(text) == list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     if mine.chat_template(tools=True).takes_tools:
         assert "Rechnet 2×3 — über <b>&</b> 計算" in text
+
+
+def test_the_budgets_bounds_are_exact(monkeypatch):
+    """A render may spend exactly its budget and no more: range() is one call and each of its items one
+    step; MAX_CHARS characters, written or repeated; lipsum() of MAX_CHARS // 4 words; an integer of
+    MAX_INT_BITS bits (2 ** 99999 has 100,000; a product at most the sum of its factors' bits)."""
+    monkeypatch.setattr(template_sandbox, "MAX_STEPS", 10)
+    monkeypatch.setattr(template_sandbox, "MAX_CHARS", 400)
+    monkeypatch.setattr(
+        template_sandbox, "generate_lorem_ipsum", lambda *arguments: "lorem"
+    )  # words unwritten
+    within = {
+        "{% for i in range(9) %}{% endfor %}ok": "ok",
+        "{{ 'x' * 400 }}": "x" * 400,
+        "{{ lipsum(1) }}": "lorem",
+        "{{ 2 ** 99999 % 7 }}": str(pow(2, 99999, 7)),
+        "{{ (2 ** 50000) * (2 ** 49998) % 7 }}": str(pow(2, 99998, 7)),
+    }
+    for source, text in within.items():
+        assert ChatTemplate(source, "t").render(ONE_TURN) == text, source
+    beyond = {
+        "{% for i in range(10) %}{% endfor %}": "made more than 10 loop iterations and calls",
+        "{{ 'x' * 399 }}{{ 'yy' }}": "wrote more than 400 characters",
+        "{{ 'x' * 401 }}": "repeats a str to more than 400 items",
+        "{{ lipsum(2) }}": "asks lipsum() for 2 paragraphs of up to 100 words",
+        "{{ 2 ** 100000 % 7 }}": "computes an integer of more than 100,000 bits with **",
+        "{{ (2 ** 50000) * (2 ** 49999) % 7 }}": "computes an integer of more than 100,000 bits with *",
+    }
+    for source, message in beyond.items():
+        with pytest.raises(ValueError, match=re.escape(f"the chat template in t {message}")):
+            ChatTemplate(source, "t").render(ONE_TURN)
+
+
+def test_what_star_and_power_build_within_the_budget_is_transformers(hf_qwen3):
+    source = (
+        "{{ 6 * 7 }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ 3 * 'c' }} {{ 1.5 * 2 }} {{ true * 'x' }} "
+        "{{ 2.0 ** 0.5 }} {{ 2 ** -1 }} {{ 1 ** 1000000 }} {{ (-1) ** 1000001 }} {{ 0 ** 5 }} {{ 3 ** 0 }}"
+    )
+    text = ChatTemplate(source, "t").render(ONE_TURN, add_generation_prompt=False)
+    assert text == hf_qwen3.apply_chat_template(ONE_TURN, chat_template=source, tokenize=False)
+    assert text == "42 ababab [1, 1] ccc 3.0 x 1.4142135623730951 0.5 1 -1 0 1"
+
+
+def test_lipsum_is_jinja2s(hf_qwen3):
+    """lipsum() and its arguments as jinja2 (and so transformers) gives them, from the same random draws."""
+    source = "{{ lipsum() }}|{{ lipsum(2, false, 5, 10) }}"
+    random.seed(7)
+    text = ChatTemplate(source, "t").render(ONE_TURN, add_generation_prompt=False)
+    random.seed(7)
+    assert text == hf_qwen3.apply_chat_template(ONE_TURN, chat_template=source, tokenize=False)
+    assert text.count("<p>") == 5 and text.split("|")[1].count("\n\n") == 1
