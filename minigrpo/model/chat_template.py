@@ -242,17 +242,19 @@ def plain_data(value, what: str, inside: tuple[int, ...] = ()):
     object's methods (Path.write_text) are not the template's to call. Departing from transformers (which
     recurses until Python stops it), a value that contains itself, or nests more than MAX_DEPTH deep, is a
     ValueError naming `what`; `inside`: the ids of the containers `value` is in."""
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
         return value
-    scalar = _plain_scalar(value)
-    if scalar is not None:
-        return scalar
+    if kind is not dict and kind is not list:  # (the scalar checks cost a dict and a list their time)
+        scalar = _plain_scalar(value)
+        if scalar is not None:
+            return scalar
     if id(value) in inside:
         raise ValueError(f"{what} contains itself, which a template cannot render")
     if len(inside) == MAX_DEPTH:
         raise ValueError(f"{what} nests more than {MAX_DEPTH} levels deep")
     inside = (*inside, id(value))
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         return {plain_data(key, what, inside): plain_data(item, what, inside) for key, item in value.items()}
     if isinstance(value, list):
         return [plain_data(item, what, inside) for item in value]
