@@ -25,7 +25,7 @@ import sys
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed, files
-from minigrpo.flags import OneLineErrors, add_fields, from_args
+from minigrpo.flags import JSON_OBJECTS, OneLineErrors, add_fields, from_args
 from minigrpo.model import read_task, tokenizer_directory
 from minigrpo.run import (
     Trace,
@@ -216,6 +216,8 @@ def file_value(action: argparse.Action, value):
         if isinstance(value, bool):
             return value
         raise ValueError(f"{action.dest} must be true or false, got {value!r}")
+    if action.dest in JSON_OBJECTS and isinstance(value, dict):
+        return value  # GRPOConfig takes the object as its JSON text
     if value is None:
         if action.default is None:
             return value

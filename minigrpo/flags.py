@@ -27,6 +27,9 @@ from .config import (
     TOOL_FORMATS,
 )
 
+# fields a flag gives as JSON text, which a config file may also give as the object itself (TRL's configs do)
+JSON_OBJECTS = ("chat_template_kwargs",)
+
 # flags' choices
 CHOICES = {
     "loss_type": LOSS_TYPES,

@@ -5,7 +5,8 @@ layout.
   products, RMSNorm, rotary embeddings, the padding mask);
 - `KVCache`: the static cache the sampler decodes in (kv_cache.py);
 - `Tokenizer`: text <-> token ids, EOS and padding (tokenizer.py), and the checkpoint's own chat
-  template rendered as transformers renders it (chat_template.py: `ChatTemplate`, `check_tool_schemas`);
+  template rendered as transformers renders it (chat_template.py: `ChatTemplate`, `check_tool_schemas`),
+  in a sandbox that bounds what a render may spend (template_sandbox.py);
 - `load_pretrained`, `save_pretrained`, `download`: checkpoints on disk and on the Hub (weights.py), each
   problem a `CheckpointError` naming the file or tensor; a PEFT adapter directory loads as its base with
   the adapters on (adapter_files.py);

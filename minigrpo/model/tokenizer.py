@@ -18,7 +18,7 @@ from collections import Counter
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ..files import read_json_object, write_json
-from .chat_template import SPECIAL_TOKENS, ChatTemplate, choose
+from .chat_template import SPECIAL_TOKENS, ChatTemplate, choose, read_template_file
 
 TEMPLATE_FILE = "chat_template.jinja"  # newer checkpoints keep their template here; it wins over the config's
 
@@ -67,8 +67,7 @@ class Tokenizer:
         template_path = os.path.join(directory, TEMPLATE_FILE)
         template_file = None
         if os.path.exists(template_path):
-            with open(template_path, encoding="utf-8") as f:
-                template_file = f.read()
+            template_file = read_template_file(template_path)
         return cls(backend, *configs, template_file=template_file, where=directory)
 
     def save(self, directory: str) -> None:
