@@ -100,8 +100,8 @@ REFUSED = [
         "output_not_a_checkpoint",
         [ADAPTER, "notes"],
         "",
-        "the output directory notes holds a.txt, which no Hugging Face checkpoint holds: write the merged "
-        "model into a new or empty directory",
+        "the output directory notes holds a.txt, which no Hugging Face checkpoint holds: name a new or empty "
+        "directory",
     ),
     (
         "output_a_checkpoint_without_overwrite",
@@ -113,7 +113,7 @@ REFUSED = [
         "output_a_file",
         [ADAPTER, "run/metrics.jsonl"],
         "",
-        "the output run/metrics.jsonl is a file; it must be a directory (or not exist yet)",
+        "the output directory run/metrics.jsonl is a file; it must be a directory (or not exist yet)",
     ),
     (
         "output_under_a_file",
