@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import tiny_policy, tree
 from safetensors.torch import load_file
 
 import minigrpo
@@ -272,23 +272,6 @@ def copy_layout(layout: str, directory: str) -> str:
             if base.startswith(layout):
                 edit_json(path, {"base_model_name_or_path": directory + base.removeprefix(layout)})
     return directory
-
-
-def tree(directory: str) -> dict[str, object]:
-    """Every path under `directory`: a file's bytes, a symlink's target, "directory" for a directory."""
-    found = {}
-    for folder, folders, names in os.walk(directory):
-        for name in folders + names:
-            path = os.path.join(folder, name)
-            relative = os.path.relpath(path, directory)
-            if os.path.islink(path):
-                found[relative] = f"-> {os.readlink(path)}"
-            elif os.path.isdir(path):
-                found[relative] = "directory"
-            else:
-                with open(path, "rb") as f:
-                    found[relative] = f.read()
-    return found
 
 
 def without(paths: dict, output: str) -> dict:
