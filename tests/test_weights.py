@@ -217,15 +217,18 @@ def test_library_never_imports_transformers():
                 assert not re.search(r"^\s*(import|from)\s+transformers\b", source, re.M), file
 
 
-def test_download_command_reports_an_unreachable_hub_cleanly(tmp_path, monkeypatch, capsys):
+def test_download_command_reports_an_unreachable_hub_cleanly(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     from minigrpo import download
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert download.main(["nobody/no-such-model", "--dir", str(tmp_path / "target")]) == 1
-    assert "error: could not fetch 'nobody/no-such-model'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        download.main(["nobody/no-such-model", "--dir", str(tmp_path / "target")])
+    assert str(stop.value.code).startswith(
+        "python -m minigrpo.download: could not fetch 'nobody/no-such-model'"
+    )
     assert not (tmp_path / "target").exists() or not os.listdir(tmp_path / "target")
 
 
