@@ -112,13 +112,19 @@ def replaced_whole(path: str):
 
 
 def replace_dir(new: str, target: str) -> None:
-    """Move `new` to `target`; an existing target is renamed away first and removed only after."""
+    """Move `new` to `target`. An existing target is renamed away first and deleted only once `new`'s files
+    and its rename are on disk (fsynced): a power cut at any moment leaves the old directory or the new one
+    (the old in .NAME.old-*/previous, if it comes between the two renames), never neither. Moving into a new
+    place syncs nothing, as no old copy is at risk and a sync takes far longer than writing a small model;
+    a caller that needs the new directory on disk even then syncs it (checkpoint.save_checkpoint does)."""
     old = None
     if os.path.exists(target):
+        fsync_tree(new)
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
         os.rename(target, os.path.join(old, "previous"))
     os.rename(new, target)
     if old is not None:
+        fsync(os.path.dirname(os.path.abspath(target)))  # the rename is on disk before the old goes
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 from transformers import Qwen3Config as HFConfig
 
 import minigrpo
+from minigrpo import files
 
 ATOL = 1e-4
 IDS = torch.randint(0, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0))
@@ -85,6 +87,50 @@ def test_save_replaces_an_existing_checkpoint_whole(tmp_path):
     minigrpo.save_pretrained(tiny_model(seed=1), None, target)
     assert sorted(os.listdir(target)) == ["config.json", "model.safetensors"]
     assert os.listdir(tmp_path) == ["ckpt"]  # no temporary directories left behind
+    loaded, _ = minigrpo.load_pretrained(str(target))
+    with torch.no_grad():
+        assert torch.equal(loaded(IDS), tiny_model(seed=1)(IDS))
+
+
+def record_file_operations(monkeypatch) -> list[tuple]:
+    """The fsyncs (files.fsync: of a file or a directory), renames and tree deletions from now on, in order,
+    each as (what, path[, destination]); each is then done."""
+    events = []
+
+    def recorded(what, real):
+        def call(*args, **kwargs):
+            events.append((what, *map(os.fspath, args)))
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(files, "fsync", recorded("fsync", files.fsync))
+    monkeypatch.setattr(os, "rename", recorded("rename", os.rename))
+    monkeypatch.setattr(shutil, "rmtree", recorded("rmtree", shutil.rmtree))
+    return events
+
+
+def test_a_replaced_checkpoint_is_deleted_only_once_the_new_one_is_on_disk(tmp_path, monkeypatch):
+    """A power cut while a save replaces a checkpoint (merge_lora.py --overwrite, pretrain_tiny.py
+    --overwrite) loses neither: every file of the new directory, and the directory, is synced before the old
+    is renamed away, and their parent (the renames) before the old is deleted. A save into a new place syncs
+    nothing: no old copy is at risk."""
+    target = tmp_path / "ckpt"
+    events = record_file_operations(monkeypatch)
+    minigrpo.save_pretrained(tiny_model(seed=0), None, target)
+    assert [event for event in events if event[0] == "fsync"] == []
+    events.clear()
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    renames = [event for event in events if event[0] == "rename"]
+    assert len(renames) == 2 and renames[0][1] == str(target) and renames[1][2] == str(target)
+    new, old = renames[1][1], os.path.dirname(renames[0][2])  # .ckpt.tmp-*, .ckpt.old-*
+    away, into = events.index(renames[0]), events.index(renames[1])
+    synced_before = {event[1] for event in events[:away] if event[0] == "fsync"}
+    assert synced_before == {new, os.path.join(new, "config.json"), os.path.join(new, "model.safetensors")}
+    assert sorted(os.listdir(target)) == ["config.json", "model.safetensors"]  # all the new files were synced
+    deleted = events.index(("rmtree", old))
+    assert ("fsync", str(tmp_path)) in events[into + 1 : deleted]
+    assert os.listdir(tmp_path) == ["ckpt"]
     loaded, _ = minigrpo.load_pretrained(str(target))
     with torch.no_grad():
         assert torch.equal(loaded(IDS), tiny_model(seed=1)(IDS))
@@ -210,8 +256,8 @@ def test_error_unreachable_hub_id_while_offline(tmp_path, monkeypatch):
 
 def test_library_never_imports_transformers():
     root = os.path.join(os.path.dirname(__file__), "..", "minigrpo")
-    for dirpath, _, files in os.walk(root):
-        for file in files:
+    for dirpath, _, names in os.walk(root):
+        for file in names:
             if file.endswith(".py"):
                 source = open(os.path.join(dirpath, file)).read()
                 assert not re.search(r"^\s*(import|from)\s+transformers\b", source, re.M), file

@@ -385,7 +385,9 @@ def save_pretrained(
     """Write model (and tokenizer) in Hugging Face layout, atomically.
 
     Everything is written to a temporary sibling directory which then replaces `directory`, so a
-    crash mid-save leaves either the old checkpoint or the new one, never a mix. Files larger than
+    crash mid-save leaves either the old checkpoint or the new one, never a mix. Replacing a checkpoint
+    syncs the new one to disk before the old is deleted (files.replace_dir), so a power cut loses neither;
+    a save into a new place syncs nothing (a power cut may leave its files empty). Files larger than
     max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index. A full disk is
     one DiskFull line naming `directory` and the space left, as a training checkpoint's is.
     """
