@@ -48,6 +48,8 @@ def runs(tmp):
     earlier = shutil.copytree(os.path.join(ROOT, "models", "minigrpo-tiny-arith"), tmp / "calc")
     # a sharded checkpoint's file, which the one-file save does not write: gone once replaced whole
     shutil.copy(earlier / "model.safetensors", earlier / "model-00001-of-00002.safetensors")
+    # what a save into calc killed before its rename left: the run's save deletes it
+    shutil.copytree(earlier, tmp / ".calc.tmp-killed00")
     data = tmp / "gsm8k.jsonl"
     rows = [{"question": f"{i}+1", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(6)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -142,7 +144,8 @@ def test_encode_all_passes_what_round_trips_and_counts_what_is_lost():
 def test_pretrain_tiny_makes_a_calc_model_that_records_its_task(runs, tmp):
     """One warm-up step of the tool-use demo's model: a checkpoint whose four calculator markers are
     one token each, that records its task for train_math.py and eval_math.py, and whose pretrain.json
-    has the tool-use figures. --overwrite replaced the arithmetic checkpoint there whole."""
+    has the tool-use figures. --overwrite replaced the arithmetic checkpoint there whole, and the save
+    deleted a killed save's leftover beside it."""
     out = runs["pretrain_calc"]
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(os.listdir(tmp / "calc")) == [
@@ -153,6 +156,7 @@ def test_pretrain_tiny_makes_a_calc_model_that_records_its_task(runs, tmp):
         "tokenizer.json",
         "tokenizer_config.json",
     ]
+    assert not (tmp / ".calc.tmp-killed00").exists()
     assert "calculator calls per completion" in out.stdout
     model, tokenizer = minigrpo.load_pretrained(str(tmp / "calc"))
     assert all(len(tokenizer.encode(marker)) == 1 for marker in ["<calc>", "</calc>", "<out>", "</out>"])

@@ -392,3 +392,25 @@ def test_help_says_what_overwrite_replaces(examples_server, tmp_path):
     assert "Merge a LoRA adapter into its base: a full Hugging Face checkpoint whose weights are" in shown
     overwrite = "replace the checkpoint already in output, whole (never a directory holding anything else)"
     assert f"--overwrite {overwrite}" in shown
+
+
+def test_a_merge_killed_before_its_rename_leaves_a_folder_the_next_merge_deletes(
+    layout, examples_server, tmp_path
+):
+    """kill -9 once the merged files are written, before they are renamed into place: the output does not
+    exist and a hidden .merged.tmp-* holds the files. The same merge again deletes it (its space is
+    needed), and leaves the case as a merge that was never killed would."""
+    directory = copy_layout(layout, str(tmp_path / "case"))
+    before = tree(directory)
+    kill = "save_pretrained: every file written, not yet renamed into place"
+    killed = examples_server.run(
+        "merge_lora.py", [ADAPTER, "merged"], str(tmp_path), "killed", kill, directory
+    )
+    assert killed == -9, (tmp_path / "killed.err").read_text()[-3000:]
+    left = sorted(set(os.listdir(directory)) - set(before))
+    assert len(left) == 1 and left[0].startswith(".merged.tmp-"), left
+    again = examples_server.run("merge_lora.py", [ADAPTER, "merged"], str(tmp_path), "again", cwd=directory)
+    assert again == 0, (tmp_path / "again.err").read_text()[-3000:]
+    assert without(tree(directory), "merged") == before
+    merged, _ = minigrpo.load_pretrained(os.path.join(directory, "merged"))
+    assert merged.adapters is None

@@ -1,5 +1,6 @@
 """Hugging Face checkpoints round-trip between minigrpo and transformers; bad ones fail with a named cause."""
 
+import fcntl
 import json
 import os
 import re
@@ -134,6 +135,42 @@ def test_a_replaced_checkpoint_is_deleted_only_once_the_new_one_is_on_disk(tmp_p
     loaded, _ = minigrpo.load_pretrained(str(target))
     with torch.no_grad():
         assert torch.equal(loaded(IDS), tiny_model(seed=1)(IDS))
+
+
+def plant(directory, files: dict[str, bytes]) -> None:
+    """`directory` made with these files (relative paths) in it."""
+    for name, data in files.items():
+        os.makedirs(os.path.dirname(directory / name), exist_ok=True)
+        (directory / name).write_bytes(data)
+
+
+def test_a_save_deletes_what_a_killed_save_into_the_same_place_left(tmp_path):
+    """A kill mid-save leaves .NAME.tmp-* (the new files, not yet renamed) or .NAME.old-* (the old copy,
+    renamed away): the next save into NAME deletes them. It leaves what a living process holds (a save
+    into NAME running meanwhile), another directory's leftovers, and an earlier copy while NAME is missing:
+    a kill between the two renames left it the only one."""
+    target = tmp_path / "ckpt"
+    plant(tmp_path, {".ckpt.old-keep_me0/previous/config.json": b"{}"})
+    minigrpo.save_pretrained(tiny_model(seed=0), None, target)
+    assert sorted(os.listdir(tmp_path)) == [".ckpt.old-keep_me0", "ckpt"]  # then the only copy
+    plant(
+        tmp_path,
+        {
+            ".ckpt.tmp-killed00/model.safetensors": b"half",
+            ".ckpt.tmp-running0/config.json": b"{}",
+            ".other.tmp-killed00/model.safetensors": b"half",
+            "notes.txt": b"mine",
+        },
+    )
+    running = os.open(tmp_path / ".ckpt.tmp-running0", os.O_RDONLY)  # a save into ckpt, in progress
+    try:
+        fcntl.flock(running, fcntl.LOCK_EX)
+        minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    finally:
+        os.close(running)
+    assert sorted(os.listdir(tmp_path)) == [".ckpt.tmp-running0", ".other.tmp-killed00", "ckpt", "notes.txt"]
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)  # the lock ended with its holder
+    assert sorted(os.listdir(tmp_path)) == [".other.tmp-killed00", "ckpt", "notes.txt"]
 
 
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -14,14 +14,20 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import shutil
-import tempfile
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..files import disk_full_named, read_json_object, replace_dir, write_json, write_probe
+from ..files import (
+    directory_beside,
+    disk_full_named,
+    read_json_object,
+    remove_leftovers,
+    replace_dir,
+    write_json,
+    write_probe,
+)
 from .adapter_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -387,23 +393,20 @@ def save_pretrained(
     Everything is written to a temporary sibling directory which then replaces `directory`, so a
     crash mid-save leaves either the old checkpoint or the new one, never a mix. Replacing a checkpoint
     syncs the new one to disk before the old is deleted (files.replace_dir), so a power cut loses neither;
-    a save into a new place syncs nothing (a power cut may leave its files empty). Files larger than
+    a save into a new place syncs nothing (a power cut may leave its files empty). What a save here that
+    was killed left beside `directory` (.NAME.tmp-*, .NAME.old-*) is deleted first. Files larger than
     max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index. A full disk is
     one DiskFull line naming `directory` and the space left, as a training checkpoint's is.
     """
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):  # replace_dir would delete it
         raise CheckpointError(f"{directory} is a file; a checkpoint is saved as a directory")
-    parent = os.path.dirname(directory)
     with disk_full_named(directory):
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
-        try:
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        remove_leftovers(directory)  # of a save here that was killed: its space is needed now
+        with directory_beside(directory) as tmp:
             write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
             replace_dir(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
 
 def write_files(
