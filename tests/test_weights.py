@@ -1,5 +1,6 @@
 """Hugging Face checkpoints round-trip between minigrpo and transformers; bad ones fail with a named cause."""
 
+import errno
 import fcntl
 import json
 import os
@@ -171,6 +172,100 @@ def test_a_save_deletes_what_a_killed_save_into_the_same_place_left(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".ckpt.tmp-running0", ".other.tmp-killed00", "ckpt", "notes.txt"]
     minigrpo.save_pretrained(tiny_model(seed=1), None, target)  # the lock ended with its holder
     assert sorted(os.listdir(tmp_path)) == [".other.tmp-killed00", "ckpt", "notes.txt"]
+
+
+def test_a_save_in_progress_is_no_leftover_to_a_save_into_the_same_place(tmp_path, monkeypatch):
+    """Two saves into one place at once: the one that cleans up leaves the other's temporary directory
+    (locked while it is written in) and its old copy (locked while it is renamed away and deleted)."""
+    target = tmp_path / "ckpt"
+    with files.directory_beside(str(target)) as writing:
+        minigrpo.save_pretrained(tiny_model(seed=0), None, target)
+        assert os.path.isdir(writing)
+    real_rename = os.rename
+
+    def other_save_cleans_up_first(source, destination):
+        if os.path.basename(destination) == "previous":  # the old copy's directory, made and still empty
+            files.remove_leftovers(str(target))
+        real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", other_save_cleans_up_first)
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_leftover_this_process_cannot_open_is_left(tmp_path, monkeypatch):
+    """Another user's temporary directory (here: os.open refused, as root is never refused) is not this
+    process's to delete."""
+    plant(tmp_path, {".ckpt.tmp-theirs00/config.json": b"{}"})
+    real_open = os.open
+
+    def not_ours(path, *args, **kwargs):
+        if os.path.basename(path) == ".ckpt.tmp-theirs00":
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", not_ours)
+    minigrpo.save_pretrained(tiny_model(seed=0), None, tmp_path / "ckpt")
+    assert sorted(os.listdir(tmp_path)) == [".ckpt.tmp-theirs00", "ckpt"]
+
+
+def test_a_leftover_two_saves_delete_at_once_fails_neither(tmp_path, monkeypatch):
+    plant(tmp_path, {".ckpt.tmp-killed00/config.json": b"{}"})
+    real_in_use = files._in_use
+
+    def deleted_by_the_other_save_too(path):
+        free = real_in_use(path)
+        shutil.rmtree(path)  # the other save's cleanup, between this one's look and its delete
+        return free
+
+    monkeypatch.setattr(files, "_in_use", deleted_by_the_other_save_too)
+    minigrpo.save_pretrained(tiny_model(seed=0), None, tmp_path / "ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_an_error_once_the_new_checkpoint_is_in_place_is_raised_as_itself(tmp_path, monkeypatch):
+    """The parent's sync fails after the renames: the error is that failure (not the temporary directory,
+    already renamed, missing), the new checkpoint is in place, and the old copy left is the next save's
+    to delete."""
+    target = tmp_path / "ckpt"
+    minigrpo.save_pretrained(tiny_model(seed=0), None, target)
+    real_fsync = files.fsync
+
+    def parent_fails(path):
+        if path == str(tmp_path):
+            raise OSError(errno.EIO, "Input/output error", path)
+        real_fsync(path)
+
+    monkeypatch.setattr(files, "fsync", parent_fails)
+    with pytest.raises(OSError, match="Input/output error"):
+        minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    loaded, _ = minigrpo.load_pretrained(str(target))
+    with torch.no_grad():
+        assert torch.equal(loaded(IDS), tiny_model(seed=1)(IDS))
+    assert len(os.listdir(tmp_path)) == 2  # ckpt and .ckpt.old-*
+    monkeypatch.setattr(files, "fsync", real_fsync)
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_an_old_copy_that_cannot_be_deleted_does_not_fail_the_save_that_replaced_it(tmp_path, monkeypatch):
+    """A file of the old copy refuses to go (a read-only folder, for a user who is not root): the save has
+    replaced the checkpoint, and says nothing; the next save deletes the rest."""
+    target = tmp_path / "ckpt"
+    minigrpo.save_pretrained(tiny_model(seed=0), None, target)
+    real_unlink = os.unlink
+
+    def old_weights_stay(path, *args, **kwargs):
+        if path == "model.safetensors" and kwargs.get("dir_fd") is not None:  # rmtree's, inside previous/
+            raise PermissionError(13, "Permission denied", path)
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", old_weights_stay)
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    assert len(os.listdir(tmp_path)) == 2  # ckpt and .ckpt.old-*
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    minigrpo.save_pretrained(tiny_model(seed=1), None, target)
+    assert os.listdir(tmp_path) == ["ckpt"]
 
 
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
