@@ -11,7 +11,7 @@ minigrpo and in transformers alone (no peft), with the adapter directory's token
 the adapted model's logits.
 
 The output is written whole or not at all: into a temporary directory beside it, then renamed into
-place. It is a new or an empty directory, or, with --overwrite, a Hugging Face checkpoint (a model's
+place (what a killed merge left there, the next save there deletes). It is a new or an empty directory, or, with --overwrite, a Hugging Face checkpoint (a model's
 files and nothing else: no adapter, trainer state, log or folder), which is then replaced whole. It is
 never the adapter or its base, a directory that holds either, or one inside either (compared by real
 paths: symlinks followed). All of this, and that a file can be written there, is checked before the
@@ -19,7 +19,6 @@ base is read; a full disk is one line, with nothing of the merge left.
 """
 
 import os
-import re
 import sys
 
 import torch
@@ -31,15 +30,10 @@ from minigrpo.model import (
     is_adapter_directory,
     load_adapter,
     merged,
+    output_problem,
     read_adapter_config,
     read_tokenizer,
     resolve_checkpoint,
-)
-
-# The files of a Hugging Face checkpoint, as save_pretrained writes them: all that --overwrite replaces.
-CHECKPOINT_FILE = re.compile(
-    r"(generation_)?config\.json|tokenizer(_config)?\.json|chat_template\.jinja"
-    r"|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
 )
 
 parser = OneLineErrors(description=__doc__.splitlines()[0])
@@ -84,36 +78,6 @@ def check_apart(output: str, inputs: dict[str, str | None]) -> None:
             )
 
 
-def check_replaceable(output: str, overwrite: bool) -> None:
-    """An output that exists is an empty directory, or a checkpoint that --overwrite replaces."""
-    if not os.path.lexists(output):
-        return
-    if not os.path.isdir(output):
-        fail(f"the output {output} is a file; it must be a directory (or not exist yet)")
-    names = sorted(os.listdir(output))
-    others = [name for name in names if not CHECKPOINT_FILE.fullmatch(name)]
-    if others:
-        fail(
-            f"the output directory {output} holds {others[0]}, which no Hugging Face checkpoint holds: "
-            "write the merged model into a new or empty directory"
-        )
-    if names and not overwrite:
-        fail(f"the output directory {output} holds a checkpoint already: --overwrite replaces it whole")
-
-
-def check_writable(output: str) -> None:
-    """The merge is written into a temporary directory beside the output: the nearest existing directory
-    above it must take a new file (os.access is not enough: root passes it in /proc and /sys)."""
-    existing = os.path.dirname(os.path.abspath(output))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        fail(f"the output directory {output} cannot be created: {existing} is a file")
-    problem = files.write_probe(existing)
-    if problem:
-        fail(f"the output directory {output} cannot be written: {problem}")
-
-
 if not args.output:  # "" would be read as the working directory
     fail("the output directory is empty: name one, such as runs/merged")
 try:
@@ -122,8 +86,9 @@ try:
         fail(f"{args.adapter} is not a LoRA adapter directory (no adapter_config.json, or a full model's)")
     base = args.base or read_adapter_config(adapter)[1]
     check_apart(args.output, {"adapter": adapter, "base": base})
-    check_replaceable(args.output, args.overwrite)
-    check_writable(args.output)
+    problem = output_problem(args.output, args.overwrite)  # a non-checkpoint, /proc, under a file, ...
+    if problem:
+        fail(f"the output directory {args.output} {problem}")
     # merged in fp32, cast once at the end
     if args.base:  # the adapter's own files on the base named here
         model, tokenizer = minigrpo.load_pretrained(args.base, dtype="float32")

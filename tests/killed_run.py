@@ -79,6 +79,10 @@ KILL_POINTS = {
         os, "replace", r"/metrics\.jsonl$"
     ),
     "end: initial_eval.json being rewritten": lambda: _kill_at(json, "dump", r"/initial_eval\.json", call=2),
+    # save_pretrained (merge_lora.py's write) into a directory named merged
+    "save_pretrained: every file written, not yet renamed into place": lambda: _kill_at(
+        os, "rename", r"/merged$"
+    ),
 }
 
 

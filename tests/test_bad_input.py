@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_model, tiny_tokenizer, tree
 
 import minigrpo
 from minigrpo import files
@@ -685,6 +685,83 @@ def test_rows_a_data_set_cannot_use_are_named_in_a_note(runs, tool, case, args, 
     assert status == 0, stderr
     for note in notes:
         assert note.format(**paths) in stdout, stdout
+
+
+# python -m minigrpo.download (issue 58, item 7's follow-up): (case, arguments, what its one line says). The
+# Hub is offline: a check that came after asking it would say "could not fetch" instead.
+DOWNLOAD_CASES = [
+    ("flag_unknown", ["Qwen/Qwen3-0.6B", "--bogus"], "unrecognized arguments: --bogus"),
+    ("repo_id_missing", [], "the following arguments are required: repo_id"),
+    (
+        "repo_id_not_one",
+        ["not a repo"],
+        "'not a repo' is not a Hugging Face repo id, such as Qwen/Qwen3-0.6B",
+    ),
+    # its default directory would be models/..
+    ("repo_id_climbing", ["Qwen/.."], "'Qwen/..' is not a Hugging Face repo id"),
+    ("dir_empty", ["Qwen/Qwen3-0.6B", "--dir", ""], "--dir is empty: name a directory"),
+    ("dir_a_file", ["Qwen/Qwen3-0.6B", "--dir", "{file}"], "the target directory {file} is a file"),
+    (
+        "dir_under_a_file",
+        ["Qwen/Qwen3-0.6B", "--dir", "{file}/qwen"],
+        "the target directory {file}/qwen cannot be created: {file} is a file",
+    ),
+    (
+        "dir_not_a_checkpoint",
+        ["Qwen/Qwen3-0.6B", "--dir", "{notes}"],
+        "the target directory {notes} holds config.txt, which no Hugging Face checkpoint holds",
+    ),
+    (
+        "dir_in_proc",
+        ["Qwen/Qwen3-0.6B", "--dir", "/proc/minigrpo-download"],
+        "the target directory /proc/minigrpo-download cannot be written: writing a file in /proc fails",
+    ),
+]
+
+
+@pytest.fixture
+def download_places(tmp_path, monkeypatch) -> dict:
+    """The Hub offline, and the directories the download cases name: a file, a directory of notes (one of
+    them named as a checkpoint's file), an earlier download."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    paths = {"file": tmp_path / "a-file", "notes": tmp_path / "notes", "earlier": tmp_path / "earlier"}
+    paths["file"].write_text("not a directory\n")
+    paths["notes"].mkdir()
+    (paths["notes"] / "config.txt").write_text("my settings\n")
+    (paths["notes"] / "config.json").write_text('{"mine": 1}\n')  # a download would write over it
+    (paths["earlier"] / ".cache" / "huggingface").mkdir(parents=True)
+    (paths["earlier"] / "config.json").write_text('{"model_type": "qwen3"}\n')
+    return paths
+
+
+@pytest.mark.parametrize("case, args, message", DOWNLOAD_CASES, ids=[row[0] for row in DOWNLOAD_CASES])
+def test_bad_input_to_the_download_command_is_one_line_and_writes_nothing(
+    download_places, tmp_path, case, args, message
+):
+    from minigrpo import download
+
+    paths = download_places
+    before = tree(str(tmp_path))
+    with pytest.raises(SystemExit) as stop:
+        download.main([arg.format(**paths) for arg in args])
+    line = str(stop.value.code)  # what the interpreter prints, exiting 1
+    assert line.startswith("python -m minigrpo.download: ") and "\n" not in line, line
+    assert message.format(**paths) in line
+    assert tree(str(tmp_path)) == before
+    assert not os.path.exists("/proc/minigrpo-download")
+
+
+def test_a_download_into_an_earlier_one_asks_the_hub(download_places, capsys):
+    """An earlier download's directory (a checkpoint's files and huggingface_hub's .cache) is not refused:
+    the download completes or updates it. Offline, huggingface_hub returns it as it is."""
+    from minigrpo import download
+
+    earlier = str(download_places["earlier"])
+    assert download.main(["Qwen/Qwen3-0.6B", "--dir", earlier]) == 0
+    assert capsys.readouterr().out == f"Qwen/Qwen3-0.6B -> {earlier}\n"
 
 
 def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_path):

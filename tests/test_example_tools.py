@@ -1,5 +1,5 @@
 """Smoke tests of examples/sample.py and examples/eval_math.py, run as scripts on a tiny checkpoint, and
-of examples/pretrain_tiny.py --kind calc for one step.
+of examples/pretrain_tiny.py --kind calc for one step, with --overwrite over an earlier checkpoint.
 
 Every run of this file is started at once by one fixture, each a fork of tests/tool_runner.py (which
 pays the imports once), and the tests read the finished runs.
@@ -7,6 +7,7 @@ pays the imports once), and the tests read the finished runs.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,7 +30,8 @@ RUNS = {
     ),
     "pretrain_calc": (
         "pretrain_tiny.py",
-        "--kind calc --max_steps 1 --eval_every 1 --batch_size 4 --eval_count 8 --output {tmp}/calc",
+        "--kind calc --max_steps 1 --eval_every 1 --batch_size 4 --eval_count 8 "
+        "--output {tmp}/calc --overwrite",
     ),
 }
 
@@ -43,6 +45,11 @@ def tmp(tmp_path_factory):
 def runs(tmp):
     tokenizer = tiny_tokenizer(str(tmp / "tokenizer"))
     minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size), tokenizer, tmp / "ckpt")
+    earlier = shutil.copytree(os.path.join(ROOT, "models", "minigrpo-tiny-arith"), tmp / "calc")
+    # a sharded checkpoint's file, which the one-file save does not write: gone once replaced whole
+    shutil.copy(earlier / "model.safetensors", earlier / "model-00001-of-00002.safetensors")
+    # what a save into calc killed before its rename left: the run's save deletes it
+    shutil.copytree(earlier, tmp / ".calc.tmp-killed00")
     data = tmp / "gsm8k.jsonl"
     rows = [{"question": f"{i}+1", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(6)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -137,9 +144,19 @@ def test_encode_all_passes_what_round_trips_and_counts_what_is_lost():
 def test_pretrain_tiny_makes_a_calc_model_that_records_its_task(runs, tmp):
     """One warm-up step of the tool-use demo's model: a checkpoint whose four calculator markers are
     one token each, that records its task for train_math.py and eval_math.py, and whose pretrain.json
-    has the tool-use figures."""
+    has the tool-use figures. --overwrite replaced the arithmetic checkpoint there whole, and the save
+    deleted a killed save's leftover beside it."""
     out = runs["pretrain_calc"]
     assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(os.listdir(tmp / "calc")) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "pretrain.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert not (tmp / ".calc.tmp-killed00").exists()
     assert "calculator calls per completion" in out.stdout
     model, tokenizer = minigrpo.load_pretrained(str(tmp / "calc"))
     assert all(len(tokenizer.encode(marker)) == 1 for marker in ["<calc>", "</calc>", "<out>", "</out>"])

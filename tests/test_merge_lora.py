@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import tiny_policy, tree
 from safetensors.torch import load_file
 
 import minigrpo
@@ -100,8 +100,8 @@ REFUSED = [
         "output_not_a_checkpoint",
         [ADAPTER, "notes"],
         "",
-        "the output directory notes holds a.txt, which no Hugging Face checkpoint holds: write the merged "
-        "model into a new or empty directory",
+        "the output directory notes holds a.txt, which no Hugging Face checkpoint holds: name a new or empty "
+        "directory",
     ),
     (
         "output_a_checkpoint_without_overwrite",
@@ -113,7 +113,7 @@ REFUSED = [
         "output_a_file",
         [ADAPTER, "run/metrics.jsonl"],
         "",
-        "the output run/metrics.jsonl is a file; it must be a directory (or not exist yet)",
+        "the output directory run/metrics.jsonl is a file; it must be a directory (or not exist yet)",
     ),
     (
         "output_under_a_file",
@@ -274,23 +274,6 @@ def copy_layout(layout: str, directory: str) -> str:
     return directory
 
 
-def tree(directory: str) -> dict[str, object]:
-    """Every path under `directory`: a file's bytes, a symlink's target, "directory" for a directory."""
-    found = {}
-    for folder, folders, names in os.walk(directory):
-        for name in folders + names:
-            path = os.path.join(folder, name)
-            relative = os.path.relpath(path, directory)
-            if os.path.islink(path):
-                found[relative] = f"-> {os.readlink(path)}"
-            elif os.path.isdir(path):
-                found[relative] = "directory"
-            else:
-                with open(path, "rb") as f:
-                    found[relative] = f.read()
-    return found
-
-
 def without(paths: dict, output: str) -> dict:
     """`paths` (tree's) less the output and what is under it."""
     return {
@@ -409,3 +392,25 @@ def test_help_says_what_overwrite_replaces(examples_server, tmp_path):
     assert "Merge a LoRA adapter into its base: a full Hugging Face checkpoint whose weights are" in shown
     overwrite = "replace the checkpoint already in output, whole (never a directory holding anything else)"
     assert f"--overwrite {overwrite}" in shown
+
+
+def test_a_merge_killed_before_its_rename_leaves_a_folder_the_next_merge_deletes(
+    layout, examples_server, tmp_path
+):
+    """kill -9 once the merged files are written, before they are renamed into place: the output does not
+    exist and a hidden .merged.tmp-* holds the files. The same merge again deletes it (its space is
+    needed), and leaves the case as a merge that was never killed would."""
+    directory = copy_layout(layout, str(tmp_path / "case"))
+    before = tree(directory)
+    kill = "save_pretrained: every file written, not yet renamed into place"
+    killed = examples_server.run(
+        "merge_lora.py", [ADAPTER, "merged"], str(tmp_path), "killed", kill, directory
+    )
+    assert killed == -9, (tmp_path / "killed.err").read_text()[-3000:]
+    left = sorted(set(os.listdir(directory)) - set(before))
+    assert len(left) == 1 and left[0].startswith(".merged.tmp-"), left
+    again = examples_server.run("merge_lora.py", [ADAPTER, "merged"], str(tmp_path), "again", cwd=directory)
+    assert again == 0, (tmp_path / "again.err").read_text()[-3000:]
+    assert without(tree(directory), "merged") == before
+    merged, _ = minigrpo.load_pretrained(os.path.join(directory, "merged"))
+    assert merged.adapters is None

@@ -9,7 +9,7 @@ layout.
   in a sandbox that bounds what a render may spend (template_sandbox.py);
 - `load_pretrained`, `save_pretrained`, `download`: checkpoints on disk and on the Hub (weights.py), each
   problem a `CheckpointError` naming the file or tensor; a PEFT adapter directory loads as its base with
-  the adapters on (adapter_files.py);
+  the adapters on (adapter_files.py); `output_problem`: what stops a tool from saving into a directory;
 - `Adapters`, `add_adapters`, `adapters_off`, `merged`: LoRA adapters on the projections, switched off
   for the base, or merged into plain weights (lora.py).
 It knows tensors, files and names, not the loop that trains the model. The stages use the model through
@@ -39,6 +39,7 @@ from .weights import (
     download,
     hf_name,
     load_pretrained,
+    output_problem,
     parse_device,
     read_task,
     read_tokenizer,
@@ -75,6 +76,7 @@ __all__ = [
     "hf_name",
     "load_pretrained",
     "logit_dtype",
+    "output_problem",
     "parse_device",
     "read_task",
     "read_tokenizer",

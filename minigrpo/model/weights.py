@@ -11,16 +11,23 @@ It knows files, names and shapes, not training.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
-import shutil
-import tempfile
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..files import disk_full_named, read_json_object, replace_dir, write_json
+from ..files import (
+    directory_beside,
+    disk_full_named,
+    read_json_object,
+    remove_leftovers,
+    replace_dir,
+    write_json,
+    write_probe,
+)
 from .adapter_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -47,6 +54,12 @@ CHECKPOINT_FILES = [
     ADAPTER_WEIGHTS,
 ]
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
+# The files of a Hugging Face checkpoint, as save_pretrained writes them for a model without adapters: all
+# that a tool's output directory may hold when the tool replaces it (output_problem).
+SAVED_FILE = re.compile(
+    r"(generation_)?config\.json|tokenizer(_config)?\.json|chat_template\.jinja"
+    r"|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
+)
 
 
 class CheckpointError(ValueError):
@@ -342,29 +355,58 @@ def _parse_dtype(dtype, device: torch.device) -> torch.dtype:
 
 
 # --- saving ---------------------------------------------------------------------------------------
+def output_problem(directory: str, overwrite: bool, also: tuple[str, ...] = ()) -> str | None:
+    """What stops a tool from saving a checkpoint into `directory`, which save_pretrained replaces whole:
+    the words that follow the directory's name in the tool's one-line error, or None.
+
+    An existing `directory` is an empty directory, or a checkpoint (SAVED_FILE's files, and those `also`'s
+    shell patterns match: the tool's own files beside them) that only `overwrite` lets the tool replace;
+    anything else in it would be deleted. The nearest existing directory above it must take a new file
+    (files.write_probe: os.access is not enough, root passes it in /proc and /sys). Nothing is made.
+    """
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        return "is a file; it must be a directory (or not exist yet)"
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    others = [
+        name
+        for name in names
+        if not SAVED_FILE.fullmatch(name) and not any(fnmatch.fnmatch(name, pattern) for pattern in also)
+    ]
+    if others:
+        return f"holds {others[0]}, which no Hugging Face checkpoint holds: name a new or empty directory"
+    if names and not overwrite:
+        return "holds a checkpoint already: --overwrite replaces it whole"
+    existing = os.path.dirname(os.path.abspath(directory))  # where the temporary directory is made
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"cannot be created: {existing} is a file"
+    problem = write_probe(existing)
+    return f"cannot be written: {problem}" if problem else None
+
+
 def save_pretrained(
     model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30
 ) -> None:
     """Write model (and tokenizer) in Hugging Face layout, atomically.
 
     Everything is written to a temporary sibling directory which then replaces `directory`, so a
-    crash mid-save leaves either the old checkpoint or the new one, never a mix. Files larger than
+    crash mid-save leaves either the old checkpoint or the new one, never a mix. Replacing a checkpoint
+    syncs the new one to disk before the old is deleted (files.replace_dir), so a power cut loses neither;
+    a save into a new place syncs nothing (a power cut may leave its files empty). What a save here that
+    was killed left beside `directory` (.NAME.tmp-*, .NAME.old-*) is deleted first. Files larger than
     max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index. A full disk is
     one DiskFull line naming `directory` and the space left, as a training checkpoint's is.
     """
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):  # replace_dir would delete it
         raise CheckpointError(f"{directory} is a file; a checkpoint is saved as a directory")
-    parent = os.path.dirname(directory)
     with disk_full_named(directory):
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
-        try:
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        remove_leftovers(directory)  # of a save here that was killed: its space is needed now
+        with directory_beside(directory) as tmp:
             write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
             replace_dir(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
 
 def write_files(
