@@ -1,8 +1,10 @@
 """Hugging Face checkpoints round-trip between minigrpo and transformers; bad ones fail with a named cause."""
 
+import contextlib
 import json
 import os
 import re
+import threading
 
 import pytest
 import torch
@@ -293,3 +295,65 @@ def test_save_refuses_to_replace_a_file(tmp_path):
     with pytest.raises(minigrpo.CheckpointError, match="notes.txt is a file"):
         minigrpo.save_pretrained(tiny_model(), None, tmp_path / "notes.txt")
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+# --- a named pipe in place of a file: refused in one line, never read (a read waits for a writer) -----
+MODEL_FILES = [
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+]
+ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def checkpoint_with_every_file(directory) -> str:
+    """A tiny checkpoint with a tokenizer, its side files and a chat template."""
+    minigrpo.save_pretrained(tiny_model(vocab_size=300), tiny_tokenizer(str(directory)), directory)
+    (directory / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return str(directory)
+
+
+def load_with_a_deadline(path: str, fifo: str, seconds: float = 30.0) -> Exception | None:
+    """What load_pretrained(path) raises (None if it loads), run in a thread: a load still waiting on the
+    FIFO after `seconds` fails the test, after its reader is let go (the pipe's write end opened and
+    closed, so that the read ends) rather than left blocked."""
+    outcome = {}
+
+    def load():
+        try:
+            minigrpo.load_pretrained(path)
+            outcome["error"] = None
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    hung = thread.is_alive()
+    while thread.is_alive():  # each open of the pipe by the load waits for a writer: give it one
+        with contextlib.suppress(OSError):  # ENXIO: no reader waiting at this instant
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(0.1)
+    assert not hung, f"load_pretrained waited on the named pipe {fifo} for {seconds} s"
+    return outcome["error"]
+
+
+@pytest.mark.parametrize("name", MODEL_FILES + ADAPTER_FILES)
+def test_a_named_pipe_in_place_of_a_file_is_refused_in_one_line(tmp_path, name):
+    path = checkpoint_with_every_file(tmp_path / "base")
+    if name in ADAPTER_FILES:
+        model, tokenizer = minigrpo.load_pretrained(path)
+        minigrpo.model.add_adapters(model, minigrpo.model.Adapters(rank=2, alpha=4, targets=("q_proj",)))
+        minigrpo.save_pretrained(model, tokenizer, tmp_path / "adapter")
+        path = str(tmp_path / "adapter")
+    fifo = os.path.join(path, name)
+    if os.path.exists(fifo):
+        os.remove(fifo)
+    os.mkfifo(fifo)
+    error = load_with_a_deadline(path, fifo)
+    assert isinstance(error, ValueError), error
+    assert str(error) == f"{fifo} is a named pipe (FIFO), not a regular file"

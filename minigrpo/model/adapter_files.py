@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..config import ALL_LINEAR, LORA_TARGETS, parse_lora_targets
-from ..files import read_json_object, write_json
+from ..files import read_json_object, regular_file, write_json
 from .lora import AdapterError, Adapters, adapter_state, add_adapters
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -48,9 +48,10 @@ WRITTEN_UNUSED = ("use_dora", "fan_in_fan_out", "bias", "modules_to_save", "rank
 
 def is_adapter_directory(directory: str) -> bool:
     """A PEFT adapter's directory: adapter_config.json without a model's config.json beside it (a
-    directory with both is read as the full model it holds)."""
-    adapter = os.path.isfile(os.path.join(directory, ADAPTER_CONFIG))
-    return adapter and not os.path.isfile(os.path.join(directory, "config.json"))
+    directory with both is read as the full model it holds). Either name counts whatever it is (a
+    named pipe too): reading it then says what is wrong with it."""
+    adapter = os.path.exists(os.path.join(directory, ADAPTER_CONFIG))
+    return adapter and not os.path.exists(os.path.join(directory, "config.json"))
 
 
 def write_adapter(model, directory: str) -> None:
@@ -168,7 +169,12 @@ def check_adapter_files(directory: str) -> None:
 
 
 def _open(path: str):
-    if not os.path.isfile(path):
+    """safe_open(path), with a missing, special (a named pipe) or damaged file an AdapterError naming it."""
+    try:
+        present = regular_file(path)
+    except ValueError as error:
+        raise AdapterError(str(error)) from None
+    if not present:
         raise AdapterError(f"{path} does not exist: an adapter directory needs {ADAPTER_WEIGHTS}")
     try:
         return safe_open(path, framework="pt")
