@@ -1,10 +1,10 @@
 """Hugging Face checkpoints round-trip between minigrpo and transformers; bad ones fail with a named cause."""
 
-import contextlib
 import json
 import os
 import re
-import threading
+import subprocess
+import time
 
 import pytest
 import torch
@@ -318,28 +318,23 @@ def checkpoint_with_every_file(directory) -> str:
 
 
 def load_with_a_deadline(path: str, fifo: str, seconds: float = 30.0) -> Exception | None:
-    """What load_pretrained(path) raises (None if it loads), run in a thread: a load still waiting on the
-    FIFO after `seconds` fails the test, after its reader is let go (the pipe's write end opened and
-    closed, so that the read ends) rather than left blocked."""
-    outcome = {}
-
-    def load():
-        try:
-            minigrpo.load_pretrained(path)
-            outcome["error"] = None
-        except Exception as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    hung = thread.is_alive()
-    while thread.is_alive():  # each open of the pipe by the load waits for a writer: give it one
-        with contextlib.suppress(OSError):  # ENXIO: no reader waiting at this instant
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        thread.join(0.1)
-    assert not hung, f"load_pretrained waited on the named pipe {fifo} for {seconds} s"
-    return outcome["error"]
+    """What load_pretrained(path) raises (None if it loads). A load still waiting on the FIFO after
+    `seconds` is let go by another process, which opens the pipe's write end and closes it (again for
+    each later open) so that every read ends, and the test fails. (A thread with a deadline could not
+    do it: safetensors and tokenizers wait in open() holding the GIL.)"""
+    releaser = subprocess.Popen(["sh", "-c", 'sleep "$0"; while :; do : > "$1"; done', str(seconds), fifo])
+    started = time.monotonic()
+    try:
+        minigrpo.load_pretrained(path)
+        error = None
+    except Exception as raised:
+        error = raised
+    finally:
+        waited = time.monotonic() - started
+        releaser.kill()
+        releaser.wait()
+    assert waited < seconds, f"load_pretrained waited on the named pipe {fifo} for {waited:.0f} s"
+    return error
 
 
 @pytest.mark.parametrize("name", MODEL_FILES + ADAPTER_FILES)
