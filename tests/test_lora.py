@@ -6,6 +6,7 @@ straight run ends; bad settings and files are refused with one line."""
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -23,6 +24,7 @@ from minigrpo.model import (
     adapters_off,
     add_adapters,
     is_adapter_directory,
+    load_adapter,
     merged,
     tokenizer_directory,
     trainable_parameters,
@@ -319,6 +321,48 @@ def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
         json.dump({**config, key: value}, open(config_path, "w"))
         with pytest.raises(AdapterError, match=message):
             minigrpo.load_pretrained(str(tmp_path / "adapter"))
+
+
+# --- adapter files are untrusted input: checked whole before anything is allocated ------------------
+PREFIX = "base_model.model.model."
+
+
+SAVED = Adapters(rank=2, alpha=4, targets=("q_proj", "down_proj"))  # saved_adapter's
+
+
+def saved_adapter(base: str, directory):
+    """`adapted` with SAVED (B random) saved in `directory`: (adapter_config.json's path, the weights')."""
+    model, tokenizer = adapted(base, SAVED)
+    minigrpo.save_pretrained(model, tokenizer, str(directory))
+    return directory / "adapter_config.json", directory / "adapter_model.safetensors"
+
+
+def edit_config(path, **changes):
+    json.dump({**json.load(open(path)), **changes}, open(path, "w"))
+
+
+def refused(base: str, directory, message: str) -> None:
+    """load_adapter on a fresh base refuses `directory` in one line matching `message`, leaving the base as
+    it was: no adapters, nothing frozen."""
+    model, _ = minigrpo.load_pretrained(base)
+    with pytest.raises(AdapterError, match=message) as error:
+        load_adapter(model, str(directory))
+    assert "\n" not in str(error.value)
+    assert model.adapters is None and not adapter_state(model)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_an_alpha_that_float32_cannot_hold_is_refused_in_a_file_and_as_a_flag(base, tmp_path):
+    largest = float(torch.finfo(torch.float32).max)
+    assert Adapters(rank=1, alpha=largest, targets=ALL).scaling == largest  # the bound itself is allowed
+    config_path, _ = saved_adapter(base, tmp_path / "adapter")
+    edit_config(config_path, lora_alpha=1e39)
+    message = (
+        "lora_alpha must be a number > 0 that float32 holds (at most 3.403e+38: the adapters compute in "
+    )
+    refused(base, tmp_path / "adapter", re.escape(f"{config_path}: {message}float32), got 1e+39"))
+    with pytest.raises(AdapterError, match=re.escape(message)):
+        lora_trainer(base, tmp_path, lora_alpha=1e39)
 
 
 # test_crash_safety's killed runs, of LoRA adapters with a KL to their base

@@ -42,6 +42,10 @@ PARENTS = {
 }
 
 
+# the adapters compute in float32 (or fp64): a larger alpha, or scale, is inf there
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
 class AdapterError(ValueError):
     """Adapters that cannot go on this model, or files that do not describe adapters minigrpo runs."""
 
@@ -60,10 +64,12 @@ class Adapters:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise AdapterError(f"a LoRA rank must be a positive integer, got {self.rank!r}")
         alpha = self.alpha
-        if isinstance(alpha, bool) or not (
-            isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0
-        ):
-            raise AdapterError(f"lora_alpha must be a finite number > 0, got {self.alpha!r}")
+        # (NaN and inf fail the comparison too)
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and 0 < alpha <= FLOAT32_MAX):
+            raise AdapterError(
+                f"lora_alpha must be a number > 0 that float32 holds (at most {FLOAT32_MAX:.4g}: the "
+                f"adapters compute in float32), got {self.alpha!r}"
+            )
         if isinstance(self.dropout, bool) or not (
             isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1
         ):
