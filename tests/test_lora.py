@@ -365,6 +365,46 @@ def test_an_alpha_that_float32_cannot_hold_is_refused_in_a_file_and_as_a_flag(ba
         lora_trainer(base, tmp_path, lora_alpha=1e39)
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("layers_to_transform", 0),  # block 0 alone in PEFT, though falsy
+        ("layers_to_transform", False),  # (== 0)
+        ("layers_to_transform", 1),
+        ("layers_to_transform", [1]),
+        ("exclude_modules", ["model.layers.0.self_attn.q_proj"]),
+        ("exclude_modules", "model\\.layers\\.1\\..*"),  # a pattern
+        ("layers_pattern", "layers"),
+    ],
+)
+def test_peft_settings_that_leave_some_projections_unadapted_are_refused(base, tmp_path, key, value):
+    config_path, _ = saved_adapter(base, tmp_path / "adapter")
+    edit_config(config_path, **{key: value})
+    message = f"{config_path}: {key} = {value!r} is not supported by minigrpo's adapters, which go on every "
+    refused(base, tmp_path / "adapter", re.escape(message + "targeted projection of every block"))
+
+
+def test_the_empty_values_of_those_settings_load_as_peft_loads_them(base, tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    config_path, _ = saved_adapter(base, tmp_path / "adapter")
+    x = ids(97)
+    # PEFT's every block: null and [] (layers_to_transform), null, "" and [] (exclude_modules)
+    for changes in [dict(layers_to_transform=[], exclude_modules=[]), dict(exclude_modules="")]:
+        edit_config(config_path, **changes)
+        ours, _ = minigrpo.load_pretrained(str(tmp_path / "adapter"))
+        hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        theirs = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), theirs(input_ids=x).logits, rtol=0, atol=1e-5)
+    edit_config(config_path, layers_to_transform=0)  # what PEFT makes of 0: block 0's adapters alone
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        assert (ours(x) - theirs(input_ids=x).logits).abs().max() > 1e-3
+
+
 # test_crash_safety's killed runs, of LoRA adapters with a KL to their base
 ARGS = [*CRASH_ARGS, "--lora_rank", "2", "--learning_rate", "1e-2", "--beta", "0.05"]
 

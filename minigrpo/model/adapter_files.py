@@ -37,8 +37,9 @@ UNSUPPORTED = {
     "fan_in_fan_out": False,
     "bias": "none",
     "modules_to_save": None,
-    "layers_to_transform": None,
+    "layers_to_transform": None,  # adapters on these blocks alone
     "layers_pattern": None,
+    "exclude_modules": None,  # targets left without adapters
     "rank_pattern": {},
     "alpha_pattern": {},
     "alora_invocation_tokens": None,  # activated LoRA: adapters on the tokens after these only
@@ -87,10 +88,13 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
         raise AdapterError(str(error)) from None
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{path}: peft_type {config['peft_type']!r} is not LORA, the one minigrpo runs")
-    for key, unused in UNSUPPORTED.items():
+    for key in UNSUPPORTED:
         value = config.get(key)
-        if value and value != unused:  # absent, null, false, "none", {} and [] all mean unused
-            raise AdapterError(f"{path}: {key} = {value!r} is not supported by minigrpo's adapters")
+        if not _unused(key, value):
+            raise AdapterError(
+                f"{path}: {key} = {value!r} is not supported by minigrpo's adapters, which go on every "
+                "targeted projection of every block"
+            )
     targets = config.get("target_modules") or []
     if isinstance(targets, str) and targets not in (*LORA_TARGETS, ALL_LINEAR):
         raise AdapterError(f"{path}: target_modules {targets!r} is a pattern; minigrpo reads a list of names")
@@ -111,6 +115,16 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
     except (TypeError, ValueError) as error:  # a value of the wrong type: a string for a number, say
         raise AdapterError(f"{path}: {error}") from None
     return adapters, base
+
+
+def _unused(key: str, value) -> bool:
+    """Whether PEFT reads this value of an UNSUPPORTED setting as the setting not used: absent, null,
+    its written default, or empty (false, "", {}, []: PEFT tests these settings for truth), except
+    layers_to_transform, which PEFT tests against None: 0 there means block 0 alone, and only null and
+    [] mean every block."""
+    if key == "layers_to_transform":
+        return value is None or value == []
+    return not value or value == UNSUPPORTED[key]
 
 
 def _projection(name: str, path: str) -> str:
