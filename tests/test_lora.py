@@ -12,7 +12,7 @@ import signal
 import pytest
 import torch
 from helpers import tiny_policy
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_crash_safety import ARGS as CRASH_ARGS
 
 import minigrpo
@@ -23,6 +23,7 @@ from minigrpo.model import (
     adapter_state,
     adapters_off,
     add_adapters,
+    check_tensors,
     is_adapter_directory,
     load_adapter,
     merged,
@@ -324,9 +325,7 @@ def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
 
 
 # --- adapter files are untrusted input: checked whole before anything is allocated ------------------
-PREFIX = "base_model.model.model."
-
-
+PREFIX = "base_model.model.model."  # of every tensor name in PEFT's file
 SAVED = Adapters(rank=2, alpha=4, targets=("q_proj", "down_proj"))  # saved_adapter's
 
 
@@ -352,6 +351,37 @@ def refused(base: str, directory, message: str) -> None:
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_a_rank_above_the_narrowest_projection_is_refused_before_any_adapter_is_allocated(base, tmp_path):
+    # TINY: k_proj and v_proj (48 in, 32 out) are the narrowest of the seven; q_proj (48 in, 64 out) takes 48
+    with pytest.raises(AdapterError, match="^lora_rank = 1000000000000 is above 32, the most k_proj takes"):
+        lora_trainer(base, tmp_path, lora_rank=10**12)  # (an allocation of terabytes, never tried)
+    with pytest.raises(AdapterError, match="^lora_rank = 49 is above 48, the most q_proj takes"):
+        lora_trainer(base, tmp_path, lora_rank=49, lora_target_modules="q_proj")
+    assert lora_trainer(base, tmp_path, lora_rank=48, lora_target_modules="q_proj").adapters.rank == 48
+    config_path, weights = saved_adapter(base, tmp_path / "adapter")
+    edit_config(config_path, r=10**12)
+    refused(
+        base,
+        tmp_path / "adapter",
+        re.escape(f"{config_path}: r = 1000000000000 is above 48, the most q_proj"),
+    )
+    # a rank the projections allow, but not the file's: its header says so before any allocation
+    edit_config(config_path, r=3)
+    name = PREFIX + "layers.0.self_attn.q_proj.lora_A.weight"
+    message = f"{weights}: {name} has shape (2, 48), but this model's projection takes (3, 48)"
+    refused(base, tmp_path / "adapter", re.escape(message))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_an_adapter_holding_nan_or_inf_is_refused_naming_the_tensor(base, tmp_path, value):
+    _, weights = saved_adapter(base, tmp_path / "adapter")
+    tensors = load_file(weights)
+    name = PREFIX + "layers.1.mlp.down_proj.lora_B.weight"
+    tensors[name][3, 1] = value
+    save_file(tensors, weights, metadata={"format": "pt"})
+    refused(base, tmp_path / "adapter", re.escape(f"{weights}: {name} holds NaN or infinite values"))
+
+
 def test_an_alpha_that_float32_cannot_hold_is_refused_in_a_file_and_as_a_flag(base, tmp_path):
     largest = float(torch.finfo(torch.float32).max)
     assert Adapters(rank=1, alpha=largest, targets=ALL).scaling == largest  # the bound itself is allowed
@@ -363,6 +393,31 @@ def test_an_alpha_that_float32_cannot_hold_is_refused_in_a_file_and_as_a_flag(ba
     refused(base, tmp_path / "adapter", re.escape(f"{config_path}: {message}float32), got 1e+39"))
     with pytest.raises(AdapterError, match=re.escape(message)):
         lora_trainer(base, tmp_path, lora_alpha=1e39)
+
+
+def test_tensors_no_adapted_projection_takes_are_refused_by_name_and_missing_ones_named(base, tmp_path):
+    directory = tmp_path / "adapter"
+    _, weights = saved_adapter(base, directory)  # q_proj and down_proj of blocks 0 and 1
+    good = load_file(weights)
+    model = "(2 layers, targets q_proj,down_proj)"
+    outside_any_name = [
+        PREFIX + "layers.0.self_attn.k_proj.lora_A.weight",  # a projection the config does not target
+        PREFIX + "layers.0.self_attn.q_proj.lora_B.bias",  # PEFT's lora_bias
+        PREFIX + "layers.0.mlp.q_proj.lora_A.weight",  # a projection under the wrong parent
+        "base_model.model.lm_head.weight",  # PEFT's modules_to_save, trainable tokens, ...
+    ]
+    for surplus in [*outside_any_name, PREFIX + "layers.2.self_attn.q_proj.lora_A.weight"]:
+        save_file({**good, surplus: torch.zeros(2, 48)}, weights, metadata={"format": "pt"})
+        message = f"{weights} holds {surplus}, which no adapted projection of this model {model} takes"
+        refused(base, directory, re.escape(message))
+        if surplus in outside_any_name:  # (block 2 needs the base to tell: the header alone cannot)
+            message = f"{weights} holds {surplus}, which is not the A or B of a projection its adapter_config"
+            with pytest.raises(AdapterError, match=re.escape(message)):
+                check_tensors(str(directory))  # what a resume checks in a checkpoint
+    blocks = {name: t for name, t in good.items() if ".layers.1." not in name}  # block 0's alone
+    save_file(blocks, weights, metadata={"format": "pt"})
+    missing = PREFIX + "layers.1.mlp.down_proj.lora_A.weight"
+    refused(base, directory, re.escape(f"{weights} lacks {missing}, "))
 
 
 @pytest.mark.parametrize(

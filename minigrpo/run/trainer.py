@@ -61,7 +61,7 @@ import torch
 
 from .. import distributed
 from ..config import GRPOConfig, TrainConfig, as_dict
-from ..model import Adapters, adapters_of, add_adapters, set_dropout, trainable_parameters
+from ..model import Adapters, adapters_of, add_adapters, check_rank, set_dropout, trainable_parameters
 from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
 from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from ..tasks import PromptStream, Task
@@ -186,6 +186,7 @@ class Trainer:
                 "to continue them, or start from their base"
             )
         if loaded is None and wanted is not None:
+            check_rank(model, wanted, "lora_rank")  # the flag named, before any adapter is allocated
             add_adapters(model, wanted, seed=config.seed)
         elif loaded is not None:  # continued: with this run's dropout, not the file's
             set_dropout(model, config.lora_dropout)
