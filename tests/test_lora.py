@@ -7,6 +7,7 @@ straight run ends; bad settings and files are refused with one line."""
 import json
 import os
 import re
+import shutil
 import signal
 
 import pytest
@@ -29,9 +30,10 @@ from minigrpo.model import (
     merged,
     tokenizer_directory,
     trainable_parameters,
+    weights_sha256,
 )
 from minigrpo.rollout import generate
-from minigrpo.run import CHECKPOINTS, Trace, latest_checkpoint, load_state
+from minigrpo.run import CHECKPOINTS, Trace, build_run, latest_checkpoint, load_state
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -458,6 +460,25 @@ def test_the_empty_values_of_those_settings_load_as_peft_loads_them(base, tmp_pa
     theirs = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
     with torch.no_grad():
         assert (ours(x) - theirs(input_ids=x).logits).abs().max() > 1e-3
+
+
+def test_a_resume_refuses_a_base_whose_weights_changed_in_place(base, tmp_path):
+    copy = shutil.copytree(base, tmp_path / "base")  # changed below: not the module's base
+    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    grpo = GRPOConfig(num_generations=2, max_completion_length=4)
+    settings = dict(output_dir=str(tmp_path / "run"), batch_size=4, micro_batch_size=4, lora_rank=2)
+    settings.update(progress_bar=False, log_completions_every=0)
+    minigrpo.train(str(copy), task, grpo, TrainConfig(max_steps=1, **settings))
+    saved = load_state(latest_checkpoint(str(tmp_path / "run")))
+    assert saved["base_sha256"] == weights_sha256(str(copy))
+    resumed = TrainConfig(max_steps=2, resume=True, **settings)
+    assert build_run(str(copy), task, grpo, resumed).trainer.step == 1  # the same base: resumed
+    weights = load_file(copy / "model.safetensors")
+    weights["model.norm.weight"][0] = torch.nextafter(weights["model.norm.weight"][0], torch.tensor(9.0))
+    save_file(weights, copy / "model.safetensors", metadata={"format": "pt"})  # one float's last bit
+    message = f"trained adapters on {copy}, whose weights have changed since (their sha256 differs"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_run(str(copy), task, grpo, resumed)
 
 
 # test_crash_safety's killed runs, of LoRA adapters with a KL to their base

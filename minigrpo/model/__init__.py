@@ -46,6 +46,7 @@ from .weights import (
     save_pretrained,
     to_hf_state_dict,
     tokenizer_directory,
+    weights_sha256,
     write_files,
 )
 
@@ -83,5 +84,6 @@ __all__ = [
     "save_pretrained",
     "to_hf_state_dict",
     "tokenizer_directory",
+    "weights_sha256",
     "write_files",
 ]

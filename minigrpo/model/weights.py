@@ -11,6 +11,7 @@ It knows files, names and shapes, not training.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -220,6 +221,21 @@ def check_tensors(directory: str) -> None:
         shape = tuple(handles[files[name]].get_slice(name).get_shape())
         if shape != tuple(param.shape):
             raise CheckpointError(_shape_error(name, directory, shape, param.shape))
+
+
+def weights_sha256(path_or_repo_id: str) -> str:
+    """The sha256 of a checkpoint's weights: each tensor's name, dtype, shape and bytes, in name order
+    (the same however the files are sharded). It pins the base a LoRA run's adapters go on; it reads
+    every byte (about a second a gigabyte)."""
+    directory = resolve_checkpoint(path_or_repo_id)
+    files = weight_files(directory)
+    digest = hashlib.sha256()
+    handles = {}
+    for name in sorted(files):
+        tensor = _read_tensor(handles, files[name], name)
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its bytes, whatever its dtype
+    return digest.hexdigest()
 
 
 def _load_weights(model: Qwen3, directory: str) -> None:
