@@ -143,7 +143,7 @@ def test_the_base_stays_bit_identical_over_many_sampling_calls_and_updates_in_bf
     assert all(p.dtype == torch.float32 for p in adapter_state(model).values())  # fp32 adapters on bf16
 
 
-def write_peft_adapter(base: str, directory: str):
+def write_peft_adapter(base: str, directory: str, rslora: bool = False):
     """An adapter written by PEFT itself on transformers' Qwen3 (B random: init_lora_weights=False);
     returns the PEFT model."""
     peft = pytest.importorskip("peft")
@@ -151,16 +151,19 @@ def write_peft_adapter(base: str, directory: str):
 
     hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     # all-linear: PEFT writes each adapted module's path (model.layers.0.self_attn.q_proj, ...)
-    config = peft.LoraConfig(r=4, lora_alpha=12, target_modules="all-linear", init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=12, target_modules="all-linear", init_lora_weights=False, use_rslora=rslora
+    )
     peft_model = peft.get_peft_model(hf, config).eval()
     peft_model.save_pretrained(directory)
     return peft_model
 
 
-def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_path):
-    peft_model = write_peft_adapter(base, str(tmp_path / "peft"))
+@pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
+def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_path, rslora):
+    peft_model = write_peft_adapter(base, str(tmp_path / "peft"), rslora)
     model, tokenizer = minigrpo.load_pretrained(str(tmp_path / "peft"))  # the base named in its config
-    assert tokenizer is not None and model.adapters.targets == ALL and model.adapters.rank == 4
+    assert tokenizer is not None and model.adapters == Adapters(rank=4, alpha=12, targets=ALL, rslora=rslora)
     # PEFT writes no tokenizer: the base's serves (train_math.py reads it before the model)
     assert tokenizer_directory(str(tmp_path / "peft")) == base
     x = ids(model.config.vocab_size)
@@ -193,6 +196,9 @@ def test_peft_loads_the_adapters_minigrpo_saves(base, tmp_path):
     x = ids(model.config.vocab_size)
     with torch.no_grad():
         torch.testing.assert_close(theirs(input_ids=x).logits, model(x), rtol=0, atol=1e-5)
+    again, _ = minigrpo.load_pretrained(str(tmp_path / "ours"))  # and minigrpo reads its rsLoRA back
+    assert again.adapters == model.adapters
+    torch.testing.assert_close(again(x), model(x), rtol=0, atol=0)
 
 
 def test_merge_lora_writes_a_full_checkpoint_with_the_adapted_logits(examples_server, base, tmp_path):
@@ -222,6 +228,23 @@ def test_eval_math_and_sample_take_an_adapter_checkpoint(examples_server, base, 
     assert examples_server.run("sample.py", common + sampled, str(tmp_path), "sample") == 0, (
         tmp_path / "sample.err"
     ).read_text()[-2000:]
+
+
+def test_dropout_drops_an_adapter_s_input_while_training_and_never_in_eval(base):
+    model, _ = adapted(base, Adapters(rank=3, alpha=6, targets=("down_proj",), dropout=0.5))
+    projection = model.layers[0].mlp.down_proj
+    W, A, B, s = projection.weight, projection.lora_A.weight, projection.lora_B.weight, projection.scaling
+    x = torch.randn(2, 5, projection.in_features, generator=torch.Generator().manual_seed(3))  # (B, T, in)
+    with torch.no_grad():
+        projection.eval()
+        torch.testing.assert_close(projection(x), x @ W.T + s * (x @ A.T @ B.T), rtol=0, atol=1e-6)
+        projection.train()
+        torch.manual_seed(11)
+        dropped = projection(x)
+        torch.manual_seed(11)  # the same draw: each input kept times 1 / (1 - p) = 2, or 0
+        kept = torch.nn.functional.dropout(torch.ones_like(x), p=0.5)
+        assert set(kept.unique().tolist()) == {0.0, 2.0}
+        torch.testing.assert_close(dropped, x @ W.T + s * ((x * kept) @ A.T @ B.T), rtol=0, atol=1e-6)
 
 
 def lora_trainer(model_path: str, tmp_path, grpo=None, dtype=None, **train):
@@ -265,6 +288,25 @@ def test_the_reference_is_the_base_with_adapters_off_and_only_adapters_reach_ada
         mask = torch.ones_like(x)
         theirs = minigrpo.update.TokenLogprobs(plain)(x, mask, 4, 1.0)[0]
         torch.testing.assert_close(reference(x, mask, 4, 1.0)[0], theirs, rtol=0, atol=0)
+
+
+def test_the_run_s_lora_settings_reach_its_adapters(base, tmp_path):
+    settings = dict(
+        lora_alpha=12.0, use_rslora=True, lora_dropout=0.1, lora_target_modules="down_proj,q_proj"
+    )
+    trainer = lora_trainer(base, tmp_path, seed=7, **settings)  # lora_rank 4
+    wanted = Adapters(rank=4, alpha=12.0, targets=("q_proj", "down_proj"), dropout=0.1, rslora=True)
+    assert trainer.adapters == wanted
+    modules = {name: m for name, m in trainer.model.named_modules() if hasattr(m, "lora_A")}
+    assert sorted(modules) == [
+        f"layers.{i}.{p}" for i in (0, 1) for p in ("mlp.down_proj", "self_attn.q_proj")
+    ]
+    assert all(m.scaling == 12.0 / 2.0 and m.dropout.p == 0.1 for m in modules.values())  # alpha / sqrt(r)
+    # A drawn from the run's seed, as add_adapters draws it from 7 (and not from 0)
+    for seed, same in [(7, True), (0, False)]:
+        model, _ = minigrpo.load_pretrained(base)
+        drawn = adapter_state(add_adapters(model, wanted, seed=seed))
+        assert all(torch.equal(p, drawn[name]) for name, p in adapter_state(trainer.model).items()) == same
 
 
 def trainer_parameters(model) -> float:
