@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from test_crash_safety import ARGS as CRASH_ARGS
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer, distributed
 from minigrpo.model import (
     AdapterError,
     Adapters,
@@ -307,6 +307,8 @@ def test_the_run_s_lora_settings_reach_its_adapters(base, tmp_path):
         model, _ = minigrpo.load_pretrained(base)
         drawn = adapter_state(add_adapters(model, wanted, seed=seed))
         assert all(torch.equal(p, drawn[name]) for name, p in adapter_state(trainer.model).items()) == same
+    assert trainer.base_sha256 == weights_sha256(base)  # pinned for its checkpoints
+    assert lora_trainer(base, tmp_path, lora_rank=0).base_sha256 is None  # trained whole: no base
 
 
 def trainer_parameters(model) -> float:
@@ -326,8 +328,37 @@ def test_a_run_starting_from_an_adapter_directory_continues_it_against_a_frozen_
     assert not any(p.requires_grad for p in trainer.reference.parameters())  # a frozen copy of the start
     x = ids(model.config.vocab_size)
     assert torch.equal(trainer.reference(x), model(x))
+    mask = torch.ones_like(x)
+    with torch.no_grad():  # the KL's reference log-probs are that copy's
+        theirs = minigrpo.update.TokenLogprobs(model)(x, mask, 4, 1.0)[0]
+        torch.testing.assert_close(trainer.updater.reference(x, mask, 4, 1.0)[0], theirs, rtol=0, atol=0)
+    assert trainer.model.name_or_path == os.path.abspath(base)  # its checkpoints name the base, not start
     with pytest.raises(ValueError, match="already has LoRA adapters.*leave the lora flags out"):
         lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=8)
+
+
+class TwoRanks(distributed.Dist):
+    """Rank 0 of two that checks nothing with the other (there is no process group): what a Trainer
+    decides before any collective, tested in one process."""
+
+    def check_same(self, values) -> None:
+        pass
+
+
+def test_adapters_put_on_in_memory_name_the_run_s_model_and_are_refused_under_fsdp_across_ranks(
+    base, tmp_path
+):
+    grpo = GRPOConfig(num_generations=4, max_completion_length=8)
+    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    settings = dict(output_dir=str(tmp_path / "run"), batch_size=8, micro_batch_size=4, progress_bar=False)
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
+    model.name_or_path = ""  # as a model built in memory, its adapters on
+    trainer = Trainer(model, tokenizer, task, grpo, TrainConfig(**settings), model_path=base)
+    assert trainer.model.name_or_path == base and trainer.base_sha256 is None  # its checkpoints name it
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
+    message = r"fsdp cannot be combined with LoRA \(the model was loaded with adapters\)"
+    with pytest.raises(ValueError, match=message):
+        Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings), dist=TwoRanks(world_size=2))
 
 
 @pytest.mark.parametrize(
@@ -513,8 +544,9 @@ def test_a_resume_refuses_a_base_whose_weights_changed_in_place(base, tmp_path):
     minigrpo.train(str(copy), task, grpo, TrainConfig(max_steps=1, **settings))
     saved = load_state(latest_checkpoint(str(tmp_path / "run")))
     assert saved["base_sha256"] == weights_sha256(str(copy))
-    resumed = TrainConfig(max_steps=2, resume=True, **settings)
-    assert build_run(str(copy), task, grpo, resumed).trainer.step == 1  # the same base: resumed
+    # the same base, and the same targets named otherwise (all-linear is the default's seven): resumed
+    resumed = TrainConfig(max_steps=2, resume=True, **settings, lora_target_modules="all-linear")
+    assert build_run(str(copy), task, grpo, resumed).trainer.step == 1
     weights = load_file(copy / "model.safetensors")
     weights["model.norm.weight"][0] = torch.nextafter(weights["model.norm.weight"][0], torch.tensor(9.0))
     save_file(weights, copy / "model.safetensors", metadata={"format": "pt"})  # one float's last bit
