@@ -356,6 +356,9 @@ def test_adapters_put_on_in_memory_name_the_run_s_model_and_are_refused_under_fs
     trainer = Trainer(model, tokenizer, task, grpo, TrainConfig(**settings), model_path=base)
     assert trainer.model.name_or_path == base and trainer.base_sha256 is None  # its checkpoints name it
     model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
+    one_process = Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings))
+    assert one_process.adapters is not None  # fsdp is a setting of several ranks: one trains as it is
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
     message = r"fsdp cannot be combined with LoRA \(the model was loaded with adapters\)"
     with pytest.raises(ValueError, match=message):
         Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings), dist=TwoRanks(world_size=2))
