@@ -11,8 +11,9 @@ minigrpo and in transformers alone (no peft), with the adapter directory's token
 the adapted model's logits.
 
 The output is written whole or not at all: into a temporary directory beside it, then renamed into
-place (what a killed merge left there, the next save there deletes). It is a new or an empty directory, or, with --overwrite, a Hugging Face checkpoint (a model's
-files and nothing else: no adapter, trainer state, log or folder), which is then replaced whole. It is
+place (what a killed merge left there, the next save there deletes). It is a new or an empty
+directory, or, with --overwrite, a Hugging Face checkpoint (a model's files and nothing else: no
+adapter, trainer state, log or folder), which is then replaced whole. It is
 never the adapter or its base, a directory that holds either, or one inside either (compared by real
 paths: symlinks followed). All of this, and that a file can be written there, is checked before the
 base is read; a full disk is one line, with nothing of the merge left.

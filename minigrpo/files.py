@@ -2,11 +2,12 @@
 
 In: paths and JSON-able data. Out: files replaced by rename (`replaced_whole`, `replace_json`, and
 `replace_dir` of a `directory_beside` the target, whose leftovers after a kill the next replacement
-deletes: `remove_leftovers`), JSON objects read back (`read_json_object`), a full disk as one
-`DiskFull` line naming the path and the space left, and whether a directory takes a new file
-(`write_probe`, which the tools run on their outputs before any work). It knows the file system, not
-what the files hold: run/checkpoint.py, model/weights.py, run/metrics.py, run/trace.py and the tools
-use it.
+deletes: `remove_leftovers`), JSON objects read back (`read_json_object`), a named pipe or a directory
+where a file should be refused before it is opened (`regular_file`), a full disk as one `DiskFull` line
+naming the path and the space left, and whether a directory takes a new file (`write_probe`, which the
+tools run on their outputs before any work). It knows the file system, not what the files hold:
+run/checkpoint.py, model/ (weights, tokenizer, adapter files), run/metrics.py, run/trace.py and the
+tools use it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 
 
@@ -64,8 +66,34 @@ def _free_space(path: str) -> str:
     return f"{free / 2**20:.1f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
 
 
+# what a path that is not a regular file is, by its stat mode's type test
+SPECIAL_FILES = {
+    stat.S_ISFIFO: "a named pipe (FIFO)",
+    stat.S_ISDIR: "a directory",
+    stat.S_ISSOCK: "a socket",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+}
+
+
+def regular_file(path: str) -> bool:
+    """Whether a file is at `path`: True for a regular file (or a link to one), False for nothing there;
+    anything else by that name (a named pipe, a directory, a device) is a ValueError naming it, since
+    reading a named pipe waits for a writer for ever and the others are not what a reader expects."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a broken link, a path through a file: as os.path.exists
+        return False
+    if not stat.S_ISREG(mode):
+        kind = next((name for is_kind, name in SPECIAL_FILES.items() if is_kind(mode)), "not a file")
+        raise ValueError(f"{path} is {kind}, not a regular file")
+    return True
+
+
 def read_json_object(path: str, holding: str) -> dict:
-    """The JSON object in `path`; anything else (bad JSON, null, a list) is a ValueError naming the file."""
+    """The JSON object in `path`; anything else (bad JSON, null, a list, a named pipe) is a ValueError
+    naming the file."""
+    regular_file(path)  # a pipe or a directory is refused here; a missing file is open's FileNotFoundError
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import time
 
 import pytest
 import torch
@@ -474,3 +476,60 @@ def test_save_refuses_to_replace_a_file(tmp_path):
     with pytest.raises(minigrpo.CheckpointError, match="notes.txt is a file"):
         minigrpo.save_pretrained(tiny_model(), None, tmp_path / "notes.txt")
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+# --- a named pipe in place of a file: refused in one line, never read (a read waits for a writer) -----
+MODEL_FILES = [
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+]
+ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def checkpoint_with_every_file(directory) -> str:
+    """A tiny checkpoint with a tokenizer, its side files and a chat template."""
+    minigrpo.save_pretrained(tiny_model(vocab_size=300), tiny_tokenizer(str(directory)), directory)
+    (directory / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return str(directory)
+
+
+def load_with_a_deadline(path: str, fifo: str, seconds: float = 30.0) -> Exception | None:
+    """What load_pretrained(path) raises (None if it loads). A load still waiting on the FIFO after
+    `seconds` is let go by another process, which opens the pipe's write end and closes it (again for
+    each later open) so that every read ends, and the test fails. (A thread with a deadline could not
+    do it: safetensors and tokenizers wait in open() holding the GIL.)"""
+    releaser = subprocess.Popen(["sh", "-c", 'sleep "$0"; while :; do : > "$1"; done', str(seconds), fifo])
+    started = time.monotonic()
+    try:
+        minigrpo.load_pretrained(path)
+        error = None
+    except Exception as raised:
+        error = raised
+    finally:
+        waited = time.monotonic() - started
+        releaser.kill()
+        releaser.wait()
+    assert waited < seconds, f"load_pretrained waited on the named pipe {fifo} for {waited:.0f} s"
+    return error
+
+
+@pytest.mark.parametrize("name", MODEL_FILES + ADAPTER_FILES)
+def test_a_named_pipe_in_place_of_a_file_is_refused_in_one_line(tmp_path, name):
+    path = checkpoint_with_every_file(tmp_path / "base")
+    if name in ADAPTER_FILES:
+        model, tokenizer = minigrpo.load_pretrained(path)
+        minigrpo.model.add_adapters(model, minigrpo.model.Adapters(rank=2, alpha=4, targets=("q_proj",)))
+        minigrpo.save_pretrained(model, tokenizer, tmp_path / "adapter")
+        path = str(tmp_path / "adapter")
+    fifo = os.path.join(path, name)
+    if os.path.exists(fifo):
+        os.remove(fifo)
+    os.mkfifo(fifo)
+    error = load_with_a_deadline(path, fifo)
+    assert isinstance(error, ValueError), error
+    assert str(error) == f"{fifo} is a named pipe (FIFO), not a regular file"

@@ -27,6 +27,7 @@ from .lora import (
     adapters_of,
     adapters_off,
     add_adapters,
+    check_rank,
     merged,
     set_dropout,
     trainable_parameters,
@@ -47,6 +48,7 @@ from .weights import (
     save_pretrained,
     to_hf_state_dict,
     tokenizer_directory,
+    weights_sha256,
     write_files,
 )
 
@@ -57,6 +59,7 @@ __all__ = [
     "adapters_of",
     "adapters_off",
     "add_adapters",
+    "check_rank",
     "is_adapter_directory",
     "load_adapter",
     "merged",
@@ -84,5 +87,6 @@ __all__ = [
     "save_pretrained",
     "to_hf_state_dict",
     "tokenizer_directory",
+    "weights_sha256",
     "write_files",
 ]

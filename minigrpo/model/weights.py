@@ -12,6 +12,7 @@ It knows files, names and shapes, not training.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import re
 
@@ -23,6 +24,7 @@ from ..files import (
     directory_beside,
     disk_full_named,
     read_json_object,
+    regular_file,
     remove_leftovers,
     replace_dir,
     write_json,
@@ -177,7 +179,7 @@ def download(repo_id: str, local_dir: str | None = None, revision: str | None = 
 
 def read_config(directory: str) -> Qwen3Config:
     path = os.path.join(directory, "config.json")
-    if not os.path.exists(path):
+    if not _present(path):
         raise CheckpointError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
     settings = _read_json(path, "the model's settings")
     try:
@@ -188,7 +190,7 @@ def read_config(directory: str) -> Qwen3Config:
 
 def read_tokenizer(directory: str) -> Tokenizer | None:
     """The directory's Tokenizer, None without a tokenizer.json, a CheckpointError for a bad one."""
-    if not os.path.exists(os.path.join(directory, "tokenizer.json")):
+    if not _present(os.path.join(directory, "tokenizer.json")):
         return None
     try:
         return Tokenizer.from_directory(directory)
@@ -200,12 +202,12 @@ def weight_files(directory: str) -> dict[str, str]:
     """Map each tensor name to the safetensors file (full path) that holds it."""
     index_path = os.path.join(directory, INDEX_FILE)
     single_path = os.path.join(directory, SINGLE_FILE)
-    if os.path.exists(index_path):
+    if _present(index_path):
         weight_map = _read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index_path} has no weight_map of tensor names to files")
         return {name: os.path.join(directory, file) for name, file in weight_map.items()}
-    if os.path.exists(single_path):
+    if _present(single_path):
         with _open_safetensors(single_path) as f:
             return {name: single_path for name in f.keys()}
     pickled = [f for f in os.listdir(directory) if f.endswith((".bin", ".pt", ".pth"))]
@@ -233,6 +235,21 @@ def check_tensors(directory: str) -> None:
         shape = tuple(handles[files[name]].get_slice(name).get_shape())
         if shape != tuple(param.shape):
             raise CheckpointError(_shape_error(name, directory, shape, param.shape))
+
+
+def weights_sha256(path_or_repo_id: str) -> str:
+    """The sha256 of a checkpoint's weights: each tensor's name, dtype, shape and bytes, in name order
+    (the same however the files are sharded). It pins the base a LoRA run's adapters go on; it reads
+    every byte (about a second a gigabyte)."""
+    directory = resolve_checkpoint(path_or_repo_id)
+    files = weight_files(directory)
+    digest = hashlib.sha256()
+    handles = {}
+    for name in sorted(files):
+        tensor = _read_tensor(handles, files[name], name)
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its bytes, whatever its dtype
+    return digest.hexdigest()
 
 
 def _load_weights(model: Qwen3, directory: str) -> None:
@@ -280,7 +297,7 @@ def _read_tensor(handles: dict, path: str, name: str) -> torch.Tensor:
 
 def _open_safetensors_listed(path: str):
     """_open_safetensors of a file the weight map names, which may not exist."""
-    if not os.path.exists(path):
+    if not _present(path):
         raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
     return _open_safetensors(path)
 
@@ -300,7 +317,7 @@ def tokenizer_directory(path_or_repo_id: str) -> str:
     """Where a checkpoint's tokenizer files are: its own directory, or for an adapter directory without
     them (PEFT writes none), its base's."""
     directory = resolve_checkpoint(path_or_repo_id)
-    if not is_adapter_directory(directory) or os.path.isfile(os.path.join(directory, "tokenizer.json")):
+    if not is_adapter_directory(directory) or _present(os.path.join(directory, "tokenizer.json")):
         return directory
     _, base = read_adapter_config(directory)
     if not base:
@@ -317,12 +334,21 @@ def read_task(directory: str) -> dict:
     if os.path.isdir(directory) and is_adapter_directory(directory):
         directory = tokenizer_directory(directory)  # the base's settings, if the adapter has none
     path = os.path.join(directory, "tokenizer_config.json")
-    if not os.path.isfile(path):
+    if not _present(path):
         return {}
     task = _read_json(path, "the tokenizer's settings").get("minigrpo_task", {})
     if not isinstance(task, dict):
         raise CheckpointError(f"{path}: minigrpo_task must map option names to values, got {task!r:.80}")
     return task
+
+
+def _present(path: str) -> bool:
+    """Whether the file is there (files.regular_file): a named pipe or a directory in its place is a
+    CheckpointError naming it, never opened (a pipe's read would wait for a writer for ever)."""
+    try:
+        return regular_file(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _read_json(path: str, holding: str) -> dict:
