@@ -18,7 +18,8 @@ The budget, so that an answer is a function of the call alone:
     most MAX_WORK in all, so a sum of ten thousand small terms is cheap and one of a billion is refused.
     Any other term (`\\sqrt{k}`, `\\sin k`) goes through the parser's checked arithmetic and sympy, and
     its operations are counted, at most MAX_OPERATIONS in all (a term of `\\sqrt{k}+1` costs two; a
-    nested sum's terms count once per outer term);
+    nested sum's terms count once per outer term). Reading a term costs SETUP_WORK each time a sum
+    starts; a sum's inner sums start once per term, which is counted before its first term;
   - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits, and no root
     taken of an exact number over the parser's MAX_ARGUMENT_BITS (verifier/arithmetic.py);
   - the answer: exact up to MAX_RESULT_CHARS characters, else 15 significant digits.
@@ -52,7 +53,7 @@ MAX_OPERATIONS = 500  # in all the terms of its sums and products that sympy com
 MAX_WORK = 2_000_000  # word operations in all its sums' and products' polynomial terms (`_polynomial_work`)
 MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
 FRACTION_WORK = 20  # a fraction added to a partial result, in word operations (`_polynomial_work`)
-SETUP_WORK = 10_000  # reading a term as polynomials (sympy's together and Poly), each time a sum starts
+SETUP_WORK = 10_000  # reading a term (sympy's together and Poly), in word operations, each time a sum starts
 MAX_EXPANDED_DEGREE = 16  # a power of a sum in the index, (k+1)^{16}, is expanded up to this degree
 MAX_DEGREE = 100  # a polynomial term's powers of the index, at most (beyond it sympy computes the term)
 MAX_ARGUMENT_DIGITS = 300  # digits of a number inside a function (sin, exp, log) evaluated to 15 digits
@@ -130,11 +131,14 @@ class _Evaluation:
         last = self.text(uppers[placeholder], indices)
         if not (first.is_Integer and last.is_Integer):
             raise CalculatorError("a sum or product needs whole numbers as its bounds")
+        terms = max(int(last) - int(first) + 1, 0)
+        # reading this sum's term, now, and its inner sums' terms once per term, sure to follow
+        self.count_work(SETUP_WORK, ahead=terms * _inner_big_operators(body) * SETUP_WORK)
         is_sum = isinstance(node, sympy.Sum)
         polynomials = _as_polynomials(body.xreplace(indices), index)
         if polynomials is not None:
             return self.polynomial_terms(*polynomials, int(first), int(last), is_sum)
-        self.operations += max(int(last) - int(first) + 1, 0) * _operations(body, index)
+        self.operations += terms * _operations(body, index)
         if self.operations > MAX_OPERATIONS:
             raise CalculatorError(f"more than {MAX_OPERATIONS} operations in sums and products")
         exact = sympy.Integer(0 if is_sum else 1)  # the exact part so far
@@ -151,15 +155,20 @@ class _Evaluation:
                 raise CalculatorError("result too large")
         return sympy.Add(exact, *others) if is_sum else sympy.Mul(exact, *others)
 
+    def count_work(self, work: int, ahead: int = 0) -> None:
+        """Count `work` word operations; refuse the call if they, with `ahead` more sure to follow, pass
+        MAX_WORK."""
+        self.work += work
+        if self.work + ahead > MAX_WORK:
+            raise CalculatorError(f"more than {MAX_WORK:,} word operations in sums and products")
+
     def polynomial_terms(
         self, numerator: list[Fraction], denominator: list[Fraction], first: int, last: int, is_sum: bool
     ) -> sympy.Rational:
         """A sum or product of numerator(k) / denominator(k) for k from first to last (coefficients highest
         degree first), in exact Python integers and fractions: its work counted before any term, its
         partial result measured as it grows."""
-        self.work += SETUP_WORK + _polynomial_work(numerator, denominator, first, last)
-        if self.work > MAX_WORK:
-            raise CalculatorError(f"more than {MAX_WORK:,} word operations in sums and products")
+        self.count_work(_polynomial_work(numerator, denominator, first, last))
         scale = _common_denominator(numerator + denominator)
         above = [int(c * scale) for c in numerator]  # numerator(k) * scale, in integers
         below = [int(c * scale) for c in denominator]
@@ -253,6 +262,13 @@ def _as_polynomials(body: sympy.Expr, index: sympy.Symbol) -> tuple[list, list] 
     for polynomial in polynomials:
         coefficients.append([Fraction(int(c.numerator), int(c.denominator)) for c in polynomial.all_coeffs()])
     return coefficients[0], coefficients[1]
+
+
+def _inner_big_operators(body: sympy.Expr) -> int:
+    """The sums and products in `body` that lie in no other one of them: each starts once per term."""
+    if isinstance(body, (sympy.Sum, sympy.Product)):
+        return 1
+    return sum(_inner_big_operators(arg) for arg in body.args)
 
 
 def _degree_bound(expression: sympy.Expr, index: sympy.Symbol) -> int:
