@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import minigrpo
 from minigrpo.verifier import (
     TIME_LIMIT,
+    Unsupported,
     VerifierError,
     answers_match,
     extract_answer,
@@ -25,6 +26,7 @@ from minigrpo.verifier import (
     math_reward,
     math_rewards,
     normalize,
+    parse_math,
 )
 from minigrpo.verifier import worker_pool as bounded
 from minigrpo.verifier.closed_forms import sample_points
@@ -526,6 +528,15 @@ def test_a_repeating_block_too_long_is_refused_at_once():
 )
 def test_a_limit_of_a_body_without_its_variable_is_the_body(pred, gold, expected):
     assert answers_match(pred, gold) is expected
+
+
+def test_a_power_of_a_product_with_a_variable_is_estimated_before_it_is_computed():
+    """(7x)^{10^7} is 7^{10^7} x^{10^7} to sympy, which computed 7^{10^7} (seconds) before any check."""
+    with pytest.raises(Unsupported, match="power too large"):
+        parse_math(r"(7x)^{10^{7}}")
+    with pytest.raises(Unsupported, match="power too large"):
+        parse_math(r"(\sqrt{2} x)^{10^{7}}")
+    assert parse_math(r"(7x)^{3}").value == 343 * sympy.Symbol("x") ** 3
 
 
 # -- time bounds --------------------------------------------------------------------------------

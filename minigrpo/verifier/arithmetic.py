@@ -1,8 +1,9 @@
 """Stage 2 of the loop, reward: arithmetic on parsed values, refused when the result would be huge.
 
 Every operation `parse` performs goes through these functions. Powers and factorials are refused
-from an estimate of their size before anything is computed (9^{9^{9^9}}, (10^{100000})!), exact
-rationals past MAX_BITS after; operations on tuples, sets, intervals or relations are refused.
+from an estimate of their size before anything is computed (9^{9^{9^9}}, (10^{100000})!, and
+(7x)^{10^7}, whose 7^{10^7} sympy computes at once), exact rationals past MAX_BITS after; operations on
+tuples, sets, intervals or relations are refused.
 """
 
 from __future__ import annotations
@@ -70,13 +71,24 @@ def power(base, exponent):
     exponent = scalar(exponent)
     if isinstance(exponent, sympy.MatrixBase) or isinstance(base, sympy.MatrixBase):
         raise Unsupported("matrix powers")
-    if base.is_number and exponent.is_number and _result_bits(base, exponent) > MAX_BITS:
-        raise Unsupported("power too large")
+    raised = _raised_part(base)
+    if exponent.is_number:
+        bits = _result_bits(raised, exponent)
+        if bits > MAX_BITS:
+            raise Unsupported("power too large")
     if base == 0 and exponent.is_number and exponent.is_negative:
         raise Unsupported("division by zero")
     if exponent.is_Rational and not exponent.is_Integer:
-        checked_argument(base, "a root")
+        checked_argument(raised, "a root")
     return _checked(base**exponent)
+
+
+def _raised_part(base):
+    """The part of `base` that sympy raises to a number at once: the base itself if it is a number, else
+    the numbers it is a product of ((7x)^{10^7} is 7^{10^7} x^{10^7}); 1 if none."""
+    if base.is_number:
+        return base
+    return sympy.Mul(*[factor for factor in sympy.Mul.make_args(base) if factor.is_number])
 
 
 def checked_argument(value, what: str):
@@ -93,7 +105,8 @@ def checked_argument(value, what: str):
 
 
 def _result_bits(base, exponent) -> float:
-    """An upper estimate of log2 |base ** exponent| (inf when it cannot be estimated cheaply)."""
+    """An upper estimate of the bits of base ** exponent: of its numerator and denominator, for a
+    rational base and exponent; else of log2 |base ** exponent| (inf when it cannot be estimated cheaply)."""
     if not exponent.is_real:
         return 0.0 if not exponent.is_Rational else math.inf
     if exponent.is_Rational:
@@ -105,6 +118,8 @@ def _result_bits(base, exponent) -> float:
         e = abs(float(sympy.N(exponent, 15))) if len(exponent.free_symbols) == 0 else math.inf
     if base in (0, 1, -1) or e == 0:
         return 0.0
+    if isinstance(base, sympy.Rational) and exponent.is_Rational:
+        return e * (math.log2(abs(base.p)) + math.log2(base.q)) + 1  # exact, up to float rounding
     magnitude = _log2_abs(base)
     return e * max(abs(magnitude), 1.0)
 
