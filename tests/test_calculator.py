@@ -18,6 +18,7 @@ import minigrpo.tools.calculator_pool as calculator_module
 import minigrpo.tools.calculator_worker as calculator_worker
 from minigrpo.model import Tokenizer
 from minigrpo.tools import CalculatorError, ToolError, ToolRunner, calculator
+from minigrpo.verifier import Unsupported, bounded_work, checked_mul
 
 CALC_MARKERS = ("<calc>", "</calc>", "<out>", "</out>")
 BENIGN = {
@@ -30,6 +31,7 @@ BENIGN = {
     r"\sum_{k=1}^{10} \frac{1}{k}": "7381/2520",
     "3-5*2": "-7",
 }
+_FIVE_BINOMIALS = "+".join(rf"\binom{{{100000 - i}}}{{50000}}" for i in range(5))
 HOSTILE = [
     r"\sum_{k=1}^{10^9} \sin k",
     r"\sum_{k=0}^{60} 2^{2^k}",
@@ -164,6 +166,20 @@ def test_hostile_calls_beside_benign_ones_are_bounded_and_the_interpreter_exits(
         (r"\sin(10^{500})", "a number of more than 300 digits in sin"),  # by the calculator
         # a power of a product with a variable: sympy raises its number at once, 7^{10^7}, past the CPU limit
         (r"\sum_{k=1}^{2} (7k)^{10^7}", "result too large"),
+        # the exact work of the whole call, each operation allowed alone: five binomials (past the CPU
+        # limit), three roots of 600-digit numbers, a 400,000-bit fraction reduced, roots of a sum's terms
+        (_FIVE_BINOMIALS, "more than 300,000,000 word products of exact arithmetic"),
+        (
+            "+".join(rf"\binom{{{40000 - i}}}{{20000}}" for i in range(5)),
+            "more than 300,000,000 word products",
+        ),
+        (r"\sqrt{10^{600}+1}+\sqrt{10^{600}+2}+\sqrt{10^{600}+3}", "more than 300,000,000 word products"),
+        (r"\frac{3^{250000}}{7^{140000}+1}", "more than 300,000,000 word products"),
+        (
+            r"\sum_{k=1}^{100} \lfloor \frac{\sqrt{10^{600}+k}}{10^{300}} \rfloor",
+            "more than 300,000,000 word",
+        ),
+        (r"\binom{-1}{100000}", "result too large"),  # 100,000 steps of sympy's loop (timed out)
     ],
 )
 def test_a_call_over_the_budget_is_refused_before_it_is_computed(expression, error):
@@ -259,6 +275,12 @@ def test_a_refusal_is_a_tool_error():
         (r"\prod_{k=1}^{150} \frac{2^{65} |k|}{k}", "1.10270088674780e+2935"),  # exact terms add no bit of 1
         (r"\sqrt{2^{1999}}", "7.57671002241162e+300"),  # 2,000 bits: a root still taken
         (r"(10^{700})^2", "1.00000000000000e+1400"),  # an integer power of a big number: no root
+        # binomials: of \pi, evaluated rather than expanded (\binom{\pi}{300} timed out); of a negative
+        # number, in k steps; of a natural number, 10,534 digits, within the exact work
+        (r"\binom{\pi}{3}", "1.28010813070189"),
+        (r"\binom{\pi}{300}", "5.53942557085501e-11"),
+        (r"\binom{-3}{5}", "-21"),
+        (r"\binom{35000}{17500}", "4.78355945893448e+10533"),
     ],
 )
 def test_budget_edges_are_answered(expression, value):
@@ -299,3 +321,19 @@ def test_inner_sums_are_counted_before_the_first_term(monkeypatch):
     nested = r"\sum_{j=1}^{500}\sum_{k=1}^{2} \frac{(k+1)^{9}+3}{(k+2)^{9}+7}"
     assert verdict(nested).startswith("error: more than 2,000,000 word operations"), verdict(nested)
     assert terms_read == []
+
+
+def test_the_budget_counts_each_exact_operation_before_it_is_computed():
+    """Within bounded_work, an operation is refused once the work of all of them would pass the bound:
+    a product of two integers of 3 and 2 words is 6 word products, allowed at a bound of 6, not of 5."""
+    big = 2**150  # 3 words
+    medium = 2**100  # 2 words
+    with bounded_work(6):
+        assert checked_mul(big, medium) == 2**250
+    with bounded_work(5), pytest.raises(Unsupported, match="more than 5 word products"):
+        checked_mul(big, medium)
+    with bounded_work(11):
+        checked_mul(big, medium)
+        with pytest.raises(Unsupported, match="more than 11 word products"):  # 12 in all
+            checked_mul(big, medium)
+    assert checked_mul(big, big) == 2**300  # no bound outside bounded_work

@@ -7,9 +7,13 @@ never eval) and knows nothing of tokens, rows or the runner: calculator_pool.py 
 worker processes, which `serve` one expression per line, and registry.py registers the result as the
 "calculator".
 
-The budget, so that an answer is a function of the call alone:
-  - the parser's own checks: powers and factorials estimated before they are computed, exact numbers up
-    to 400,000 bits (verifier/arithmetic.py);
+The budget, so that an answer is a function of the call alone (and of no timer):
+  - the parser's own checks: powers, factorials and binomial coefficients estimated before they are
+    computed, exact numbers up to 400,000 bits (verifier/arithmetic.py);
+  - the work of all the exact arithmetic of a call (the parser's, and that of the terms of its sums),
+    each operation estimated before it is computed, at most MAX_EXACT_WORK word products
+    (verifier/costs.py: a product of m and n words costs m*n, a fraction reduced more, a root of a
+    600-digit number a great deal);
   - sums and products are evaluated here, not by sympy, one term at a time, their cost bounded before
     any term is computed and their partial results measured as they grow, within MAX_PARTIAL_BITS. A
     term that is a ratio of polynomials in the index with rational coefficients (`k`, `k^2+1`,
@@ -38,7 +42,7 @@ from functools import reduce
 
 import sympy
 
-from ..verifier import Unsupported
+from ..verifier import Unsupported, bounded_work
 from ..verifier import checked_add as add
 from ..verifier import checked_binomial as binomial
 from ..verifier import checked_factorial as factorial
@@ -51,6 +55,7 @@ MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
 MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
 MAX_OPERATIONS = 500  # in all the terms of its sums and products that sympy computes (see `_operations`)
 MAX_WORK = 2_000_000  # word operations in all its sums' and products' polynomial terms (`_polynomial_work`)
+MAX_EXACT_WORK = 300_000_000  # word products of all its exact arithmetic (verifier/costs.py)
 MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
 FRACTION_WORK = 20  # a fraction added to a partial result, in word operations (`_polynomial_work`)
 SETUP_WORK = 10_000  # reading a term (sympy's together and Poly), in word operations, each time a sum starts
@@ -74,7 +79,8 @@ def evaluate(expression: str) -> str:
     if _SIDE_BY_SIDE.search(text):
         raise CalculatorError("two numbers side by side: write an operator between them")
     try:
-        return _written(_Evaluation().text(text, {}))
+        with bounded_work(MAX_EXACT_WORK):
+            return _written(_Evaluation().text(text, {}))
     except (Unsupported, RecursionError) as error:
         raise CalculatorError(_reason(str(error))) from None
     except MemoryError:
@@ -85,7 +91,7 @@ def _reason(reason: str) -> str:
     """The parser's reason, as a short observation."""
     if "division by zero" in reason:
         return "division by zero"
-    if "of a number of more than" in reason:  # a root or a function of a huge exact number
+    if "of a number of more than" in reason or "word products" in reason:  # a huge root, the exact work
         return reason
     if "too large" in reason:
         return "result too large"
@@ -147,7 +153,7 @@ class _Evaluation:
         for k in range(int(first), int(last) + 1):
             term = self.value(body, uppers, {**indices, index: sympy.Integer(k)})
             number, other = term.as_coeff_Add() if is_sum else term.as_coeff_Mul()
-            exact = exact + number if is_sum else exact * number
+            exact = add(exact, number) if is_sum else mul(exact, number)
             if other != (0 if is_sum else 1):  # a term with no other part adds nothing to measure
                 others.append(other)
                 others_bits += _bits(other)
@@ -346,7 +352,7 @@ def _written(value: sympy.Expr) -> str:
     refused before it is evaluated)."""
     if not value.is_number or value.has(sympy.zoo, sympy.nan):
         raise CalculatorError("not an arithmetic expression")
-    if not value.is_real:
+    if value.is_real is False:
         raise CalculatorError("not a real number")
     if value.is_Rational and _bits(value) <= 4 * MAX_RESULT_CHARS:  # never str() a huge number
         exact = str(value)  # sympy writes 19432, and a fraction reduced, 7/2
@@ -355,7 +361,10 @@ def _written(value: sympy.Expr) -> str:
     for function in value.atoms(sympy.Function):
         if _bits(function) * 0.30103 > MAX_ARGUMENT_DIGITS:  # 0.30103 digits per bit
             raise CalculatorError(f"a number of more than {MAX_ARGUMENT_DIGITS} digits in {function.func}")
-    return str(sympy.N(value, 15))
+    approximation = sympy.N(value, 15)
+    if not approximation.is_real:  # a value sympy could not tell real before evaluating it (\binom{\pi}{3})
+        raise CalculatorError("not a real number")
+    return str(approximation)
 
 
 # --- a worker process -----------------------------------------------------------------------------
