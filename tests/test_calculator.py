@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import sympy.core.cache
 from helpers import ROOT, tiny_tokenizer
 
 import minigrpo.tools.calculator_pool as calculator_module
@@ -337,3 +338,34 @@ def test_the_budget_counts_each_exact_operation_before_it_is_computed():
         with pytest.raises(Unsupported, match="more than 11 word products"):  # 12 in all
             checked_mul(big, medium)
     assert checked_mul(big, big) == 2**300  # no bound outside bounded_work
+
+
+def test_an_answer_does_not_depend_on_the_calls_before_it():
+    """The same call in a fresh worker, and in that worker again after a related call: the same answer.
+    Five large binomials timed out in a fresh worker and were answered after three of them (sympy kept
+    their values); they are refused before anything is computed, and each call starts with sympy's cache
+    empty."""
+    worker = calculator_module._Worker()
+    try:
+        worker.wait_ready()
+        fresh = worker.ask(_FIVE_BINOMIALS)
+        worker.ask("+".join(rf"\binom{{{100000 - i}}}{{50000}}" for i in range(3)))
+        after_a_related_call = worker.ask(_FIVE_BINOMIALS)
+    finally:
+        worker.kill()
+    assert (
+        fresh == after_a_related_call == ["error", "more than 300,000,000 word products of exact arithmetic"]
+    )
+
+
+def test_a_call_finds_nothing_of_the_calls_before_it_in_sympys_cache():
+    """What sympy caches while computing a call is the same whatever was computed before it."""
+
+    def cached_after(*expressions) -> int:
+        for expression in expressions:
+            verdict(expression)
+        return sum(function.cache_info().currsize for function in sympy.core.cache.CACHE)
+
+    verdict(r"\sqrt{2}+\sqrt{3}")  # what sympy initialises once per process, out of the way
+    alone = cached_after(r"\sqrt{2}+\sqrt{3}")
+    assert cached_after(r"\sum_{k=1}^{30} \sqrt{k}", r"\sqrt{2}+\sqrt{3}") == alone

@@ -7,7 +7,8 @@ never eval) and knows nothing of tokens, rows or the runner: calculator_pool.py 
 worker processes, which `serve` one expression per line, and registry.py registers the result as the
 "calculator".
 
-The budget, so that an answer is a function of the call alone (and of no timer):
+The budget, so that an answer is a function of the call alone (and of no timer, nor of what the worker
+computed before: sympy's cache is emptied before each call):
   - the parser's own checks: powers, factorials and binomial coefficients estimated before they are
     computed, exact numbers up to 400,000 bits (verifier/arithmetic.py);
   - the work of all the exact arithmetic of a call (the parser's, and that of the terms of its sums),
@@ -41,6 +42,7 @@ from fractions import Fraction
 from functools import reduce
 
 import sympy
+from sympy.core.cache import clear_cache
 
 from ..verifier import Unsupported, bounded_work
 from ..verifier import checked_add as add
@@ -78,6 +80,7 @@ def evaluate(expression: str) -> str:
         raise CalculatorError("empty expression")
     if _SIDE_BY_SIDE.search(text):
         raise CalculatorError("two numbers side by side: write an operator between them")
+    clear_cache()  # what sympy kept from earlier calls: their work would make this one's cheaper
     try:
         with bounded_work(MAX_EXACT_WORK):
             return _written(_Evaluation().text(text, {}))
