@@ -181,6 +181,8 @@ def test_hostile_calls_beside_benign_ones_are_bounded_and_the_interpreter_exits(
             "more than 300,000,000 word",
         ),
         (r"\binom{-1}{100000}", "result too large"),  # 100,000 steps of sympy's loop (timed out)
+        ("3!!!", "not an arithmetic expression (three factorial marks)"),
+        (r"\sqrt[4]{-16}", "not a real number"),  # an even root of a negative number
     ],
 )
 def test_a_call_over_the_budget_is_refused_before_it_is_computed(expression, error):
@@ -322,6 +324,26 @@ def test_inner_sums_are_counted_before_the_first_term(monkeypatch):
     nested = r"\sum_{j=1}^{500}\sum_{k=1}^{2} \frac{(k+1)^{9}+3}{(k+2)^{9}+7}"
     assert verdict(nested).startswith("error: more than 2,000,000 word operations"), verdict(nested)
     assert terms_read == []
+
+
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        (r"\log_2 8", "3"),  # a one-digit subscript before a number is not two numbers side by side
+        (r"\log_2 \frac{1}{8}", "-3"),
+        (r"\log_2 10", "3.32192809488736"),
+        (r"\sum_{k=1}^9 2k", "90"),
+        (r"\sum_{k=1}^{5} k!", "153"),  # a factorial of the index, computed once it has a value
+        (r"\sum_{k=1}^{5} k!!", "29"),
+        ("3!!", "3"),  # the double factorial, not (3!)! (see verifier/parse.py's departures)
+        ("(3!)!", "720"),
+        (r"\sqrt[3]{-8}", "-2"),  # the real root of a negative number
+        (r"\sqrt[3]{-9}", "-2.08008382305190"),
+        (r"\sqrt[5]{-\frac{1}{32}}", "-1/2"),
+    ],
+)
+def test_small_exact_calls_are_answered(expression, value):
+    assert verdict(expression) == value
 
 
 def test_the_budget_counts_each_exact_operation_before_it_is_computed():

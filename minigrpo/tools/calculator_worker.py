@@ -47,6 +47,7 @@ from sympy.core.cache import clear_cache
 from ..verifier import Unsupported, bounded_work
 from ..verifier import checked_add as add
 from ..verifier import checked_binomial as binomial
+from ..verifier import checked_double_factorial as double_factorial
 from ..verifier import checked_factorial as factorial
 from ..verifier import checked_mul as mul
 from ..verifier import checked_power as power
@@ -64,7 +65,8 @@ SETUP_WORK = 10_000  # reading a term (sympy's together and Poly), in word opera
 MAX_EXPANDED_DEGREE = 16  # a power of a sum in the index, (k+1)^{16}, is expanded up to this degree
 MAX_DEGREE = 100  # a polynomial term's powers of the index, at most (beyond it sympy computes the term)
 MAX_ARGUMENT_DIGITS = 300  # digits of a number inside a function (sin, exp, log) evaluated to 15 digits
-_SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply
+# "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply; not a one-digit subscript or power (\log_2 8)
+_SIDE_BY_SIDE = re.compile(r"(?<![_^])\d\s+\.?\d|\.\d*\.")
 WARM_UP = ["1+1", "0.5", "\\sqrt{2}", "\\sum_{k=1}^{3} \\sin k"]  # sympy's first of each, before "ready"
 _BIG_OPERATOR = re.compile(r"\\(?:sum|prod)(?![A-Za-z])")
 
@@ -203,6 +205,7 @@ _CHECKED = {  # the operations a sum's body is built of, as the parser performs 
     sympy.Pow: power,
     sympy.binomial: binomial,
     sympy.factorial: factorial,
+    sympy.factorial2: double_factorial,
 }
 
 

@@ -155,11 +155,24 @@ def _log2_abs(x) -> float:
 
 
 def factorial(n):
-    n = scalar(n)
+    """n!, for a whole number up to MAX_FACTORIAL; of an expression with a variable (a sum's index), left
+    for when the variable has a value."""
+    return _checked_factorial(scalar(n), sympy.factorial, "factorial")
+
+
+def double_factorial(n):
+    """n!! = n (n - 2) (n - 4) ... down to 2 or 1, for a whole number up to MAX_FACTORIAL; of an expression
+    with a variable, left for when the variable has a value."""
+    return _checked_factorial(scalar(n), sympy.factorial2, "double factorial")
+
+
+def _checked_factorial(n, function, name: str):
+    if not n.is_number:
+        return function(n)
     if not (n.is_Integer and 0 <= n <= MAX_FACTORIAL):
-        raise Unsupported("factorial of a non-integer or too large a number")
+        raise Unsupported(f"{name} of a non-integer or too large a number")
     spend(loop_work, int(n), int(n) * math.log2(max(int(n), 1)), False)
-    return sympy.factorial(n)
+    return function(n)
 
 
 def binomial(n, k):
@@ -198,10 +211,15 @@ def _binomial_bits(n: sympy.Rational, steps: int) -> float:
 
 
 def root(value, index):
+    """The index-th root of value: of a negative number and an odd index, the real root (\\sqrt[3]{-8} is
+    -2, as in school mathematics; sympy's principal root, 1 + i\\sqrt{3}, is what a power (-8)^{1/3} is);
+    else the principal root."""
     value = scalar(value)
     index = scalar(index)
     if not (index.is_Integer and 2 <= index <= 100):
         raise Unsupported("root index must be a small integer")
+    if index.is_odd and value.is_number and value.is_extended_negative:
+        return mul(-1, power(mul(-1, value), sympy.Rational(1, index)))
     return power(value, sympy.Rational(1, index))
 
 
