@@ -242,6 +242,18 @@ def test_an_expensive_call_gets_the_same_answer_among_many_and_alone(tokenizer):
     assert observations(tokenizer, [expensive] * 8) == [value] * 8
 
 
+def test_a_worker_never_imports_torch():
+    """A worker imports sympy and the verifier, not the model's torch (it did, through the tools' door):
+    starting one costs a fraction of the time and memory."""
+    code = (
+        "import sys, minigrpo.tools.calculator_worker as worker; worker.evaluate('1+1'); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT}
+    )
+
+
 def test_a_worker_past_its_wall_time_is_killed_and_replaced(monkeypatch):
     """A call that has not answered KILL_AFTER seconds after its worker took it is answered "timed out"
     (TimeoutError: the runner counts it as such), its worker killed; the next call gets a fresh one."""
