@@ -12,11 +12,13 @@ import threading
 import time
 
 import pytest
+import sympy
 import sympy.core.cache
 from helpers import ROOT, tiny_tokenizer
 
 import minigrpo.tools.calculator_pool as calculator_module
 import minigrpo.tools.calculator_worker as calculator_worker
+import minigrpo.verifier.arithmetic as arithmetic
 from minigrpo.model import Tokenizer
 from minigrpo.tools import CalculatorError, ToolError, ToolRunner, calculator
 from minigrpo.verifier import Unsupported, bounded_work, checked_mul
@@ -411,3 +413,35 @@ def test_a_call_finds_nothing_of_the_calls_before_it_in_sympys_cache():
     verdict(r"\sqrt{2}+\sqrt{3}")  # what sympy initialises once per process, out of the way
     alone = cached_after(r"\sqrt{2}+\sqrt{3}")
     assert cached_after(r"\sum_{k=1}^{30} \sqrt{k}", r"\sqrt{2}+\sqrt{3}") == alone
+
+
+@pytest.mark.parametrize(
+    "operation, arguments, work",
+    [
+        # worked out by hand from verifier/costs.py's estimates (words: 1 + bits // 64)
+        ("add", (2**150, 2**100), 3 + 2),  # integers: one pass over 3 and 2 words
+        ("add", (sympy.Rational(1, 3), 2**100), 6 * 2 * 2),  # a fraction: GCD_WEIGHT * 2 * 2
+        ("mul", (2**150, 2**100), 3 * 2),
+        ("mul", (sympy.Rational(1, 3), 2**100), 6 * 2 * 2),
+        ("div", (2**150, 2**100), 6 * 3 * 2),  # a fraction reduced, even of integers
+        # 3^{100}: 100 * log2(3) + 1 = 159.5 bits, (1 + 159 // 64)^2; 2^{127}: 128 bits, 3 words
+        ("power", (3, 100), 3**2),
+        ("power", (2, 127), 3**2),
+        # \sqrt{2^{1999}}: a result of 1000.5 bits, (1 + 15)^2, and a root of 32 words, ROOT_WEIGHT * 32^2
+        ("power", (2**1999, sympy.Rational(1, 2)), 16**2 + 150_000 * 32**2),
+        ("factorial", (100,), 10 * 100 * (1 + 664 // 64)),  # 100 steps, 100 * log2(100) = 664.4 bits
+        # \binom{40}{20}: 20 steps, 20 * (6 - 5 + 3) = 80 bits
+        ("binomial", (40, 20), 10 * 20 * 2),
+        # \binom{-3}{16}: 16 steps on integers, 16 * (max(2, 5) + 1 + 1 + 5) = 192 bits, then reduced
+        ("binomial", (-3, 16), 10 * 16 * 4 + 6 * 4**2),
+        # \binom{1/3}{10}: 10 steps on fractions, 10 * (max(1, 5) + 1 + 2 + 4) = 120 bits, then reduced
+        ("binomial", (sympy.Rational(1, 3), 10), 40 * 10 * 2 + 6 * 2**2),
+    ],
+)
+def test_each_exact_operation_costs_its_estimate(operation, arguments, work):
+    """An exact operation is allowed within a bound of exactly its estimated work, refused one below it."""
+    checked = getattr(arithmetic, operation)
+    with bounded_work(work):
+        checked(*arguments)
+    with bounded_work(work - 1), pytest.raises(Unsupported, match=f"more than {work - 1:,} word products"):
+        checked(*arguments)
