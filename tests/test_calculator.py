@@ -423,6 +423,7 @@ def test_a_call_finds_nothing_of_the_calls_before_it_in_sympys_cache():
         ("add", (sympy.Rational(1, 3), 2**100), 6 * 2 * 2),  # a fraction: GCD_WEIGHT * 2 * 2
         ("mul", (2**150, 2**100), 3 * 2),
         ("mul", (sympy.Rational(1, 3), 2**100), 6 * 2 * 2),
+        ("mul", (sympy.pi, sympy.pi), 6 * 1 * 1),  # no exact number in either: a word each, at least
         ("div", (2**150, 2**100), 6 * 3 * 2),  # a fraction reduced, even of integers
         # 3^{100}: 100 * log2(3) + 1 = 159.5 bits, (1 + 159 // 64)^2; 2^{127}: 128 bits, 3 words
         ("power", (3, 100), 3**2),
