@@ -306,6 +306,12 @@ def test_a_refusal_is_a_tool_error():
         (r"\binom{\pi}{300}", "5.53942557085501e-11"),
         (r"\binom{-3}{5}", "-21"),
         (r"\binom{35000}{17500}", "4.78355945893448e+10533"),
+        (r"\sum_{k=0}^{10} \binom{10}{k}", "1024"),  # a binomial of the index, checked once it has a value
+        (r"\sum_{k=2}^{5} \binom{k}{2}", "20"),
+        (r"2^{\pi}", "8.82497782707629"),  # an irrational exponent, estimated from its value
+        (r"1^{10^{100}}", "1"),  # a power of 1 has no size, whatever its exponent
+        ("0!", "1"),
+        ("1000!", "4.02387260077094e+2567"),  # MAX_FACTORIAL
     ],
 )
 def test_budget_edges_are_answered(expression, value):
@@ -327,6 +333,12 @@ def test_budget_edges_are_answered(expression, value):
         # a product's constant denominator, measured before it is raised to the count of terms
         (r"\prod_{k=1}^{1000} \frac{1}{3^{1000}}", "result too large"),
         (r"\prod_{k=1}^{300000} \frac{1}{3}", "result too large"),
+        ("1001!", "result too large"),  # past MAX_FACTORIAL
+        (r"2^{\frac{1}{1001}}", "result too large"),  # a root of an index past 1,000
+        ("1e200000", "result too large"),  # a literal past MAX_BITS, refused before it is made
+        # a binomial of a number past 100,000, refused by its size before its work is counted (the
+        # verifier, which counts no work, relies on it)
+        (r"\binom{200000}{100000}", "result too large"),
         # a sum that starts again for each outer term pays each time for reading its term
         (
             r"\sum_{j=1}^{500}\sum_{k=1}^{2} \frac{(k+1)^{9}+3}{(k+2)^{9}+7}",
@@ -428,11 +440,13 @@ def test_a_call_finds_nothing_of_the_calls_before_it_in_sympys_cache():
         # 3^{100}: 100 * log2(3) + 1 = 159.5 bits, (1 + 159 // 64)^2; 2^{127}: 128 bits, 3 words
         ("power", (3, 100), 3**2),
         ("power", (2, 127), 3**2),
+        ("power", (sympy.Rational(2, 3), 100), 5**2),  # 100 * (log2(2) + log2(3)) + 1 = 259.5 bits
+        ("checked_literal", ("1", 640), 34**2),  # 1e640: (1 + 640) * 3.33 = 2134.5 bits, 34 words
         # \sqrt{2^{1999}}: a result of 1000.5 bits, (1 + 15)^2, and a root of 32 words, ROOT_WEIGHT * 32^2
         ("power", (2**1999, sympy.Rational(1, 2)), 16**2 + 150_000 * 32**2),
         ("factorial", (100,), 10 * 100 * (1 + 664 // 64)),  # 100 steps, 100 * log2(100) = 664.4 bits
-        # \binom{40}{20}: 20 steps, 20 * (6 - 5 + 3) = 80 bits
-        ("binomial", (40, 20), 10 * 20 * 2),
+        # \binom{60}{30}: 30 steps, 30 * (6 - 5 + 3) = 120 bits
+        ("binomial", (60, 30), 10 * 30 * 2),
         # \binom{-3}{16}: 16 steps on integers, 16 * (max(2, 5) + 1 + 1 + 5) = 192 bits, then reduced
         ("binomial", (-3, 16), 10 * 16 * 4 + 6 * 4**2),
         # \binom{1/3}{10}: 10 steps on fractions, 10 * (max(1, 5) + 1 + 2 + 4) = 120 bits, then reduced
@@ -446,3 +460,10 @@ def test_each_exact_operation_costs_its_estimate(operation, arguments, work):
         checked(*arguments)
     with bounded_work(work - 1), pytest.raises(Unsupported, match=f"more than {work - 1:,} word products"):
         checked(*arguments)
+
+
+def test_a_binomial_of_an_irrational_number_is_left_unexpanded():
+    """\\binom{\\pi}{300} stays a binomial, evaluated when its value is asked for: sympy expanded the product
+    of its 300 factors (past the CPU limit), to the same value."""
+    value = arithmetic.binomial(sympy.pi, 300)
+    assert value.func is sympy.binomial and value.args == (sympy.pi, 300)
