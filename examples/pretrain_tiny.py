@@ -122,7 +122,7 @@ for flag, value in (
     if value < 1:
         sys.exit(f"pretrain_tiny.py: {flag} must be a positive integer, got {value}")
 torch.manual_seed(args.seed)
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(min(2, torch.get_num_threads()))  # at most 2, fewer under OMP_NUM_THREADS
 EOS = "<|endoftext|>"
 TEMPLATE = template("tiny")
 

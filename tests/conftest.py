@@ -8,7 +8,11 @@ import torch
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread, here and in every process a test starts: the tests' tensors are too small to gain from a
+# second, and a second thread that waits for a busy core stalls every product. The other core is left
+# to the work beside the suite (below) and to the processes the tests start.
+torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 # Hypothesis profiles. "ci", loaded by default, is derandomised (a test's examples follow from the test
 # itself) and keeps no database of past failures, so a run decides the same way on every machine: a

@@ -3,9 +3,9 @@ checkpoint save, a prune, a metrics rewrite or the final rewrite of initial_eval
 hooks: the child patches the call it dies in (os.rename, torch.save, ...) before train_math starts.
 
 Children fork from a server (`Server`, this file run as a script) that has imported torch and
-everything train_math needs (tool_runner.py, which also runs the script) but run nothing: a
-process that has run OpenMP cannot fork safely. A run of a tiny model then takes a fraction of
-a second, with no interpreter to start and nothing to import.
+everything train_math needs (tool_runner.py, which also runs the script; pyplot, for the curves a
+finished run plots) but run nothing: a process that has run OpenMP cannot fork safely. A run of a tiny
+model then takes a fraction of a second, with no interpreter to start and nothing to import.
 """
 
 import itertools
@@ -17,8 +17,12 @@ import subprocess
 import sys
 import time
 
+import matplotlib
 import tool_runner  # imports torch and what the examples need; runs one as __main__ in a forked process
 import torch
+
+matplotlib.use("Agg")  # as plot_curves chooses it
+import matplotlib.pyplot  # noqa: E402, F401  (a finished train_math.py run plots its curves)
 
 from minigrpo.verifier import register_reward
 
