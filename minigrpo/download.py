@@ -15,8 +15,7 @@ import sys
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .flags import OneLineErrors
-from .model import CheckpointError, download, output_problem
-from .model.weights import CHECKPOINT_FILES
+from .model import CHECKPOINT_FILES, CheckpointError, download, output_problem
 
 PROG = "python -m minigrpo.download"
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")

@@ -35,6 +35,7 @@ from .lora import (
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 from .weights import (
+    CHECKPOINT_FILES,
     CheckpointError,
     check_tensors,
     download,
@@ -53,6 +54,7 @@ from .weights import (
 )
 
 __all__ = [
+    "CHECKPOINT_FILES",
     "AdapterError",
     "Adapters",
     "adapter_state",
