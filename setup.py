@@ -18,8 +18,8 @@ setup(
         "sympy",
         "numpy",
         # a checkpoint's own chat template (Jinja), rendered as transformers renders it; torch depends
-        # on jinja2 too, so it is installed wherever torch is
-        "jinja2>=3.1",
+        # on jinja2 too, so it is installed wherever torch is; before 3.1.6 a template escapes its sandbox
+        "jinja2>=3.1.6",
     ],
     extras_require={
         # transformers and peft are test oracles only: nothing under minigrpo/ imports them (peft reads and

@@ -15,13 +15,13 @@ supplies the defaults of --data, --difficulty, --template, --tools, --tool_forma
 to show how much a model leans on them.
 """
 
-import argparse
 import json
 import os
 import sys
 import time
 
 import minigrpo  # its names, and torch with them, are imported on first use
+from minigrpo.flags import OneLineErrors
 from minigrpo.model import read_task
 from minigrpo.tasks import TEMPLATES, load_problems, sources_of, template
 from minigrpo.verifier import RewardSpec
@@ -30,7 +30,7 @@ from minigrpo.verifier import RewardSpec
 EMBEDDED_MODEL = os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 )
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OneLineErrors(description=__doc__.splitlines()[0])
 parser.add_argument(
     "--model",
     default=EMBEDDED_MODEL,

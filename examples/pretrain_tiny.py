@@ -1,7 +1,8 @@
 """Make the embedded defaults: tiny Qwen3s that half know multi-step arithmetic, with or without a calculator.
 
-    python examples/pretrain_tiny.py                      # writes models/minigrpo-tiny-arith
-    python examples/pretrain_tiny.py --kind calc          # writes models/minigrpo-tiny-calc
+    python examples/pretrain_tiny.py --output runs/tiny-arith
+    python examples/pretrain_tiny.py --overwrite                  # replaces models/minigrpo-tiny-arith
+    python examples/pretrain_tiny.py --kind calc --overwrite      # replaces models/minigrpo-tiny-calc
 
 Supervised warm-up on generated worked solutions ("23*6=138;47+138=185;####185"), stopped early
 on purpose: GRPO needs a start that is right sometimes (20-50% greedy on held-out problems) and
@@ -15,14 +16,19 @@ the markers one token each). The loss skips the calculator's answers, which the 
 as GRPO's does. The model starts as an unreliable tool user that mostly computes in its head; its
 directory records its task (data kind, template, tools and their format, completion length) in
 tokenizer_config.json's "minigrpo_task", which train_math.py and eval_math.py take as defaults.
+
+The output is written whole or not at all (save_pretrained), with pretrain.json, the run's record. It is a
+new or an empty directory, or, with --overwrite, a checkpoint (a model's files and pretrain.json, nothing
+else), which is then replaced whole: the embedded defaults exist, so remaking one takes --overwrite. All of
+this, and that a file can be written there, is checked before any work.
 """
 
-import argparse
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import time
 
 import torch
@@ -30,6 +36,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
+from minigrpo.flags import OneLineErrors
+from minigrpo.model import output_problem
 from minigrpo.rollout import Rollout, collate
 from minigrpo.run import evaluate
 from minigrpo.tasks import generate_problems, template
@@ -59,11 +67,20 @@ KINDS = {
     ),
 }
 CALC_MARKERS = ["<calc>", "</calc>", "<out>", "</out>"]  # tools.py's compact format, one token each
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+RECORD = "pretrain.json"  # in the output, beside the checkpoint's files: the command and its figures
+parser = OneLineErrors(description=__doc__.split("\n")[0])
 parser.add_argument(
     "--kind", choices=list(KINDS), default="arithmetic", help="what the model learns to solve"
 )
-parser.add_argument("--output", help="None: models/minigrpo-tiny-arith or models/minigrpo-tiny-calc")
+parser.add_argument(
+    "--output",
+    help="a new or empty directory, or see --overwrite (default: models/minigrpo-tiny-arith or -calc)",
+)
+parser.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="replace the checkpoint already in --output, whole (never a directory holding anything else)",
+)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--max_steps", type=int, help="upper bound on warm-up steps (default: the kind's)")
 parser.add_argument(
@@ -77,27 +94,23 @@ parser.add_argument("--eval_every", type=int, default=25)
 parser.add_argument("--eval_count", type=int, default=200, help="held-out problems of the evaluations")
 
 
-def check_output(path: str) -> None:
-    """Before any work: --output is replaced whole by a directory made beside it, so its parent must be
-    writable."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        sys.exit(f"pretrain_tiny.py: --output {path} is a file; it must be a directory (or not exist yet)")
-    existing = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        sys.exit(f"pretrain_tiny.py: --output {path} cannot be created: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        sys.exit(f"pretrain_tiny.py: --output {path} cannot be written: no write permission in {existing}")
+def check_output(path: str, overwrite: bool) -> None:
+    """Before any work: --output is replaced whole by save_pretrained, so it is new, empty, or (with
+    --overwrite) a checkpoint of this script's, in a place that takes a new file."""
+    if not path:  # "" would be read as the working directory
+        sys.exit("pretrain_tiny.py: --output is empty: name a directory, such as runs/tiny (or leave it out)")
+    problem = output_problem(path, overwrite, also=(RECORD,))
+    if problem:
+        sys.exit(f"pretrain_tiny.py: --output {path} {problem}")
 
 
 args = parser.parse_args()
 kind = KINDS[args.kind]
 task = kind["task"]
-args.output = args.output or os.path.join(MODELS, kind["directory"])
+args.output = os.path.join(MODELS, kind["directory"]) if args.output is None else args.output
 args.max_steps = kind["max_steps"] if args.max_steps is None else args.max_steps
 args.stop_accuracy = kind["stop_accuracy"] if args.stop_accuracy is None else args.stop_accuracy
-check_output(args.output)
+check_output(args.output, args.overwrite)
 for flag, value in (("--learning_rate", args.learning_rate), ("--stop_accuracy", args.stop_accuracy)):
     if not math.isfinite(value):  # AdamW takes an inf learning rate; a nan accuracy is never reached
         sys.exit(f"pretrain_tiny.py: {flag} must be a finite number, got {value}")
@@ -109,7 +122,7 @@ for flag, value in (
     if value < 1:
         sys.exit(f"pretrain_tiny.py: {flag} must be a positive integer, got {value}")
 torch.manual_seed(args.seed)
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(min(2, torch.get_num_threads()))  # at most 2, fewer under OMP_NUM_THREADS
 EOS = "<|endoftext|>"
 TEMPLATE = template("tiny")
 
@@ -140,14 +153,14 @@ pieces = (
 backend.train_from_iterator(
     pieces, trainers.BpeTrainer(vocab_size=48, special_tokens=[EOS] + markers, show_progress=False)
 )
-staging = args.output + ".tokenizer-staging"
-os.makedirs(staging, exist_ok=True)
-backend.save(os.path.join(staging, "tokenizer.json"))
-with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": EOS, "pad_token": EOS, **({"minigrpo_task": task} if task else {})}, f)
-with open(os.path.join(staging, "generation_config.json"), "w") as f:
-    json.dump({"eos_token_id": [backend.token_to_id(EOS)], "pad_token_id": backend.token_to_id(EOS)}, f)
-tokenizer = minigrpo.Tokenizer.from_directory(staging)
+# its files, read back as a Tokenizer, in a temporary directory: not beside --output, which is replaced whole
+with tempfile.TemporaryDirectory(prefix="minigrpo-tokenizer-") as staging:
+    backend.save(os.path.join(staging, "tokenizer.json"))
+    with open(os.path.join(staging, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": EOS, "pad_token": EOS, **({"minigrpo_task": task} if task else {})}, f)
+    with open(os.path.join(staging, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [backend.token_to_id(EOS)], "pad_token_id": backend.token_to_id(EOS)}, f)
+    tokenizer = minigrpo.Tokenizer.from_directory(staging)
 eos = tokenizer.eos_token_id
 
 # 3. Model: Qwen3's architecture at 0.6 M parameters.
@@ -238,11 +251,11 @@ if task:  # how much it leans on the calculator: calls per completion, and accur
     calls = greedy.tool_calls_per_completion
     print(f"greedy: {calls:.2f} calculator calls per completion; with the calculator off {without:.3f}")
 minigrpo.save_pretrained(model, tokenizer, args.output)
-with open(os.path.join(args.output, "pretrain.json"), "w") as f:
+with open(os.path.join(args.output, RECORD), "w") as f:
     json.dump(
         {
             "command": "python examples/pretrain_tiny.py "
-            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "output")
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k not in ("output", "overwrite"))
             + f" --output {os.path.relpath(args.output)}",
             "steps": step,
             "greedy_accuracy": accuracy,
@@ -254,7 +267,4 @@ with open(os.path.join(args.output, "pretrain.json"), "w") as f:
         f,
         indent=1,
     )
-for name in os.listdir(staging):
-    os.remove(os.path.join(staging, name))
-os.rmdir(staging)
 print(f"saved to {args.output}")

@@ -8,11 +8,11 @@ format rewards (the format reward asks for a <think> block only with the "chat" 
 look at a policy before and after training; nothing is written.
 """
 
-import argparse
 import os
 import sys
 
 import minigrpo
+from minigrpo.flags import OneLineErrors
 from minigrpo.tasks import TEMPLATES, template
 from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_reward
 
@@ -20,7 +20,7 @@ from minigrpo.verifier import FormatConfig, extract_answer, format_reward, math_
 EMBEDDED_MODEL = os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "minigrpo-tiny-arith")
 )
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = OneLineErrors(description=__doc__.splitlines()[0])
 parser.add_argument(
     "--model",
     default=EMBEDDED_MODEL,

@@ -19,17 +19,13 @@ Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); r
 """
 
 import argparse
-import contextlib
-import errno
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed, files
-from minigrpo.flags import add_fields, from_args
+from minigrpo.flags import JSON_OBJECTS, OneLineErrors, add_fields, from_args
 from minigrpo.model import read_task, tokenizer_directory
 from minigrpo.run import (
     Trace,
@@ -61,14 +57,6 @@ DEFAULTS = dict(
     save_every=50,
     log_completions_every=50,
 )
-
-
-class OneLineErrors(argparse.ArgumentParser):
-    """argparse, whose errors (a bad choice, a value of the wrong type) are one line, as this script's own
-    are, not its usage of some fifty lines and then the error."""
-
-    def error(self, message: str):
-        sys.exit(f"train_math.py: {message}")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
@@ -228,6 +216,8 @@ def file_value(action: argparse.Action, value):
         if isinstance(value, bool):
             return value
         raise ValueError(f"{action.dest} must be true or false, got {value!r}")
+    if action.dest in JSON_OBJECTS and isinstance(value, dict):
+        return value  # GRPOConfig takes the object as its JSON text
     if value is None:
         if action.default is None:
             return value
@@ -332,52 +322,9 @@ def check_output_dir(path: str) -> None:
         sys.exit(f"train_math.py: --output_dir {path} cannot be created: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         sys.exit(f"train_math.py: --output_dir {path} cannot be written: no write permission in {existing}")
-    problem = write_probe(path) if on_rank_0() else None  # under torchrun rank 0 alone writes
+    problem = files.write_probe(path) if on_rank_0() else None  # under torchrun rank 0 alone writes
     if problem:
         sys.exit(f"train_math.py: --output_dir {path} cannot be written: {problem}")
-
-
-def write_probe(path: str) -> str | None:
-    """Create `path`, write a file in it and remove both again; what went wrong, or None. os.access is not
-    enough: root passes it everywhere, /proc and /sys included, and it knows nothing of a full disk.
-    Missing parents are made too, and kept once the probe passes: another run creating its own directory
-    beside this one (runs/a and runs/b at once) may be using them. A failed probe leaves nothing it made."""
-    path = os.path.abspath(path)
-    missing = []  # the directories to make, outermost first
-    existing = path
-    while not os.path.exists(existing):
-        missing.insert(0, existing)
-        existing = os.path.dirname(existing)
-    made = []  # those this call made (another run may make one first)
-    step = "creating it"
-    try:
-        for directory in missing:
-            step = f"creating {directory}"
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory)
-                made.append(directory)
-        step = "writing a file in it"
-        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
-        try:
-            os.write(fd, b"minigrpo")
-            os.fsync(fd)  # some file systems report a full disk only here
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as error:
-        remove_empty(made)
-        if error.errno == errno.ENOSPC:
-            return f"no space left on the device ({shutil.disk_usage(existing).free} bytes free)"
-        return f"{step} fails ({error.strerror or error})"
-    remove_empty(made[-1:] if made and made[-1] == path else [])
-    return None
-
-
-def remove_empty(directories: list[str]) -> None:
-    """Remove these directories, innermost first, where they are (still) empty."""
-    for directory in reversed(directories):
-        with contextlib.suppress(OSError):
-            os.rmdir(directory)
 
 
 if __name__ == "__main__":

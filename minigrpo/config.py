@@ -43,6 +43,9 @@ TOOL_FORMATS = ("calc", "qwen3")  # tools/registry.py's FORMATS
 REPORT_TO = ("none", "tensorboard", "wandb")  # run/metrics.py's REPORTERS
 SCHEDULES = ("constant", "cosine")  # TrainConfig.learning_rate_at
 SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (run/trainer.py)
+# model/chat_template.py: the renderer's own arguments (documents: a template variable it sets), which a run
+# sets itself, so chat_template_kwargs may not name them
+RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
 # model/lora.py: the projections of a Qwen3 block an adapter can go on (PEFT's names), or all of them
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = "all-linear"
@@ -199,6 +202,8 @@ class GRPOConfig:
             f"process_samples must be a positive integer, got {self.process_samples!r}",
         )
         check_tool_settings(self.tool_format, self.max_tool_calls)
+        if isinstance(self.chat_template_kwargs, dict):  # an object, as TRL's configs give it: its JSON text
+            self.chat_template_kwargs = _json_text(self.chat_template_kwargs, "chat_template_kwargs")
         self.template_kwargs  # noqa: B018 (parsed here, so that a bad object is refused before any work)
         self._check_process_settings()
         _require(
@@ -368,7 +373,7 @@ class GRPOConfig:
 
     @property
     def template_kwargs(self) -> dict:
-        """chat_template_kwargs as the keywords they are."""
+        """chat_template_kwargs as the keywords they are: the template's own, not the renderer's."""
         try:
             kwargs = json.loads(self.chat_template_kwargs)
         except (TypeError, ValueError):
@@ -377,6 +382,13 @@ class GRPOConfig:
             isinstance(kwargs, dict),
             f"chat_template_kwargs must be a JSON object such as '{{\"enable_thinking\": false}}', "
             f"got {self.chat_template_kwargs!r}",
+        )
+        clashes = [name for name in RENDER_ARGUMENTS if name in kwargs]
+        _require(
+            not clashes,
+            f"chat_template_kwargs names {', '.join(clashes)}, which the run sets itself (the renderer's "
+            f"arguments: {', '.join(RENDER_ARGUMENTS)}); give only the template's keywords, such as "
+            "enable_thinking",
         )
         return kwargs
 
@@ -535,6 +547,13 @@ def _require_read(name: str, config, read: bool, reader: str) -> None:
         read or getattr(config, name) == _default(type(config), name),
         f"{name}={getattr(config, name)!r} is read only with {reader}; here it would do nothing",
     )
+
+
+def _json_text(value: dict, name: str) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as error:  # an object json cannot write, or one that contains itself
+        raise ValueError(f"{name} must be a JSON object, got {value!r:.80} ({error})") from None
 
 
 def _default(config_class, name: str):

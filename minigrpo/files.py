@@ -1,18 +1,25 @@
 """Beneath every stage: files written whole or not at all, and read back with a clear error.
 
-In: paths and JSON-able data. Out: files replaced by rename (`replaced_whole`, `replace_json`,
-`replace_dir`), JSON objects read back (`read_json_object`), and a full disk as one `DiskFull` line
-naming the path and the space left. It knows the file system, not what the files hold: run/checkpoint.py,
-model/weights.py, run/metrics.py and run/trace.py use it.
+In: paths and JSON-able data. Out: files replaced by rename (`replaced_whole`, `replace_json`, and
+`replace_dir` of a `directory_beside` the target, whose leftovers after a kill the next replacement
+deletes: `remove_leftovers`), JSON objects read back (`read_json_object`), a named pipe or a directory
+where a file should be refused before it is opened (`regular_file`), a full disk as one `DiskFull` line
+naming the path and the space left, and whether a directory takes a new file (`write_probe`, which the
+tools run on their outputs before any work). It knows the file system, not what the files hold:
+run/checkpoint.py, model/ (weights, tokenizer, adapter files), run/metrics.py, run/trace.py and the
+tools use it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 
 
@@ -59,8 +66,34 @@ def _free_space(path: str) -> str:
     return f"{free / 2**20:.1f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
 
 
+# what a path that is not a regular file is, by its stat mode's type test
+SPECIAL_FILES = {
+    stat.S_ISFIFO: "a named pipe (FIFO)",
+    stat.S_ISDIR: "a directory",
+    stat.S_ISSOCK: "a socket",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+}
+
+
+def regular_file(path: str) -> bool:
+    """Whether a file is at `path`: True for a regular file (or a link to one), False for nothing there;
+    anything else by that name (a named pipe, a directory, a device) is a ValueError naming it, since
+    reading a named pipe waits for a writer for ever and the others are not what a reader expects."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a broken link, a path through a file: as os.path.exists
+        return False
+    if not stat.S_ISREG(mode):
+        kind = next((name for is_kind, name in SPECIAL_FILES.items() if is_kind(mode)), "not a file")
+        raise ValueError(f"{path} is {kind}, not a regular file")
+    return True
+
+
 def read_json_object(path: str, holding: str) -> dict:
-    """The JSON object in `path`; anything else (bad JSON, null, a list) is a ValueError naming the file."""
+    """The JSON object in `path`; anything else (bad JSON, null, a list, a named pipe) is a ValueError
+    naming the file."""
+    regular_file(path)  # a pipe or a directory is refused here; a missing file is open's FileNotFoundError
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
@@ -110,15 +143,124 @@ def replaced_whole(path: str):
             raise
 
 
+@contextlib.contextmanager
+def directory_beside(target: str):
+    """A new, empty directory beside `target` (.NAME.tmp-*) to write its next contents in, then renamed
+    over it (replace_dir); removed if the block raises. It is locked while the block runs, so that another
+    process's remove_leftovers leaves it alone; a killed process's lock goes with it."""
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=os.path.dirname(target))
+    try:
+        with _locked(tmp):
+            yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def replace_dir(new: str, target: str) -> None:
-    """Move `new` to `target`; an existing target is renamed away first and removed only after."""
-    old = None
-    if os.path.exists(target):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
+    """Move `new` to `target`. An existing target is renamed away first and deleted only once `new`'s files
+    and its rename are on disk (fsynced): a power cut at any moment leaves the old directory or the new one
+    (the old in .NAME.old-*/previous, if it comes between the two renames), never neither. Moving into a new
+    place syncs nothing, as no old copy is at risk and a sync takes far longer than writing a small model;
+    a caller that needs the new directory on disk even then syncs it (checkpoint.save_checkpoint does)."""
+    if not os.path.exists(target):
+        os.rename(new, target)
+        return
+    fsync_tree(new)
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
+    with _locked(old):  # remove_leftovers in another process leaves it to this one
         os.rename(target, os.path.join(old, "previous"))
-    os.rename(new, target)
-    if old is not None:
+        os.rename(new, target)
+        fsync(os.path.dirname(os.path.abspath(target)))  # the rename is on disk before the old goes
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_leftovers(target: str) -> None:
+    """Delete what replacing `target` (directory_beside, replace_dir) left beside it when killed midway and
+    no process holds: its temporary directories, and its earlier copies while `target` exists. Without
+    `target`, an earlier copy is the only one of what it held (a kill came between replace_dir's two
+    renames) and stays."""
+    parent, name = os.path.split(os.path.abspath(target))
+    # tempfile's names: the prefix, then 8 characters of [a-z0-9_]
+    leftover = re.compile(rf"\.{re.escape(name)}\.(tmp|old)-[a-z0-9_]{{8}}")
+    for entry in os.listdir(parent):
+        path = os.path.join(parent, entry)
+        match = leftover.fullmatch(entry)
+        if not match or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if (match.group(1) == "tmp" or os.path.isdir(target)) and not _in_use(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(directory: str):
+    """`directory` locked (flock) while the block runs; the lock ends with the process, however it ends."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _in_use(directory: str) -> bool:
+    """Whether a living process holds `directory` locked (_locked); one this process cannot open (another
+    user's, or gone already) counts as in use: it is not this process's to delete."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def write_probe(path: str) -> str | None:
+    """Create `path`, write a file in it and remove both again; what went wrong, or None. os.access is not
+    enough: root passes it everywhere, /proc and /sys included, and it knows nothing of a full disk.
+    Missing parents are made too, and kept once the probe passes: another run creating its own directory
+    beside this one (runs/a and runs/b at once) may be using them. A failed probe leaves nothing it made.
+    An existing `path` is only written in: nothing is made."""
+    path = os.path.abspath(path)
+    missing = []  # the directories to make, outermost first
+    existing = path
+    while not os.path.exists(existing):
+        missing.insert(0, existing)
+        existing = os.path.dirname(existing)
+    made = []  # those this call made (another run may make one first)
+    step = "creating it"
+    try:
+        for directory in missing:
+            step = f"creating {directory}"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory)
+                made.append(directory)
+        step = f"writing a file in {path}"
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        try:
+            os.write(fd, b"minigrpo")
+            os.fsync(fd)  # some file systems report a full disk only here
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as error:
+        remove_empty(made)
+        if error.errno == errno.ENOSPC:
+            return f"no space left on the device ({shutil.disk_usage(existing).free} bytes free)"
+        return f"{step} fails ({error.strerror or error})"
+    remove_empty(made[-1:] if made and made[-1] == path else [])
+    return None
+
+
+def remove_empty(directories: list[str]) -> None:
+    """Remove these directories, innermost first, where they are (still) empty."""
+    for directory in reversed(directories):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
 
 
 def fsync(path: str) -> None:

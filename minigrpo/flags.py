@@ -1,6 +1,7 @@
 """Before the loop: the settings as command-line flags and config-file keys. In: a config dataclass
 (config.py). Out: one argparse flag per field, whose help is the field's comment, and the dataclass
-built back from parsed flags. It knows argparse and the dataclasses' source, not what a setting does.
+built back from parsed flags; and the parser every tool uses, whose errors are one line. It knows
+argparse and the dataclasses' source, not what a setting does.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import io
+import sys
 import tokenize
 import typing
 from dataclasses import fields
@@ -27,6 +29,9 @@ from .config import (
     TOOL_FORMATS,
 )
 
+# fields a flag gives as JSON text, which a config file may also give as the object itself (TRL's configs do)
+JSON_OBJECTS = ("chat_template_kwargs",)
+
 # flags' choices
 CHOICES = {
     "loss_type": LOSS_TYPES,
@@ -42,6 +47,15 @@ CHOICES = {
     "lr_schedule": SCHEDULES,
     "report_to": REPORT_TO,
 }
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, whose errors (a bad choice, a value of the wrong type, an unknown flag, a missing argument)
+    are one line naming the tool, as the tools' own errors are, not its usage of up to fifty lines and then
+    the error."""
+
+    def error(self, message: str):
+        sys.exit(f"{self.prog}: {message}")
 
 
 def add_fields(

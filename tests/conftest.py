@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 import threading
 
@@ -7,7 +8,11 @@ import torch
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread, here and in every process a test starts: the tests' tensors are too small to gain from a
+# second, and a second thread that waits for a busy core stalls every product. The other core is left
+# to the work beside the suite (below) and to the processes the tests start.
+torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 # Hypothesis profiles. "ci", loaded by default, is derandomised (a test's examples follow from the test
 # itself) and keeps no database of past failures, so a run decides the same way on every machine: a
@@ -103,3 +108,27 @@ def background(request, tmp_path_factory) -> Background:
         if hasattr(module, "background_work"):
             works.setdefault(module.__name__, module.background_work)
     return Background(works, tmp_path_factory)
+
+
+# ---------------------------------------------------------------- a disk that fills up
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """mount(kib): a tmpfs of that size (root only), a disk that really fills up; unmounted after the test."""
+    mounted = []
+
+    def mount(kib: int) -> str:
+        path = tmp_path / f"disk-{len(mounted)}"
+        path.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(
+                f"cannot mount a tmpfs here (root only): {result.stderr.strip() or result.returncode}"
+            )
+        mounted.append(path)
+        return str(path)
+
+    yield mount
+    for path in mounted:
+        # lazy: an open file cannot keep it mounted
+        subprocess.run(["umount", "--lazy", str(path)], check=True)

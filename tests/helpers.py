@@ -1,4 +1,5 @@
-"""Tiny checkpoints and tokenizers built in temporary directories (tests never read ../shared)."""
+"""Tiny checkpoints and tokenizers built in temporary directories (tests never read ../shared), and a
+directory's every file read back (`tree`), to show a refused command changed nothing."""
 
 import json
 import os
@@ -99,6 +100,23 @@ def tiny_policy(directory: str, extra_specials: tuple[str, ...] = (), **override
     tokenizer = tiny_tokenizer(directory, extra_specials)
     minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size, **overrides), tokenizer, directory)
     return directory
+
+
+def tree(directory: str) -> dict[str, object]:
+    """Every path under `directory`: a file's bytes, a symlink's target, "directory" for a directory."""
+    found = {}
+    for folder, folders, names in os.walk(directory):
+        for name in folders + names:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, directory)
+            if os.path.islink(path):
+                found[relative] = f"-> {os.readlink(path)}"
+            elif os.path.isdir(path):
+                found[relative] = "directory"
+            else:
+                with open(path, "rb") as f:
+                    found[relative] = f.read()
+    return found
 
 
 def write_json(path, data):

@@ -3,9 +3,9 @@ checkpoint save, a prune, a metrics rewrite or the final rewrite of initial_eval
 hooks: the child patches the call it dies in (os.rename, torch.save, ...) before train_math starts.
 
 Children fork from a server (`Server`, this file run as a script) that has imported torch and
-everything train_math needs (tool_runner.py, which also runs the script) but run nothing: a
-process that has run OpenMP cannot fork safely. A run of a tiny model then takes a fraction of
-a second, with no interpreter to start and nothing to import.
+everything train_math needs (tool_runner.py, which also runs the script; pyplot, for the curves a
+finished run plots) but run nothing: a process that has run OpenMP cannot fork safely. A run of a tiny
+model then takes a fraction of a second, with no interpreter to start and nothing to import.
 """
 
 import itertools
@@ -17,8 +17,12 @@ import subprocess
 import sys
 import time
 
+import matplotlib
 import tool_runner  # imports torch and what the examples need; runs one as __main__ in a forked process
 import torch
+
+matplotlib.use("Agg")  # as plot_curves chooses it
+import matplotlib.pyplot  # noqa: E402, F401  (a finished train_math.py run plots its curves)
 
 from minigrpo.verifier import register_reward
 
@@ -79,6 +83,10 @@ KILL_POINTS = {
         os, "replace", r"/metrics\.jsonl$"
     ),
     "end: initial_eval.json being rewritten": lambda: _kill_at(json, "dump", r"/initial_eval\.json", call=2),
+    # save_pretrained (merge_lora.py's write) into a directory named merged
+    "save_pretrained: every file written, not yet renamed into place": lambda: _kill_at(
+        os, "rename", r"/merged$"
+    ),
 }
 
 
@@ -96,16 +104,16 @@ def _wait(pid: int) -> int | None:
 
 
 def serve() -> None:
-    """One job a line on stdin (JSON: script, args, kill point, log directory, name), each run in a forked
-    child with its stdout and stderr in log_dir/name.out and .err; one answer a line on stdout: its
-    exit code, or "timeout"."""
+    """One job a line on stdin (JSON: script, args, kill point, log directory, name, working directory), each
+    run in a forked child with its stdout and stderr in log_dir/name.out and .err; one answer a line on
+    stdout: its exit code, or "timeout"."""
     for line in sys.stdin:
-        script, args, kill_point, log_dir, name = json.loads(line)
+        script, args, kill_point, log_dir, name, cwd = json.loads(line)
         pid = os.fork()
         if pid == 0:
             if kill_point is not None:
                 KILL_POINTS[kill_point]()
-            os._exit(tool_runner.run({"name": name, "script": script, "argv": args}, log_dir))
+            os._exit(tool_runner.run({"name": name, "script": script, "argv": args, "cwd": cwd}, log_dir))
         code = _wait(pid)
         print("timeout" if code is None else code, flush=True)
 
@@ -135,11 +143,17 @@ class Server:
         return self.run("train_math.py", args, log_dir, name, kill_point)
 
     def run(
-        self, script: str, args: list[str], log_dir: str, name: str, kill_point: str | None = None
+        self,
+        script: str,
+        args: list[str],
+        log_dir: str,
+        name: str,
+        kill_point: str | None = None,
+        cwd: str | None = None,
     ) -> int:
-        """`python script *args` (a file of examples/, or a path) as a forked child: its exit code (-9:
-        killed)."""
-        self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name]) + "\n")
+        """`python script *args` (a file of examples/, or a path) as a forked child, typed in `cwd` (None:
+        the repository's root): its exit code (-9: killed)."""
+        self.process.stdin.write(json.dumps([script, args, kill_point, log_dir, name, cwd]) + "\n")
         self.process.stdin.flush()
         answer = self.process.stdout.readline().strip()
         if answer in ("", "timeout"):

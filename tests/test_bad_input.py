@@ -16,9 +16,10 @@ import time
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_model, tiny_tokenizer, tree
 
 import minigrpo
+from minigrpo import files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -469,6 +470,28 @@ CASES += [
         "process_samples=8 is read only by process_rewards='monte_carlo'",
     ),
 ]
+# Issue 58, item 7: argparse's own errors are one line in every tool, as in train_math.py (a bad choice, a
+# value of the wrong type, an unknown flag, a missing argument), not its usage and then the error.
+CASES += [
+    (
+        "eval_math.py",
+        "template_unknown",
+        ["--template", "bogus"],
+        "argument --template: invalid choice: 'bogus'",
+    ),
+    (
+        "eval_math.py",
+        "num_samples_not_a_number",
+        ["--num_samples", "many"],
+        "argument --num_samples: invalid int value: 'many'",
+    ),
+    ("eval_math.py", "flag_unknown", ["--bogus", "1"], "unrecognized arguments: --bogus 1"),
+    ("sample.py", "dtype_unknown", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("sample.py", "seed_not_a_number", ["--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    ("merge_lora.py", "arguments_missing", [], "the following arguments are required: adapter, output"),
+    ("merge_lora.py", "dtype_unknown", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("pretrain_tiny.py", "kind_unknown", ["--kind", "bogus"], "argument --kind: invalid choice: 'bogus'"),
+]
 # Rows a data set cannot use: skipped (or kept) with a note on stdout, and the run goes on: (tool, case,
 # arguments, note).
 NOTED = [
@@ -664,6 +687,83 @@ def test_rows_a_data_set_cannot_use_are_named_in_a_note(runs, tool, case, args, 
         assert note.format(**paths) in stdout, stdout
 
 
+# python -m minigrpo.download (issue 58, item 7's follow-up): (case, arguments, what its one line says). The
+# Hub is offline: a check that came after asking it would say "could not fetch" instead.
+DOWNLOAD_CASES = [
+    ("flag_unknown", ["Qwen/Qwen3-0.6B", "--bogus"], "unrecognized arguments: --bogus"),
+    ("repo_id_missing", [], "the following arguments are required: repo_id"),
+    (
+        "repo_id_not_one",
+        ["not a repo"],
+        "'not a repo' is not a Hugging Face repo id, such as Qwen/Qwen3-0.6B",
+    ),
+    # its default directory would be models/..
+    ("repo_id_climbing", ["Qwen/.."], "'Qwen/..' is not a Hugging Face repo id"),
+    ("dir_empty", ["Qwen/Qwen3-0.6B", "--dir", ""], "--dir is empty: name a directory"),
+    ("dir_a_file", ["Qwen/Qwen3-0.6B", "--dir", "{file}"], "the target directory {file} is a file"),
+    (
+        "dir_under_a_file",
+        ["Qwen/Qwen3-0.6B", "--dir", "{file}/qwen"],
+        "the target directory {file}/qwen cannot be created: {file} is a file",
+    ),
+    (
+        "dir_not_a_checkpoint",
+        ["Qwen/Qwen3-0.6B", "--dir", "{notes}"],
+        "the target directory {notes} holds config.txt, which no Hugging Face checkpoint holds",
+    ),
+    (
+        "dir_in_proc",
+        ["Qwen/Qwen3-0.6B", "--dir", "/proc/minigrpo-download"],
+        "the target directory /proc/minigrpo-download cannot be written: writing a file in /proc fails",
+    ),
+]
+
+
+@pytest.fixture
+def download_places(tmp_path, monkeypatch) -> dict:
+    """The Hub offline, and the directories the download cases name: a file, a directory of notes (one of
+    them named as a checkpoint's file), an earlier download."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    paths = {"file": tmp_path / "a-file", "notes": tmp_path / "notes", "earlier": tmp_path / "earlier"}
+    paths["file"].write_text("not a directory\n")
+    paths["notes"].mkdir()
+    (paths["notes"] / "config.txt").write_text("my settings\n")
+    (paths["notes"] / "config.json").write_text('{"mine": 1}\n')  # a download would write over it
+    (paths["earlier"] / ".cache" / "huggingface").mkdir(parents=True)
+    (paths["earlier"] / "config.json").write_text('{"model_type": "qwen3"}\n')
+    return paths
+
+
+@pytest.mark.parametrize("case, args, message", DOWNLOAD_CASES, ids=[row[0] for row in DOWNLOAD_CASES])
+def test_bad_input_to_the_download_command_is_one_line_and_writes_nothing(
+    download_places, tmp_path, case, args, message
+):
+    from minigrpo import download
+
+    paths = download_places
+    before = tree(str(tmp_path))
+    with pytest.raises(SystemExit) as stop:
+        download.main([arg.format(**paths) for arg in args])
+    line = str(stop.value.code)  # what the interpreter prints, exiting 1
+    assert line.startswith("python -m minigrpo.download: ") and "\n" not in line, line
+    assert message.format(**paths) in line
+    assert tree(str(tmp_path)) == before
+    assert not os.path.exists("/proc/minigrpo-download")
+
+
+def test_a_download_into_an_earlier_one_asks_the_hub(download_places, capsys):
+    """An earlier download's directory (a checkpoint's files and huggingface_hub's .cache) is not refused:
+    the download completes or updates it. Offline, huggingface_hub returns it as it is."""
+    from minigrpo import download
+
+    earlier = str(download_places["earlier"])
+    assert download.main(["Qwen/Qwen3-0.6B", "--dir", earlier]) == 0
+    assert capsys.readouterr().out == f"Qwen/Qwen3-0.6B -> {earlier}\n"
+
+
 def test_a_10_mb_prompt_is_refused_without_being_tokenized(examples_server, tmp_path):
     """Tokenizing 10 MB takes half a minute; a prompt that long cannot fit whatever its tokens, and is refused
     in time linear in its length (a look at its characters), naming its file and line."""
@@ -718,7 +818,6 @@ def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatc
     """Two runs started at once into runs/a and runs/b, where runs/ does not exist yet: the other run
     makes runs/ between this probe's look and its mkdir. The probe goes on with the other's runs/, and,
     once it passes, keeps runs/ (the other run may be about to make its directory there)."""
-    train_math = load_train_math()
     real_mkdir = os.mkdir
 
     def the_other_run_first(path, *args, **kwargs):
@@ -728,9 +827,9 @@ def test_runs_probing_sibling_output_dirs_at_once_both_pass(tmp_path, monkeypatc
 
     with monkeypatch.context() as patched:
         patched.setattr(os, "mkdir", the_other_run_first)
-        assert train_math.write_probe(str(tmp_path / "runs" / "a")) is None
+        assert files.write_probe(str(tmp_path / "runs" / "a")) is None
     assert [p.name for p in tmp_path.iterdir()] == ["runs"] and list((tmp_path / "runs").iterdir()) == []
-    assert train_math.write_probe(str(tmp_path / "runs" / "b")) is None
+    assert files.write_probe(str(tmp_path / "runs" / "b")) is None
 
 
 def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_path):

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -305,6 +304,25 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_leaves_nothing(policy, tmp_
     assert os.listdir(os.path.join(out, CHECKPOINTS)) == ["step-000001"]  # no temporary directory left
 
 
+def test_a_full_disk_at_save_pretrained_is_one_line_and_keeps_the_directory_it_would_replace(
+    policy, tmp_path, monkeypatch
+):
+    """save_pretrained (merge_lora.py's and pretrain_tiny.py's write) turns a full disk into the DiskFull line
+    a training checkpoint's write gives, not safetensors' error; the directory it would replace is as it was,
+    and no temporary directory is left."""
+    model, tokenizer = minigrpo.load_pretrained(policy)
+    out = tmp_path / "merged"
+    minigrpo.save_pretrained(model, tokenizer, str(out))
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    monkeypatch.setattr(minigrpo.model.weights, "save_file", no_space)
+    full = rf"no space left on the device to write {out} \([\d.]+ (bytes|MiB|GiB) free there\)"
+    with pytest.raises(DiskFull, match=full) as error:
+        minigrpo.save_pretrained(model, tokenizer, str(out))
+    assert "\n" not in str(error.value) and error.value.__cause__ is None and error.value.__suppress_context__
+    assert os.listdir(tmp_path) == ["merged"]
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
 def test_a_full_disk_at_a_whole_file_replacement_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch):
     path = str(tmp_path / "summary.json")
     replace_json(path, {"old": 1})
@@ -339,29 +357,6 @@ def test_a_full_disk_at_a_metrics_line_is_one_line_and_leaves_no_line_cut_short(
         logger.log(2, {"loss": 0.4})
     logger.close()
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n'
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """mount(kib): a tmpfs of that size (root only), a disk that really fills up; unmounted after the test."""
-    mounted = []
-
-    def mount(kib: int) -> str:
-        path = tmp_path / f"disk-{len(mounted)}"
-        path.mkdir()
-        command = ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(path)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(
-                f"cannot mount a tmpfs here (root only): {result.stderr.strip() or result.returncode}"
-            )
-        mounted.append(path)
-        return str(path)
-
-    yield mount
-    for path in mounted:
-        # lazy: an open file cannot keep it mounted
-        subprocess.run(["umount", "--lazy", str(path)], check=True)
 
 
 @pytest.mark.parametrize("overflows", ["weights", "trainer state", "json"])

@@ -440,15 +440,15 @@ def sandbox_with_failing_mount(directory):
     unreachable."""
     source = open(code_module.sandbox.__file__).read()
     hooked = source.replace(
-        '_mount(f"/proc/self/fd/{directory}", shared,',
-        '_mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
+        'mounts.mount(f"/proc/self/fd/{directory}", shared,',
+        'mounts.mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
     )
     assert hooked != source
     path = directory / "sandbox.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.sandbox.__file__)
     # sandbox.py loads them from its own directory
-    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py"):
+    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 
@@ -1000,7 +1000,7 @@ def sandbox_without_namespaces(directory):
     path = directory / "sandbox.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.sandbox.__file__)
-    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py"):
+    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
 
@@ -1071,15 +1071,17 @@ print(open("/tmp/scratch").read())
 """
 
 # Run by the interpreter of a virtual environment under /tmp: the sandbox's tmpfs covers /tmp, so the
-# interpreter's own directories must be shown again, read-only, and nothing else of /tmp.
+# interpreter's own directories must be shown again, read-only, and nothing else of /tmp. The program runs
+# as the one test of a run, or as each of argv[4] tests; one line per test.
 UNDER_TMP_DRIVER = """
 import contextlib, json, sys
 from minigrpo.verifier import code, run_cases
 if sys.argv[1] == "plain":
     code._sandbox_uid = lambda config: contextlib.nullcontext((None, None))
 program = "SECRET = " + repr(sys.argv[2]) + "\\n" + sys.argv[3]
-result = run_cases(program, [{"input": "", "output": ""}])[0]
-print(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
+tests = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+for result in run_cases(program, [{"input": "", "output": ""}] * tests):
+    print(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
 """
 
 
@@ -1189,3 +1191,233 @@ def test_a_mount_inside_the_interpreters_directory_under_tmp_is_shown_too(user, 
     # the mount beneath is shown, and read-only too (a remount of the top one alone left it writable)
     assert result["stdout"] == "shown\nOSError\n", result["stderr"]
     assert os.listdir(bin_dir / "sub") == []  # the tmpfs was the test's namespace's only
+
+
+# Run by an interpreter whose prefix is closed to others (mode 0700, as `mktemp -d` makes it): the program
+# imports a module that lives only in that environment's site-packages, starts sys.executable again and
+# prints the new interpreter's prefix (with that module imported there too), lists the prefix, reads
+# SECRET, a file beside bin/ in it, and tries to write there.
+OWN_ENVIRONMENT = """
+import os, subprocess, sys
+import only_in_this_environment
+again = "import sys, only_in_this_environment; print(sys.prefix)"
+child = subprocess.run([sys.executable, "-c", again], capture_output=True, text=True)
+print(sys.prefix)
+print(child.stdout.strip() or child.stderr.strip().replace("\\n", " | "))
+print(" ".join(sorted(os.listdir(sys.prefix))))
+for attempt in (lambda: open(SECRET).read(), lambda: open(os.path.join(sys.prefix, "forged"), "w")):
+    try:
+        attempt()
+        print("reached")
+    except OSError as error:
+        print(type(error).__name__)
+"""
+PYTHON_VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
+ONLY_HERE = "only_in_this_environment.py"
+
+
+def closed_venv(where: str) -> str:
+    """`python -m venv "$(mktemp -d)"` in `where`: a virtual environment whose own directory is closed to
+    others, with a module in its site-packages alone. Its prefix."""
+    prefix = tempfile.mkdtemp(dir=where)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", prefix], check=True)
+    open(os.path.join(prefix, "lib", PYTHON_VERSION, "site-packages", ONLY_HERE), "w").close()
+    return prefix
+
+
+def closed_conda_prefix(where: str) -> str:
+    """A conda-style prefix closed to others in `where`, made cheaply: bin/ holds a copy of this python's
+    binary; lib/ links to what this python's lib/ holds (libpython, for a binary that looks beside itself)
+    and lib/pythonX.Y/ to every entry of its standard library, so that the copy finds its prefix there, but
+    for a site-packages of its own with a module in it alone. Its prefix."""
+    prefix = tempfile.mkdtemp(dir=where)
+    os.makedirs(os.path.join(prefix, "bin"))
+    shutil.copy2(os.path.realpath(sys.executable), os.path.join(prefix, "bin", PYTHON_VERSION))
+    stdlib = os.path.dirname(os.__file__)
+    own_stdlib = os.path.join(prefix, "lib", PYTHON_VERSION)
+    os.makedirs(os.path.join(own_stdlib, "site-packages"))
+    open(os.path.join(own_stdlib, "site-packages", ONLY_HERE), "w").close()
+    for name in os.listdir(os.path.dirname(stdlib)):
+        if name != PYTHON_VERSION:
+            os.symlink(os.path.join(os.path.dirname(stdlib), name), os.path.join(prefix, "lib", name))
+    for name in os.listdir(stdlib):
+        if name != "site-packages":
+            os.symlink(os.path.join(stdlib, name), os.path.join(own_stdlib, name))
+    return prefix
+
+
+@pytest.fixture
+def made_here():
+    """Directories a test makes outside tmp_path (in /opt, /dev/shm, /var/tmp, beside the tests), removed
+    afterwards: add each to the list."""
+    made = []
+    yield made
+    for path in made:
+        if os.path.islink(path):
+            os.remove(path)
+        else:
+            shutil.rmtree(path)
+
+
+# layout: how the environment is made, where, and what a link in a closed directory beside the tests leads
+# to, through which the interpreter is reached: nothing (no link), the prefix, or its python
+CLOSED_LAYOUTS = {
+    "venv-in-tmp": (closed_venv, "/tmp", None),
+    "venv-in-dev-shm": (closed_venv, "/dev/shm", None),
+    "venv-in-var-tmp": (closed_venv, "/var/tmp", None),
+    "venv-in-opt": (closed_venv, "/opt", None),
+    "conda-in-opt": (closed_conda_prefix, "/opt", None),
+    "conda-in-tmp": (closed_conda_prefix, "/tmp", None),
+    "venv-in-tmp-through-a-link": (closed_venv, "/tmp", "prefix"),
+    "conda-in-opt-through-a-link-to-its-python": (closed_conda_prefix, "/opt", "python"),
+}
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+@pytest.mark.parametrize("layout", list(CLOSED_LAYOUTS))
+def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout, user, made_here):
+    """An interpreter whose prefix is closed to others (a venv made in `mktemp -d`, under /tmp, /dev/shm,
+    /var/tmp or /opt; a conda-style prefix), also one reached through a link in a closed directory outside
+    the shared ones (beside the tests), to the prefix or to its python (which must stay a link there: the
+    conda-style python finds its prefix where the link leads): the program and the interpreter it starts
+    again are the same environment (the same sys.prefix, its own site-packages importable). As root, the
+    closed prefix shows only what the interpreter needs (bin/, lib/, a venv's pyvenv.cfg), read-only: a
+    file beside them is not there. As a plain user, the prefix is the trainer's own, shown whole and
+    read-only."""
+    make, where, link_to = CLOSED_LAYOUTS[layout]
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    if not os.path.isdir(where) or not os.access(where, os.W_OK):
+        pytest.skip(f"{where} is not a directory this user can write")
+    if make is closed_conda_prefix and sys.platlibdir != "lib":
+        pytest.skip(
+            f"the conda-style prefix is made for a python whose platlibdir is lib, not {sys.platlibdir}"
+        )
+    prefix = make(where)
+    made_here.append(prefix)
+    secret = os.path.join(prefix, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("the trainer's")
+    listing = " ".join(sorted(os.listdir(prefix)))
+    python = os.path.join(prefix, "bin", PYTHON_VERSION)
+    if link_to is not None:
+        outside = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(__file__)))
+        made_here.append(outside)
+        link = os.path.join(outside, "link")
+    if link_to == "prefix":  # the environment's prefix is where the link lies
+        os.symlink(prefix, link)
+        python = os.path.join(link, "bin", PYTHON_VERSION)
+        prefix = link
+    elif link_to == "python":  # the python finds its prefix where the link leads
+        os.symlink(python, link)
+        python = link
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [python, "-c", UNDER_TMP_DRIVER, user, secret, OWN_ENVIRONMENT]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    if user == "root":  # lib/ and the platform's (lib64/ on some systems), on the way to site-packages
+        needed = {"bin", "lib", sys.platlibdir} | ({"pyvenv.cfg"} if make is closed_venv else set())
+        listing = " ".join(sorted(needed))
+    seen = "FileNotFoundError" if user == "root" else "reached"
+    expected = [prefix, prefix, listing, seen, "OSError"]
+    assert result["stdout"].splitlines() == expected, result["stderr"]
+    assert not os.path.exists(os.path.join(prefix, "forged"))
+
+
+# Run in each test of a run by the interpreter of a virtual environment deep under /tmp: the program
+# imports a module of that environment alone (anew in each test's process) and starts sys.executable again,
+# then tries to move aside SECRET, the directory of /tmp that leads to the environment.
+IN_EVERY_TEST = """
+import errno, os, subprocess, sys
+import only_in_this_environment
+print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+try:
+    os.rename(SECRET, SECRET + "-moved")
+    print("moved")
+except OSError as error:
+    print(errno.errorcode[error.errno])
+"""
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+def test_the_interpreter_under_tmp_stays_for_every_test_of_a_run(user, tmp_path):
+    """The clean-up between tests empties the scratch tmpfs, which is also /tmp: the directories leading to
+    an interpreter deep under /tmp (a clone in /tmp/work/repo, its venv in it) are mount points, which it
+    cannot remove or move, nor can a test. Every test of the run imports the environment's own module and
+    starts sys.executable again."""
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    assert str(tmp_path).startswith("/tmp/")
+    venv = tmp_path / "work" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (venv / "lib" / PYTHON_VERSION / "site-packages" / ONLY_HERE).write_text("")
+    top = "/tmp/" + str(tmp_path).split("/")[2]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [str(venv / "bin" / "python"), "-c", UNDER_TMP_DRIVER, user, top, IN_EVERY_TEST, "3"]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines()[-3:]]
+    assert [result["stdout"] for result in results] == ["42\nEBUSY\n"] * 3, results[-1]["stderr"]
+
+
+# Run by a virtual environment under /tmp whose site-packages adds a directory of the same name under
+# /var/tmp (a .pth file): both imported, in the program and in the python it starts again.
+TWO_NAMESAKES = """
+import subprocess, sys
+import only_in_this_environment, only_in_var_tmp
+again = "import only_in_this_environment, only_in_var_tmp; print('both')"
+print(subprocess.run([sys.executable, "-c", again], capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.mark.parametrize("user", ["root", "plain"])
+def test_interpreter_directories_of_one_name_under_tmp_and_var_tmp_are_both_shown(user, made_here):
+    """/tmp/<name> and /var/tmp/<name> are one directory of the scratch tmpfs, which is behind both: the
+    interpreter's directories under each are shown again all the same."""
+    if user == "root" and not ROOT:
+        pytest.skip("the sandbox uid's path needs root; the plain user's path runs below")
+    if not os.path.isdir("/var/tmp") or not os.access("/var/tmp", os.W_OK):
+        pytest.skip("/var/tmp is not a directory this user can write")
+    prefix = closed_venv("/tmp")
+    made_here.append(prefix)
+    namesake = os.path.join("/var/tmp", os.path.basename(prefix))
+    os.makedirs(os.path.join(namesake, "extra"))
+    made_here.append(namesake)
+    open(os.path.join(namesake, "extra", "only_in_var_tmp.py"), "w").close()
+    site_packages = os.path.join(prefix, "lib", PYTHON_VERSION, "site-packages")
+    with open(os.path.join(site_packages, "namesake.pth"), "w") as f:
+        f.write(os.path.join(namesake, "extra") + "\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = [os.path.join(prefix, "bin", "python"), "-c", UNDER_TMP_DRIVER, user, "", TWO_NAMESAKES]
+    done = subprocess.run(
+        driver, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["stdout"] == "both\n", result["stderr"]
+
+
+def sandbox_with_refused_read_only_mounts(directory):
+    """A copy of sandbox.py and its siblings in which mount_setattr(2) is refused (ENOSYS: a number no
+    kernel gives a call)."""
+    verifier = os.path.dirname(code_module.sandbox.__file__)
+    for name in ("sandbox.py", "confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
+        (directory / name).write_text(open(os.path.join(verifier, name)).read())
+    source = (directory / "mounts.py").read_text()
+    hooked = source.replace("MOUNT_SETATTR = 442", "MOUNT_SETATTR = 1023")
+    assert hooked != source
+    (directory / "mounts.py").write_text(hooked)
+    return str(directory / "sandbox.py")
+
+
+def test_a_refused_read_only_remount_stops_the_sandbox(as_a_plain_user, monkeypatch, tmp_path):
+    """As a plain user every mount is made read-only first: where that is refused, no test runs (the
+    trainer's files would be writable), and the error says why."""
+    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_with_refused_read_only_mounts(tmp_path))
+    with pytest.raises(RuntimeError, match="sandbox isolation failed: .*making the mounts at / read-only"):
+        run_tests(ADD, ADD_TESTS[:1])

@@ -6,29 +6,34 @@ straight run ends; bad settings and files are refused with one line."""
 
 import json
 import os
+import re
+import shutil
 import signal
 
 import pytest
 import torch
 from helpers import tiny_policy
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_crash_safety import ARGS as CRASH_ARGS
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer, distributed
 from minigrpo.model import (
     AdapterError,
     Adapters,
     adapter_state,
     adapters_off,
     add_adapters,
+    check_tensors,
     is_adapter_directory,
+    load_adapter,
     merged,
     tokenizer_directory,
     trainable_parameters,
+    weights_sha256,
 )
 from minigrpo.rollout import generate
-from minigrpo.run import CHECKPOINTS, Trace, latest_checkpoint, load_state
+from minigrpo.run import CHECKPOINTS, Trace, build_run, latest_checkpoint, load_state
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -138,7 +143,7 @@ def test_the_base_stays_bit_identical_over_many_sampling_calls_and_updates_in_bf
     assert all(p.dtype == torch.float32 for p in adapter_state(model).values())  # fp32 adapters on bf16
 
 
-def write_peft_adapter(base: str, directory: str):
+def write_peft_adapter(base: str, directory: str, rslora: bool = False):
     """An adapter written by PEFT itself on transformers' Qwen3 (B random: init_lora_weights=False);
     returns the PEFT model."""
     peft = pytest.importorskip("peft")
@@ -146,16 +151,19 @@ def write_peft_adapter(base: str, directory: str):
 
     hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     # all-linear: PEFT writes each adapted module's path (model.layers.0.self_attn.q_proj, ...)
-    config = peft.LoraConfig(r=4, lora_alpha=12, target_modules="all-linear", init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=12, target_modules="all-linear", init_lora_weights=False, use_rslora=rslora
+    )
     peft_model = peft.get_peft_model(hf, config).eval()
     peft_model.save_pretrained(directory)
     return peft_model
 
 
-def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_path):
-    peft_model = write_peft_adapter(base, str(tmp_path / "peft"))
+@pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
+def test_minigrpo_loads_an_adapter_peft_wrote_and_computes_its_logits(base, tmp_path, rslora):
+    peft_model = write_peft_adapter(base, str(tmp_path / "peft"), rslora)
     model, tokenizer = minigrpo.load_pretrained(str(tmp_path / "peft"))  # the base named in its config
-    assert tokenizer is not None and model.adapters.targets == ALL and model.adapters.rank == 4
+    assert tokenizer is not None and model.adapters == Adapters(rank=4, alpha=12, targets=ALL, rslora=rslora)
     # PEFT writes no tokenizer: the base's serves (train_math.py reads it before the model)
     assert tokenizer_directory(str(tmp_path / "peft")) == base
     x = ids(model.config.vocab_size)
@@ -188,6 +196,9 @@ def test_peft_loads_the_adapters_minigrpo_saves(base, tmp_path):
     x = ids(model.config.vocab_size)
     with torch.no_grad():
         torch.testing.assert_close(theirs(input_ids=x).logits, model(x), rtol=0, atol=1e-5)
+    again, _ = minigrpo.load_pretrained(str(tmp_path / "ours"))  # and minigrpo reads its rsLoRA back
+    assert again.adapters == model.adapters
+    torch.testing.assert_close(again(x), model(x), rtol=0, atol=0)
 
 
 def test_merge_lora_writes_a_full_checkpoint_with_the_adapted_logits(examples_server, base, tmp_path):
@@ -217,6 +228,23 @@ def test_eval_math_and_sample_take_an_adapter_checkpoint(examples_server, base, 
     assert examples_server.run("sample.py", common + sampled, str(tmp_path), "sample") == 0, (
         tmp_path / "sample.err"
     ).read_text()[-2000:]
+
+
+def test_dropout_drops_an_adapter_s_input_while_training_and_never_in_eval(base):
+    model, _ = adapted(base, Adapters(rank=3, alpha=6, targets=("down_proj",), dropout=0.5))
+    projection = model.layers[0].mlp.down_proj
+    W, A, B, s = projection.weight, projection.lora_A.weight, projection.lora_B.weight, projection.scaling
+    x = torch.randn(2, 5, projection.in_features, generator=torch.Generator().manual_seed(3))  # (B, T, in)
+    with torch.no_grad():
+        projection.eval()
+        torch.testing.assert_close(projection(x), x @ W.T + s * (x @ A.T @ B.T), rtol=0, atol=1e-6)
+        projection.train()
+        torch.manual_seed(11)
+        dropped = projection(x)
+        torch.manual_seed(11)  # the same draw: each input kept times 1 / (1 - p) = 2, or 0
+        kept = torch.nn.functional.dropout(torch.ones_like(x), p=0.5)
+        assert set(kept.unique().tolist()) == {0.0, 2.0}
+        torch.testing.assert_close(dropped, x @ W.T + s * ((x * kept) @ A.T @ B.T), rtol=0, atol=1e-6)
 
 
 def lora_trainer(model_path: str, tmp_path, grpo=None, dtype=None, **train):
@@ -262,6 +290,27 @@ def test_the_reference_is_the_base_with_adapters_off_and_only_adapters_reach_ada
         torch.testing.assert_close(reference(x, mask, 4, 1.0)[0], theirs, rtol=0, atol=0)
 
 
+def test_the_run_s_lora_settings_reach_its_adapters(base, tmp_path):
+    settings = dict(
+        lora_alpha=12.0, use_rslora=True, lora_dropout=0.1, lora_target_modules="down_proj,q_proj"
+    )
+    trainer = lora_trainer(base, tmp_path, seed=7, **settings)  # lora_rank 4
+    wanted = Adapters(rank=4, alpha=12.0, targets=("q_proj", "down_proj"), dropout=0.1, rslora=True)
+    assert trainer.adapters == wanted
+    modules = {name: m for name, m in trainer.model.named_modules() if hasattr(m, "lora_A")}
+    assert sorted(modules) == [
+        f"layers.{i}.{p}" for i in (0, 1) for p in ("mlp.down_proj", "self_attn.q_proj")
+    ]
+    assert all(m.scaling == 12.0 / 2.0 and m.dropout.p == 0.1 for m in modules.values())  # alpha / sqrt(r)
+    # A drawn from the run's seed, as add_adapters draws it from 7 (and not from 0)
+    for seed, same in [(7, True), (0, False)]:
+        model, _ = minigrpo.load_pretrained(base)
+        drawn = adapter_state(add_adapters(model, wanted, seed=seed))
+        assert all(torch.equal(p, drawn[name]) for name, p in adapter_state(trainer.model).items()) == same
+    assert trainer.base_sha256 == weights_sha256(base)  # pinned for its checkpoints
+    assert lora_trainer(base, tmp_path, lora_rank=0).base_sha256 is None  # trained whole: no base
+
+
 def trainer_parameters(model) -> float:
     return float(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
@@ -279,8 +328,40 @@ def test_a_run_starting_from_an_adapter_directory_continues_it_against_a_frozen_
     assert not any(p.requires_grad for p in trainer.reference.parameters())  # a frozen copy of the start
     x = ids(model.config.vocab_size)
     assert torch.equal(trainer.reference(x), model(x))
+    mask = torch.ones_like(x)
+    with torch.no_grad():  # the KL's reference log-probs are that copy's
+        theirs = minigrpo.update.TokenLogprobs(model)(x, mask, 4, 1.0)[0]
+        torch.testing.assert_close(trainer.updater.reference(x, mask, 4, 1.0)[0], theirs, rtol=0, atol=0)
+    assert trainer.model.name_or_path == os.path.abspath(base)  # its checkpoints name the base, not start
     with pytest.raises(ValueError, match="already has LoRA adapters.*leave the lora flags out"):
         lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=8)
+
+
+class TwoRanks(distributed.Dist):
+    """Rank 0 of two that checks nothing with the other (there is no process group): what a Trainer
+    decides before any collective, tested in one process."""
+
+    def check_same(self, values) -> None:
+        pass
+
+
+def test_adapters_put_on_in_memory_name_the_run_s_model_and_are_refused_under_fsdp_across_ranks(
+    base, tmp_path
+):
+    grpo = GRPOConfig(num_generations=4, max_completion_length=8)
+    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    settings = dict(output_dir=str(tmp_path / "run"), batch_size=8, micro_batch_size=4, progress_bar=False)
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
+    model.name_or_path = ""  # as a model built in memory, its adapters on
+    trainer = Trainer(model, tokenizer, task, grpo, TrainConfig(**settings), model_path=base)
+    assert trainer.model.name_or_path == base and trainer.base_sha256 is None  # its checkpoints name it
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
+    one_process = Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings))
+    assert one_process.adapters is not None  # fsdp is a setting of several ranks: one trains as it is
+    model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
+    message = r"fsdp cannot be combined with LoRA \(the model was loaded with adapters\)"
+    with pytest.raises(ValueError, match=message):
+        Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings), dist=TwoRanks(world_size=2))
 
 
 @pytest.mark.parametrize(
@@ -319,6 +400,162 @@ def test_an_adapter_for_another_base_is_refused_before_any_step(base, tmp_path):
         json.dump({**config, key: value}, open(config_path, "w"))
         with pytest.raises(AdapterError, match=message):
             minigrpo.load_pretrained(str(tmp_path / "adapter"))
+
+
+# --- adapter files are untrusted input: checked whole before anything is allocated ------------------
+PREFIX = "base_model.model.model."  # of every tensor name in PEFT's file
+SAVED = Adapters(rank=2, alpha=4, targets=("q_proj", "down_proj"))  # saved_adapter's
+
+
+def saved_adapter(base: str, directory):
+    """`adapted` with SAVED (B random) saved in `directory`: (adapter_config.json's path, the weights')."""
+    model, tokenizer = adapted(base, SAVED)
+    minigrpo.save_pretrained(model, tokenizer, str(directory))
+    return directory / "adapter_config.json", directory / "adapter_model.safetensors"
+
+
+def edit_config(path, **changes):
+    json.dump({**json.load(open(path)), **changes}, open(path, "w"))
+
+
+def refused(base: str, directory, message: str) -> None:
+    """load_adapter on a fresh base refuses `directory` in one line matching `message`, leaving the base as
+    it was: no adapters, nothing frozen."""
+    model, _ = minigrpo.load_pretrained(base)
+    with pytest.raises(AdapterError, match=message) as error:
+        load_adapter(model, str(directory))
+    assert "\n" not in str(error.value)
+    assert model.adapters is None and not adapter_state(model)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_a_rank_above_the_narrowest_projection_is_refused_before_any_adapter_is_allocated(base, tmp_path):
+    # TINY: k_proj and v_proj (48 in, 32 out) are the narrowest of the seven; q_proj (48 in, 64 out) takes 48
+    with pytest.raises(AdapterError, match="^lora_rank = 1000000000000 is above 32, the most k_proj takes"):
+        lora_trainer(base, tmp_path, lora_rank=10**12)  # (an allocation of terabytes, never tried)
+    with pytest.raises(AdapterError, match="^lora_rank = 49 is above 48, the most q_proj takes"):
+        lora_trainer(base, tmp_path, lora_rank=49, lora_target_modules="q_proj")
+    assert lora_trainer(base, tmp_path, lora_rank=48, lora_target_modules="q_proj").adapters.rank == 48
+    config_path, weights = saved_adapter(base, tmp_path / "adapter")
+    edit_config(config_path, r=10**12)
+    refused(
+        base,
+        tmp_path / "adapter",
+        re.escape(f"{config_path}: r = 1000000000000 is above 48, the most q_proj"),
+    )
+    # a rank the projections allow, but not the file's: its header says so before any allocation
+    edit_config(config_path, r=3)
+    name = PREFIX + "layers.0.self_attn.q_proj.lora_A.weight"
+    message = f"{weights}: {name} has shape (2, 48), but this model's projection takes (3, 48)"
+    refused(base, tmp_path / "adapter", re.escape(message))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_an_adapter_holding_nan_or_inf_is_refused_naming_the_tensor(base, tmp_path, value):
+    _, weights = saved_adapter(base, tmp_path / "adapter")
+    tensors = load_file(weights)
+    name = PREFIX + "layers.1.mlp.down_proj.lora_B.weight"
+    tensors[name][3, 1] = value
+    save_file(tensors, weights, metadata={"format": "pt"})
+    refused(base, tmp_path / "adapter", re.escape(f"{weights}: {name} holds NaN or infinite values"))
+
+
+def test_an_alpha_that_float32_cannot_hold_is_refused_in_a_file_and_as_a_flag(base, tmp_path):
+    largest = float(torch.finfo(torch.float32).max)
+    assert Adapters(rank=1, alpha=largest, targets=ALL).scaling == largest  # the bound itself is allowed
+    config_path, _ = saved_adapter(base, tmp_path / "adapter")
+    edit_config(config_path, lora_alpha=1e39)
+    message = (
+        "lora_alpha must be a number > 0 that float32 holds (at most 3.403e+38: the adapters compute in "
+    )
+    refused(base, tmp_path / "adapter", re.escape(f"{config_path}: {message}float32), got 1e+39"))
+    with pytest.raises(AdapterError, match=re.escape(message)):
+        lora_trainer(base, tmp_path, lora_alpha=1e39)
+
+
+def test_tensors_no_adapted_projection_takes_are_refused_by_name_and_missing_ones_named(base, tmp_path):
+    directory = tmp_path / "adapter"
+    _, weights = saved_adapter(base, directory)  # q_proj and down_proj of blocks 0 and 1
+    good = load_file(weights)
+    model = "(2 layers, targets q_proj,down_proj)"
+    outside_any_name = [
+        PREFIX + "layers.0.self_attn.k_proj.lora_A.weight",  # a projection the config does not target
+        PREFIX + "layers.0.self_attn.q_proj.lora_B.bias",  # PEFT's lora_bias
+        PREFIX + "layers.0.mlp.q_proj.lora_A.weight",  # a projection under the wrong parent
+        "base_model.model.lm_head.weight",  # PEFT's modules_to_save, trainable tokens, ...
+    ]
+    for surplus in [*outside_any_name, PREFIX + "layers.2.self_attn.q_proj.lora_A.weight"]:
+        save_file({**good, surplus: torch.zeros(2, 48)}, weights, metadata={"format": "pt"})
+        message = f"{weights} holds {surplus}, which no adapted projection of this model {model} takes"
+        refused(base, directory, re.escape(message))
+        if surplus in outside_any_name:  # (block 2 needs the base to tell: the header alone cannot)
+            message = f"{weights} holds {surplus}, which is not the A or B of a projection its adapter_config"
+            with pytest.raises(AdapterError, match=re.escape(message)):
+                check_tensors(str(directory))  # what a resume checks in a checkpoint
+    blocks = {name: t for name, t in good.items() if ".layers.1." not in name}  # block 0's alone
+    save_file(blocks, weights, metadata={"format": "pt"})
+    missing = PREFIX + "layers.1.mlp.down_proj.lora_A.weight"
+    refused(base, directory, re.escape(f"{weights} lacks {missing}, "))
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("layers_to_transform", 0),  # block 0 alone in PEFT, though falsy
+        ("layers_to_transform", False),  # (== 0)
+        ("layers_to_transform", 1),
+        ("layers_to_transform", [1]),
+        ("exclude_modules", ["model.layers.0.self_attn.q_proj"]),
+        ("exclude_modules", "model\\.layers\\.1\\..*"),  # a pattern
+        ("layers_pattern", "layers"),
+    ],
+)
+def test_peft_settings_that_leave_some_projections_unadapted_are_refused(base, tmp_path, key, value):
+    config_path, _ = saved_adapter(base, tmp_path / "adapter")
+    edit_config(config_path, **{key: value})
+    message = f"{config_path}: {key} = {value!r} is not supported by minigrpo's adapters, which go on every "
+    refused(base, tmp_path / "adapter", re.escape(message + "targeted projection of every block"))
+
+
+def test_the_empty_values_of_those_settings_load_as_peft_loads_them(base, tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    config_path, _ = saved_adapter(base, tmp_path / "adapter")
+    x = ids(97)
+    # PEFT's every block: null and [] (layers_to_transform), null, "" and [] (exclude_modules)
+    for changes in [dict(layers_to_transform=[], exclude_modules=[]), dict(exclude_modules="")]:
+        edit_config(config_path, **changes)
+        ours, _ = minigrpo.load_pretrained(str(tmp_path / "adapter"))
+        hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        theirs = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), theirs(input_ids=x).logits, rtol=0, atol=1e-5)
+    edit_config(config_path, layers_to_transform=0)  # what PEFT makes of 0: block 0's adapters alone
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        assert (ours(x) - theirs(input_ids=x).logits).abs().max() > 1e-3
+
+
+def test_a_resume_refuses_a_base_whose_weights_changed_in_place(base, tmp_path):
+    copy = shutil.copytree(base, tmp_path / "base")  # changed below: not the module's base
+    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    grpo = GRPOConfig(num_generations=2, max_completion_length=4)
+    settings = dict(output_dir=str(tmp_path / "run"), batch_size=4, micro_batch_size=4, lora_rank=2)
+    settings.update(progress_bar=False, log_completions_every=0)
+    minigrpo.train(str(copy), task, grpo, TrainConfig(max_steps=1, **settings))
+    saved = load_state(latest_checkpoint(str(tmp_path / "run")))
+    assert saved["base_sha256"] == weights_sha256(str(copy))
+    # the same base, and the same targets named otherwise (all-linear is the default's seven): resumed
+    resumed = TrainConfig(max_steps=2, resume=True, **settings, lora_target_modules="all-linear")
+    assert build_run(str(copy), task, grpo, resumed).trainer.step == 1
+    weights = load_file(copy / "model.safetensors")
+    weights["model.norm.weight"][0] = torch.nextafter(weights["model.norm.weight"][0], torch.tensor(9.0))
+    save_file(weights, copy / "model.safetensors", metadata={"format": "pt"})  # one float's last bit
+    message = f"trained adapters on {copy}, whose weights have changed since (their sha256 differs"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_run(str(copy), task, grpo, resumed)
 
 
 # test_crash_safety's killed runs, of LoRA adapters with a KL to their base

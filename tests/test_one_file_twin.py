@@ -46,15 +46,6 @@ G = 4
 EOS = 0  # the embedded tokenizer's <|endoftext|>
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tensors this small run as fast on one thread, which never waits on a second, busy core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return Tokenizer.from_file(os.path.join(twin.MODEL, "tokenizer.json"))

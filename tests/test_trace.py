@@ -8,7 +8,6 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
@@ -67,8 +66,6 @@ class Page(HTMLParser):
 def traced(tmp_path_factory):
     """One traced step, G completions per prompt, 2 prompts; (trainer, trace, step stats, page)."""
     tmp_path = tmp_path_factory.mktemp("trace")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tensors this small run as fast on one thread, which never waits on a busy core
     tokenizer = tiny_tokenizer(str(tmp_path / "tokenizer"))
     model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64)
     settings = dict(
@@ -91,7 +88,6 @@ def traced(tmp_path_factory):
     printed = []
     trace = Trace(write=printed.append, html_path=str(tmp_path / "trace.html"))
     stats, _ = trainer.train_step(trace)
-    torch.set_num_threads(threads)
     assert any("[4 loss]" in line for line in printed)  # the console trace is still printed
     trained = sum(p.numel() for p in model.parameters())
     assert f"[4 trained]        {trained:,} parameters (every weight)" in printed

@@ -83,16 +83,6 @@ class FixedSampler:
         )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tensors this small run as fast on one thread, which never waits on a second, busy core
-    (with two, a step here took 0.1-4 s on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return tiny_tokenizer(str(tmp_path_factory.mktemp("tokenizer")))

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import minigrpo
 from minigrpo.verifier import (
     TIME_LIMIT,
+    Unsupported,
     VerifierError,
     answers_match,
     extract_answer,
@@ -25,6 +26,7 @@ from minigrpo.verifier import (
     math_reward,
     math_rewards,
     normalize,
+    parse_math,
 )
 from minigrpo.verifier import worker_pool as bounded
 from minigrpo.verifier.closed_forms import sample_points
@@ -526,6 +528,42 @@ def test_a_repeating_block_too_long_is_refused_at_once():
 )
 def test_a_limit_of_a_body_without_its_variable_is_the_body(pred, gold, expected):
     assert answers_match(pred, gold) is expected
+
+
+@pytest.mark.parametrize(
+    "pred, gold, expected",
+    [
+        # n!! is the double factorial, not Math-Verify's (n!)! (parse.py's departures)
+        ("5!!", "15", True),
+        ("3!!", "720", False),
+        ("(3!)!", "720", True),
+        ("3!!!", "6", False),  # three marks: refused, never right
+        ("(n+1)!", "(n+1) n!", True),  # a factorial of a variable, compared at the sample points
+        ("(n+1)!", "n!", False),
+        # an odd root of a negative number is the real root; a power keeps the principal one
+        (r"\sqrt[3]{-8}", "-2", True),
+        (r"\sqrt[3]{-\frac{27}{8}}", r"-\frac{3}{2}", True),
+        ("(-8)^{1/3}", "-2", False),
+        (r"\sqrt[4]{-16}", "-2", False),
+    ],
+)
+def test_factorial_marks_and_odd_roots_read_as_in_school(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
+def test_a_power_of_a_product_with_a_variable_is_estimated_before_it_is_computed():
+    """(7x)^{10^7} is 7^{10^7} x^{10^7} to sympy, which computed 7^{10^7} (seconds) before any check."""
+    with pytest.raises(Unsupported, match="power too large"):
+        parse_math(r"(7x)^{10^{7}}")
+    with pytest.raises(Unsupported, match="power too large"):
+        parse_math(r"(\sqrt{2} x)^{10^{7}}")
+    assert parse_math(r"(7x)^{3}").value == 343 * sympy.Symbol("x") ** 3
+
+
+def test_a_logarithm_of_a_power_of_its_base_is_exact():
+    assert parse_math(r"\log_2 8").value == 3 and parse_math(r"\log_2 8").value.is_Integer
+    assert parse_math(r"\log_3 \frac{1}{81}").value == -4
+    assert parse_math(r"\log_2 10").value == sympy.log(10) / sympy.log(2)  # not a power of 2: as before
 
 
 # -- time bounds --------------------------------------------------------------------------------

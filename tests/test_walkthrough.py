@@ -83,10 +83,11 @@ def traced_step(output_dir: str, arguments: list[str]) -> tuple[list[str], str]:
     printed = io.StringIO()
     with (
         mock.patch.object(sys, "argv", argv),
-        mock.patch("minigrpo.run.plots.plot_curves", return_value=False),
+        mock.patch("minigrpo.run.plot_curves", return_value=False),  # the name train_math.py imports
         contextlib.redirect_stdout(printed),
     ):
         runpy.run_path(TRAIN_MATH, run_name="__main__")
+    assert not os.path.exists(os.path.join(output_dir, "curves.png"))
     page = open(os.path.join(output_dir, "trace.html"), encoding="utf-8").read().splitlines()
     return printed.getvalue().splitlines(), "\n".join(
         html.unescape(re.sub(r"<[^>]+>", "", line)) for line in page

@@ -1,14 +1,14 @@
 """Runs examples/*.py on many command lines, each in its own process, paying the imports once.
 
-    python tests/tool_runner.py OUT_DIR < cases.json    # [{"name", "script", "argv"}, ...]
+    python tests/tool_runner.py OUT_DIR < cases.json    # [{"name", "script", "argv"[, "cwd"]}, ...]
     python tests/tool_runner.py OUT_DIR transformers trl < cases.json    # those imported first, too
 
 Importing torch and the library costs 2-3 s per process (transformers and TRL, which the benchmarks
 measure against, several more); here it is paid once, then every case is a fork that runs its
-script as __main__ with its own argv, stdout (OUT_DIR/name.out) and stderr (OUT_DIR/name.err) and
-ends as the interpreter would: sys.exit("message") prints the message and exits 1, an uncaught
-exception prints its traceback, and the exit handlers the script registered run. Prints
-{name: exit status} as JSON.
+script as __main__ with its own argv, working directory (the runner's unless it names one), stdout
+(OUT_DIR/name.out) and stderr (OUT_DIR/name.err) and ends as the interpreter would:
+sys.exit("message") prints the message and exits 1, an uncaught exception prints its traceback,
+and the exit handlers the script registered run. Prints {name: exit status} as JSON.
 """
 
 import atexit
@@ -38,6 +38,7 @@ def run(case: dict, out_dir: str) -> int:
         os.dup2(file, fd)
         os.close(file)
     atexit._clear()  # the handlers inherited from this runner are not the script's to run
+    os.chdir(case.get("cwd") or ".")  # where the command is typed: its relative paths start there
     script = os.path.join(EXAMPLES, case["script"])  # an absolute path stays itself
     sys.argv = [script, *case["argv"]]
     sys.path[0] = os.path.dirname(script)  # the script's directory, as the interpreter puts it

@@ -5,10 +5,11 @@ layout.
   products, RMSNorm, rotary embeddings, the padding mask);
 - `KVCache`: the static cache the sampler decodes in (kv_cache.py);
 - `Tokenizer`: text <-> token ids, EOS and padding (tokenizer.py), and the checkpoint's own chat
-  template rendered as transformers renders it (chat_template.py: `ChatTemplate`, `check_tool_schemas`);
+  template rendered as transformers renders it (chat_template.py: `ChatTemplate`, `check_tool_schemas`),
+  in a sandbox that bounds what a render may spend (template_sandbox.py);
 - `load_pretrained`, `save_pretrained`, `download`: checkpoints on disk and on the Hub (weights.py), each
   problem a `CheckpointError` naming the file or tensor; a PEFT adapter directory loads as its base with
-  the adapters on (adapter_files.py);
+  the adapters on (adapter_files.py); `output_problem`: what stops a tool from saving into a directory;
 - `Adapters`, `add_adapters`, `adapters_off`, `merged`: LoRA adapters on the projections, switched off
   for the base, or merged into plain weights (lora.py).
 It knows tensors, files and names, not the loop that trains the model. The stages use the model through
@@ -26,6 +27,7 @@ from .lora import (
     adapters_of,
     adapters_off,
     add_adapters,
+    check_rank,
     merged,
     set_dropout,
     trainable_parameters,
@@ -33,11 +35,13 @@ from .lora import (
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 from .weights import (
+    CHECKPOINT_FILES,
     CheckpointError,
     check_tensors,
     download,
     hf_name,
     load_pretrained,
+    output_problem,
     parse_device,
     read_task,
     read_tokenizer,
@@ -45,16 +49,19 @@ from .weights import (
     save_pretrained,
     to_hf_state_dict,
     tokenizer_directory,
+    weights_sha256,
     write_files,
 )
 
 __all__ = [
+    "CHECKPOINT_FILES",
     "AdapterError",
     "Adapters",
     "adapter_state",
     "adapters_of",
     "adapters_off",
     "add_adapters",
+    "check_rank",
     "is_adapter_directory",
     "load_adapter",
     "merged",
@@ -74,6 +81,7 @@ __all__ = [
     "hf_name",
     "load_pretrained",
     "logit_dtype",
+    "output_problem",
     "parse_device",
     "read_task",
     "read_tokenizer",
@@ -81,5 +89,6 @@ __all__ = [
     "save_pretrained",
     "to_hf_state_dict",
     "tokenizer_directory",
+    "weights_sha256",
     "write_files",
 ]

@@ -6,8 +6,11 @@ base_model_name_or_path, task_type CAUSAL_LM. adapter_model.safetensors: per ada
 base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight (r, in) and ...lora_B.weight
 (out, r). In: a directory. Out: the Adapters it describes and their tensors loaded into a model (and
 back to disk). Adapters that minigrpo cannot run (DoRA, per-layer ranks, biases, extra trained
-modules, regex targets) are refused with an AdapterError naming the setting. It knows files and
-names, not training.
+modules, regex targets, adapters on some blocks or projections only) are refused with an AdapterError
+naming the setting. The files are untrusted input: everything is checked before an adapter is
+allocated (the rank against the projections' sizes, each tensor's name and shape from the file's
+header, the values finite), and a tensor no adapted projection takes is refused by name. It knows
+files and names, not training.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..config import ALL_LINEAR, LORA_TARGETS, parse_lora_targets
-from ..files import read_json_object, write_json
-from .lora import AdapterError, Adapters, adapter_state, add_adapters
+from ..files import read_json_object, regular_file, write_json
+from .lora import PARENTS, AdapterError, Adapters, adapter_shapes, adapter_state, add_adapters, check_rank
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -31,14 +34,19 @@ PEFT_PREFIX = "base_model.model.model."  # PeftModel > Qwen3ForCausalLM > Qwen3M
 MODULE_PATH = re.compile(
     r"(((base_model\.model\.)?model\.)?(layers\.\d+\.)?(self_attn|mlp)\.)?(" + "|".join(LORA_TARGETS) + ")"
 )
+# an adapter tensor's name in PEFT's file: its block, its projection (under its parent), A or B
+TENSOR_NAME = re.compile(
+    re.escape(PEFT_PREFIX) + r"layers\.\d+\.(?P<parent>self_attn|mlp)\.(?P<projection>\w+)\.lora_[AB]\.weight"
+)
 # PEFT settings minigrpo does not run, each with the value a file writes for "not used"
 UNSUPPORTED = {
     "use_dora": False,
     "fan_in_fan_out": False,
     "bias": "none",
     "modules_to_save": None,
-    "layers_to_transform": None,
+    "layers_to_transform": None,  # adapters on these blocks alone
     "layers_pattern": None,
+    "exclude_modules": None,  # targets left without adapters
     "rank_pattern": {},
     "alpha_pattern": {},
     "alora_invocation_tokens": None,  # activated LoRA: adapters on the tokens after these only
@@ -48,9 +56,10 @@ WRITTEN_UNUSED = ("use_dora", "fan_in_fan_out", "bias", "modules_to_save", "rank
 
 def is_adapter_directory(directory: str) -> bool:
     """A PEFT adapter's directory: adapter_config.json without a model's config.json beside it (a
-    directory with both is read as the full model it holds)."""
-    adapter = os.path.isfile(os.path.join(directory, ADAPTER_CONFIG))
-    return adapter and not os.path.isfile(os.path.join(directory, "config.json"))
+    directory with both is read as the full model it holds). Either name counts whatever it is (a
+    named pipe too): reading it then says what is wrong with it."""
+    adapter = os.path.exists(os.path.join(directory, ADAPTER_CONFIG))
+    return adapter and not os.path.exists(os.path.join(directory, "config.json"))
 
 
 def write_adapter(model, directory: str) -> None:
@@ -86,10 +95,13 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
         raise AdapterError(str(error)) from None
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{path}: peft_type {config['peft_type']!r} is not LORA, the one minigrpo runs")
-    for key, unused in UNSUPPORTED.items():
+    for key in UNSUPPORTED:
         value = config.get(key)
-        if value and value != unused:  # absent, null, false, "none", {} and [] all mean unused
-            raise AdapterError(f"{path}: {key} = {value!r} is not supported by minigrpo's adapters")
+        if not _unused(key, value):
+            raise AdapterError(
+                f"{path}: {key} = {value!r} is not supported by minigrpo's adapters, which go on every "
+                "targeted projection of every block"
+            )
     targets = config.get("target_modules") or []
     if isinstance(targets, str) and targets not in (*LORA_TARGETS, ALL_LINEAR):
         raise AdapterError(f"{path}: target_modules {targets!r} is a pattern; minigrpo reads a list of names")
@@ -112,6 +124,16 @@ def read_adapter_config(directory: str) -> tuple[Adapters, str | None]:
     return adapters, base
 
 
+def _unused(key: str, value) -> bool:
+    """Whether PEFT reads this value of an UNSUPPORTED setting as the setting not used: absent, null,
+    its written default, or empty (false, "", {}, []: PEFT tests these settings for truth), except
+    layers_to_transform, which PEFT tests against None: 0 there means block 0 alone, and only null and
+    [] mean every block."""
+    if key == "layers_to_transform":
+        return value is None or value == []
+    return not value or value == UNSUPPORTED[key]
+
+
 def _projection(name: str, path: str) -> str:
     """A target_modules entry as the projection it names: q_proj as is, or a module's path such as
     model.layers.3.self_attn.q_proj (PEFT writes those for all-linear); other modules are refused."""
@@ -124,51 +146,96 @@ def _projection(name: str, path: str) -> str:
 
 
 def load_adapter(model, directory: str, seed: int = 0) -> None:
-    """Put the adapters that `directory` holds on `model` (a base without adapters), their tensors
-    checked against its projections; an AdapterError names the first that does not fit."""
+    """Put the adapters that `directory` holds on `model` (a base without adapters). Everything is
+    checked before the adapters are allocated, so that the model is left as it was if one thing does
+    not fit: the rank against the projections, every tensor's name and shape against the file's
+    header (a huge r is never allocated), and the tensors' values (NaN or inf); an AdapterError names
+    the first that does not fit."""
     adapters, _ = read_adapter_config(directory)
+    check_rank(model, adapters, f"{os.path.join(directory, ADAPTER_CONFIG)}: r")
     path = os.path.join(directory, ADAPTER_WEIGHTS)
+    shapes = {PEFT_PREFIX + name: shape for name, shape in adapter_shapes(model, adapters).items()}
     with _open(path) as f:
-        names = set(f.keys())
-        add_adapters(model, adapters, seed)
-        expected = {PEFT_PREFIX + name: p for name, p in adapter_state(model).items()}
-        missing = sorted(expected.keys() - names)
-        unexpected = sorted(names - expected.keys())
-        if missing or unexpected:
-            raise AdapterError(
-                f"{path} does not fit this model ({len(model.layers)} layers, targets "
-                f"{', '.join(adapters.targets)}): "
-                + (f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}")
-                + " (an adapter made for another base, or on some blocks only, which minigrpo does not run?)"
-            )
-        with torch.no_grad():
-            for name, param in expected.items():
-                tensor = f.get_tensor(name)
-                if tensor.shape != param.shape:
-                    raise AdapterError(
-                        f"{path}: {name} has shape {tuple(tensor.shape)}, but this model's projection "
-                        f"takes {tuple(param.shape)} (an adapter made for another base?)"
-                    )
-                param.copy_(tensor)
+        _check_names(
+            f.keys(), shapes.keys(), path, f"{len(model.layers)} layers, targets {_targets(adapters)}"
+        )
+        for name, shape in shapes.items():
+            found = tuple(f.get_slice(name).get_shape())
+            if found != shape:
+                raise AdapterError(
+                    f"{path}: {name} has shape {found}, but this model's projection takes {shape} (an "
+                    "adapter made for another base?)"
+                )
+        tensors = {name: _finite(f.get_tensor(name), name, path) for name in shapes}
+    add_adapters(model, adapters, seed)
+    with torch.no_grad():
+        for name, param in adapter_state(model).items():
+            param.copy_(tensors[PEFT_PREFIX + name])
+
+
+def _check_names(names, expected, path: str, model: str) -> None:
+    """The file holds a tensor for every name `expected` and nothing else: a surplus tensor (one that no
+    adapted projection takes) is named, as is a missing one."""
+    surplus = sorted(set(names) - set(expected))
+    if surplus:
+        raise AdapterError(
+            f"{path} holds {_first(surplus)}, which no adapted projection of this model ({model}) takes: "
+            "minigrpo loads an adapter whole or not at all"
+        )
+    missing = sorted(set(expected) - set(names))
+    if missing:
+        raise AdapterError(
+            f"{path} lacks {_first(missing)} for this model ({model}): an adapter made for another base?"
+        )
+
+
+def _finite(tensor: torch.Tensor, name: str, path: str) -> torch.Tensor:
+    if not torch.isfinite(tensor).all():
+        raise AdapterError(
+            f"{path}: {name} holds NaN or infinite values; an adapter must be finite (saved from a run "
+            "that diverged?)"
+        )
+    return tensor
+
+
+def _targets(adapters: Adapters) -> str:
+    return ",".join(adapters.targets)
+
+
+def _first(names: list[str], n: int = 3) -> str:
+    """The first n names, and how many more."""
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def check_adapter_files(directory: str) -> None:
-    """The adapter's config reads and its weights file holds an A and a B of rank r for each adapted
-    projection, read from the file's header alone; an AdapterError names what does not."""
+    """The adapter's config reads and its weights file holds nothing but an A and a B of rank r for
+    adapted projections, read from the file's header alone; an AdapterError names what does not."""
     adapters, _ = read_adapter_config(directory)
     path = os.path.join(directory, ADAPTER_WEIGHTS)
     with _open(path) as f:
+        if not list(f.keys()):
+            raise AdapterError(f"{path} holds no adapter tensors")
         for name in f.keys():
+            match = TENSOR_NAME.fullmatch(name)
+            projection = match and match["projection"]
+            if projection not in adapters.targets or PARENTS[projection] != match["parent"]:
+                raise AdapterError(
+                    f"{path} holds {name}, which is not the A or B of a projection its "
+                    f"{ADAPTER_CONFIG} targets ({_targets(adapters)})"
+                )
             shape = f.get_slice(name).get_shape()
             inner = shape[0] if ".lora_A." in name else shape[-1]
             if len(shape) != 2 or inner != adapters.rank:
                 raise AdapterError(f"{path}: {name} has shape {tuple(shape)}, not rank {adapters.rank}")
-        if not list(f.keys()):
-            raise AdapterError(f"{path} holds no adapter tensors")
 
 
 def _open(path: str):
-    if not os.path.isfile(path):
+    """safe_open(path), with a missing, special (a named pipe) or damaged file an AdapterError naming it."""
+    try:
+        present = regular_file(path)
+    except ValueError as error:
+        raise AdapterError(str(error)) from None
+    if not present:
         raise AdapterError(f"{path} does not exist: an adapter directory needs {ADAPTER_WEIGHTS}")
     try:
         return safe_open(path, framework="pt")

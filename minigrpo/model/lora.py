@@ -42,6 +42,10 @@ PARENTS = {
 }
 
 
+# the adapters compute in float32 (or fp64): a larger alpha, or scale, is inf there
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
 class AdapterError(ValueError):
     """Adapters that cannot go on this model, or files that do not describe adapters minigrpo runs."""
 
@@ -60,10 +64,12 @@ class Adapters:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             raise AdapterError(f"a LoRA rank must be a positive integer, got {self.rank!r}")
         alpha = self.alpha
-        if isinstance(alpha, bool) or not (
-            isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0
-        ):
-            raise AdapterError(f"lora_alpha must be a finite number > 0, got {self.alpha!r}")
+        # (NaN and inf fail the comparison too)
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and 0 < alpha <= FLOAT32_MAX):
+            raise AdapterError(
+                f"lora_alpha must be a number > 0 that float32 holds (at most {FLOAT32_MAX:.4g}: the "
+                f"adapters compute in float32), got {self.alpha!r}"
+            )
         if isinstance(self.dropout, bool) or not (
             isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1
         ):
@@ -141,6 +147,36 @@ class LoraLinear(Linear):
         return packed or functools.partial(F.linear, weight=merged, bias=self.bias)
 
 
+def check_rank(model: nn.Module, adapters: Adapters, what: str = "the LoRA rank") -> None:
+    """An AdapterError, before anything is allocated, for a rank above min(in, out) of a targeted
+    projection: B A (out, in) can have no higher rank, so the extra width would only take memory. The
+    narrowest target is named with its bound; `what` names where the rank came from (a flag, a file's r)."""
+    block = model.layers[0]  # every block's projections have the same shapes
+    projections = {name: getattr(getattr(block, PARENTS[name]), name) for name in adapters.targets}
+    bounds = {name: min(p.in_features, p.out_features) for name, p in projections.items()}
+    narrowest = min(bounds, key=bounds.get)
+    if adapters.rank > bounds[narrowest]:
+        projection = projections[narrowest]
+        raise AdapterError(
+            f"{what} = {adapters.rank} is above {bounds[narrowest]}, the most {narrowest} takes: B A has "
+            f"at most the rank of the smaller side of the {projection.out_features} x "
+            f"{projection.in_features} weight it adds to"
+        )
+
+
+def adapter_shapes(model: nn.Module, adapters: Adapters) -> dict[str, tuple[int, int]]:
+    """The shape of each tensor add_adapters would put on `model`, by the name adapter_state gives it
+    (layers.0.self_attn.q_proj.lora_A.weight, ...): A (r, in) and B (out, r). Nothing is allocated."""
+    shapes = {}
+    for i, block in enumerate(model.layers):
+        for name in adapters.targets:
+            projection = getattr(getattr(block, PARENTS[name]), name)
+            path = f"layers.{i}.{PARENTS[name]}.{name}"
+            shapes[f"{path}.lora_A.weight"] = (adapters.rank, projection.in_features)
+            shapes[f"{path}.lora_B.weight"] = (projection.out_features, adapters.rank)
+    return shapes
+
+
 def add_adapters(model: nn.Module, adapters: Adapters, seed: int = 0) -> nn.Module:
     """Put fresh adapters (B = 0: the model computes what it did) on `adapters.targets` of every block,
     A drawn from `seed`; freeze everything else. Returns the model, changed in place."""
@@ -148,6 +184,7 @@ def add_adapters(model: nn.Module, adapters: Adapters, seed: int = 0) -> nn.Modu
         raise AdapterError(
             "the model already has LoRA adapters: continue them rather than wrap new ones over them"
         )
+    check_rank(model, adapters)
     generator = torch.Generator(device=model.device).manual_seed(seed)
     model.requires_grad_(False)
     for block in model.layers:

@@ -17,8 +17,8 @@ from collections import Counter
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from ..files import read_json_object, write_json
-from .chat_template import SPECIAL_TOKENS, ChatTemplate, choose
+from ..files import read_json_object, regular_file, write_json
+from .chat_template import SPECIAL_TOKENS, ChatTemplate, choose, read_template_file
 
 TEMPLATE_FILE = "chat_template.jinja"  # newer checkpoints keep their template here; it wins over the config's
 
@@ -50,7 +50,7 @@ class Tokenizer:
     def from_directory(cls, directory: str) -> Tokenizer:
         """The tokenizer of a checkpoint directory; a missing or unreadable file is a ValueError naming it."""
         path = os.path.join(directory, "tokenizer.json")
-        if not os.path.exists(path):
+        if not regular_file(path):  # a named pipe or a directory is refused, never opened
             raise ValueError(f"{directory} has no tokenizer.json")
         configs = [
             _read_json_if_exists(os.path.join(directory, name))
@@ -66,9 +66,8 @@ class Tokenizer:
             ) from None
         template_path = os.path.join(directory, TEMPLATE_FILE)
         template_file = None
-        if os.path.exists(template_path):
-            with open(template_path, encoding="utf-8") as f:
-                template_file = f.read()
+        if regular_file(template_path):
+            template_file = read_template_file(template_path)
         return cls(backend, *configs, template_file=template_file, where=directory)
 
     def save(self, directory: str) -> None:
@@ -261,4 +260,4 @@ class Tokenizer:
 
 
 def _read_json_if_exists(path: str) -> dict:
-    return read_json_object(path, "the tokenizer's settings") if os.path.exists(path) else {}
+    return read_json_object(path, "the tokenizer's settings") if regular_file(path) else {}

@@ -11,16 +11,25 @@ It knows files, names and shapes, not training.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import os
 import re
-import shutil
-import tempfile
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..files import read_json_object, replace_dir, write_json
+from ..files import (
+    directory_beside,
+    disk_full_named,
+    read_json_object,
+    regular_file,
+    remove_leftovers,
+    replace_dir,
+    write_json,
+    write_probe,
+)
 from .adapter_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -47,6 +56,12 @@ CHECKPOINT_FILES = [
     ADAPTER_WEIGHTS,
 ]
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
+# The files of a Hugging Face checkpoint, as save_pretrained writes them for a model without adapters: all
+# that a tool's output directory may hold when the tool replaces it (output_problem).
+SAVED_FILE = re.compile(
+    r"(generation_)?config\.json|tokenizer(_config)?\.json|chat_template\.jinja"
+    r"|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
+)
 
 
 class CheckpointError(ValueError):
@@ -164,7 +179,7 @@ def download(repo_id: str, local_dir: str | None = None, revision: str | None = 
 
 def read_config(directory: str) -> Qwen3Config:
     path = os.path.join(directory, "config.json")
-    if not os.path.exists(path):
+    if not _present(path):
         raise CheckpointError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
     settings = _read_json(path, "the model's settings")
     try:
@@ -175,7 +190,7 @@ def read_config(directory: str) -> Qwen3Config:
 
 def read_tokenizer(directory: str) -> Tokenizer | None:
     """The directory's Tokenizer, None without a tokenizer.json, a CheckpointError for a bad one."""
-    if not os.path.exists(os.path.join(directory, "tokenizer.json")):
+    if not _present(os.path.join(directory, "tokenizer.json")):
         return None
     try:
         return Tokenizer.from_directory(directory)
@@ -187,12 +202,12 @@ def weight_files(directory: str) -> dict[str, str]:
     """Map each tensor name to the safetensors file (full path) that holds it."""
     index_path = os.path.join(directory, INDEX_FILE)
     single_path = os.path.join(directory, SINGLE_FILE)
-    if os.path.exists(index_path):
+    if _present(index_path):
         weight_map = _read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index_path} has no weight_map of tensor names to files")
         return {name: os.path.join(directory, file) for name, file in weight_map.items()}
-    if os.path.exists(single_path):
+    if _present(single_path):
         with _open_safetensors(single_path) as f:
             return {name: single_path for name in f.keys()}
     pickled = [f for f in os.listdir(directory) if f.endswith((".bin", ".pt", ".pth"))]
@@ -220,6 +235,21 @@ def check_tensors(directory: str) -> None:
         shape = tuple(handles[files[name]].get_slice(name).get_shape())
         if shape != tuple(param.shape):
             raise CheckpointError(_shape_error(name, directory, shape, param.shape))
+
+
+def weights_sha256(path_or_repo_id: str) -> str:
+    """The sha256 of a checkpoint's weights: each tensor's name, dtype, shape and bytes, in name order
+    (the same however the files are sharded). It pins the base a LoRA run's adapters go on; it reads
+    every byte (about a second a gigabyte)."""
+    directory = resolve_checkpoint(path_or_repo_id)
+    files = weight_files(directory)
+    digest = hashlib.sha256()
+    handles = {}
+    for name in sorted(files):
+        tensor = _read_tensor(handles, files[name], name)
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its bytes, whatever its dtype
+    return digest.hexdigest()
 
 
 def _load_weights(model: Qwen3, directory: str) -> None:
@@ -267,7 +297,7 @@ def _read_tensor(handles: dict, path: str, name: str) -> torch.Tensor:
 
 def _open_safetensors_listed(path: str):
     """_open_safetensors of a file the weight map names, which may not exist."""
-    if not os.path.exists(path):
+    if not _present(path):
         raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
     return _open_safetensors(path)
 
@@ -287,7 +317,7 @@ def tokenizer_directory(path_or_repo_id: str) -> str:
     """Where a checkpoint's tokenizer files are: its own directory, or for an adapter directory without
     them (PEFT writes none), its base's."""
     directory = resolve_checkpoint(path_or_repo_id)
-    if not is_adapter_directory(directory) or os.path.isfile(os.path.join(directory, "tokenizer.json")):
+    if not is_adapter_directory(directory) or _present(os.path.join(directory, "tokenizer.json")):
         return directory
     _, base = read_adapter_config(directory)
     if not base:
@@ -304,12 +334,21 @@ def read_task(directory: str) -> dict:
     if os.path.isdir(directory) and is_adapter_directory(directory):
         directory = tokenizer_directory(directory)  # the base's settings, if the adapter has none
     path = os.path.join(directory, "tokenizer_config.json")
-    if not os.path.isfile(path):
+    if not _present(path):
         return {}
     task = _read_json(path, "the tokenizer's settings").get("minigrpo_task", {})
     if not isinstance(task, dict):
         raise CheckpointError(f"{path}: minigrpo_task must map option names to values, got {task!r:.80}")
     return task
+
+
+def _present(path: str) -> bool:
+    """Whether the file is there (files.regular_file): a named pipe or a directory in its place is a
+    CheckpointError naming it, never opened (a pipe's read would wait for a writer for ever)."""
+    try:
+        return regular_file(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _read_json(path: str, holding: str) -> dict:
@@ -342,27 +381,58 @@ def _parse_dtype(dtype, device: torch.device) -> torch.dtype:
 
 
 # --- saving ---------------------------------------------------------------------------------------
+def output_problem(directory: str, overwrite: bool, also: tuple[str, ...] = ()) -> str | None:
+    """What stops a tool from saving a checkpoint into `directory`, which save_pretrained replaces whole:
+    the words that follow the directory's name in the tool's one-line error, or None.
+
+    An existing `directory` is an empty directory, or a checkpoint (SAVED_FILE's files, and those `also`'s
+    shell patterns match: the tool's own files beside them) that only `overwrite` lets the tool replace;
+    anything else in it would be deleted. The nearest existing directory above it must take a new file
+    (files.write_probe: os.access is not enough, root passes it in /proc and /sys). Nothing is made.
+    """
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        return "is a file; it must be a directory (or not exist yet)"
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    others = [
+        name
+        for name in names
+        if not SAVED_FILE.fullmatch(name) and not any(fnmatch.fnmatch(name, pattern) for pattern in also)
+    ]
+    if others:
+        return f"holds {others[0]}, which no Hugging Face checkpoint holds: name a new or empty directory"
+    if names and not overwrite:
+        return "holds a checkpoint already: --overwrite replaces it whole"
+    existing = os.path.dirname(os.path.abspath(directory))  # where the temporary directory is made
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"cannot be created: {existing} is a file"
+    problem = write_probe(existing)
+    return f"cannot be written: {problem}" if problem else None
+
+
 def save_pretrained(
     model: Qwen3, tokenizer: Tokenizer | None, directory: str, *, max_shard_bytes: int = 4 * 2**30
 ) -> None:
     """Write model (and tokenizer) in Hugging Face layout, atomically.
 
     Everything is written to a temporary sibling directory which then replaces `directory`, so a
-    crash mid-save leaves either the old checkpoint or the new one, never a mix. Files larger than
-    max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index.
+    crash mid-save leaves either the old checkpoint or the new one, never a mix. Replacing a checkpoint
+    syncs the new one to disk before the old is deleted (files.replace_dir), so a power cut loses neither;
+    a save into a new place syncs nothing (a power cut may leave its files empty). What a save here that
+    was killed left beside `directory` (.NAME.tmp-*, .NAME.old-*) is deleted first. Files larger than
+    max_shard_bytes are split into model-0000i-of-0000n.safetensors plus an index. A full disk is
+    one DiskFull line naming `directory` and the space left, as a training checkpoint's is.
     """
     directory = os.path.abspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):  # replace_dir would delete it
         raise CheckpointError(f"{directory} is a file; a checkpoint is saved as a directory")
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
-    try:
-        write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
-        replace_dir(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with disk_full_named(directory):
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        remove_leftovers(directory)  # of a save here that was killed: its space is needed now
+        with directory_beside(directory) as tmp:
+            write_files(model, tokenizer, tmp, max_shard_bytes=max_shard_bytes)
+            replace_dir(tmp, directory)
 
 
 def write_files(

@@ -4,16 +4,16 @@ A checkpoint is `output_dir/checkpoints/step-000012/`: the policy in Hugging Fac
 (config.json, model.safetensors, tokenizer files: loadable by `load_pretrained` and by
 transformers; a LoRA run's, its adapters alone in PEFT's files, loadable by `load_pretrained` and by
 peft on transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
-configs, the entropy bonus's adaptive coefficient when the run has one; the learning rate is a
-function of the step, so there is no scheduler to save), and last checksums.json, the sha256 of
-every other file. It is written into a temporary sibling directory and renamed into place, so a
-crash while saving leaves the earlier checkpoints as they were and never a partial one. A resume
-verifies the checksums (hashing reads every byte: seconds for a 0.6B model's checkpoint, at each
-save and each resume) and skips a damaged checkpoint for the one before it. A full disk is one
-DiskFull line naming the path and the free space, with nothing of the write left behind. Beside the
-checkpoints it keeps output_dir/initial_eval.json, the starting policy's score that --resume reads
-back; `replaced_whole` (`replace_json`) is its write-then-rename, also used for summary.json and
-trace.html.
+configs, the entropy bonus's adaptive coefficient when the run has one, a LoRA run's sha256 of its
+base's weights; the learning rate is a function of the step, so there is no scheduler to save), and
+last checksums.json, the sha256 of every other file. It is written into a temporary sibling directory
+and renamed into place, so a crash while saving leaves the earlier checkpoints as they were and never
+a partial one. A resume verifies the checksums (hashing reads every byte: seconds for a 0.6B model's
+checkpoint, at each save and each resume) and skips a damaged checkpoint for the one before it. A
+full disk is one DiskFull line naming the path and the free space, with nothing of the write left
+behind. Beside the checkpoints it keeps output_dir/initial_eval.json, the starting policy's score
+that --resume reads back; `replaced_whole` (`replace_json`) is its write-then-rename, also used for
+summary.json and trace.html.
 The format of trainer_state.pt is here alone (`trainer_state`, `restore`, STATE_KEYS).
 In: a directory, a step, the model and the trainer. Out: files, and the state read back into a trainer.
 It knows files and state dicts, not how the loop uses them.
@@ -253,6 +253,7 @@ def trainer_state(trainer, wall_seconds: float) -> dict:
         "data": trainer.stream.state(),
         "rng": trainer.dist.gather(rng_states()),  # one per rank
         "model_path": trainer.model_path,
+        "base_sha256": trainer.base_sha256,  # a LoRA run's base's weights (None: trained whole)
         "configs": as_dict(trainer.grpo, trainer.config),
         "wall_seconds": wall_seconds,
     }

@@ -64,7 +64,15 @@ import torch
 
 from .. import distributed
 from ..config import GRPOConfig, TrainConfig, as_dict
-from ..model import Adapters, adapters_of, add_adapters, set_dropout, trainable_parameters
+from ..model import (
+    Adapters,
+    adapters_of,
+    add_adapters,
+    check_rank,
+    set_dropout,
+    trainable_parameters,
+    weights_sha256,
+)
 from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
 from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from ..tasks import PromptStream, Task
@@ -142,8 +150,14 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         start = reference if reference is not None else model  # the model the run started from
         start_adapted = adapters_of(start) is not None  # before this run puts any on
+        loaded_from = model.name_or_path  # the files of the model (of the base, under adapters), or ""
         # the LoRA adapters trained (the rest of the model frozen), or None: every weight is trained
         self.adapters = self._adapters(model)
+        # the sha256 of the base's weights under the adapters, which checkpoints record and a resume
+        # compares (a base changed in place would take the adapters on); None trained whole or in memory
+        self.base_sha256 = None
+        if self.adapters is not None and loaded_from:
+            self.base_sha256 = weights_sha256(loaded_from)
         self.trainable_parameters = trainable_parameters(model)
         # stage 1's own copy of the policy in another precision (sampling_dtype), as another engine's
         self.sampling_copy = SamplingCopy(model, grpo.sampling_dtype)
@@ -191,6 +205,7 @@ class Trainer:
                 "to continue them, or start from their base"
             )
         if loaded is None and wanted is not None:
+            check_rank(model, wanted, "lora_rank")  # the flag named, before any adapter is allocated
             add_adapters(model, wanted, seed=config.seed)
         elif loaded is not None:  # continued: with this run's dropout, not the file's
             set_dropout(model, config.lora_dropout)

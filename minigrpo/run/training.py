@@ -79,6 +79,7 @@ def build_run(
     )
     if saved is None:
         return Run(trainer)
+    _check_same_base(saved.get("base_sha256"), trainer, resume_from)
     for note in changed_settings(saved["configs"], as_dict(grpo, config)):
         dist.print(note)
     wall_seconds_before = checkpoint.restore(trainer, saved)
@@ -296,6 +297,18 @@ def _check_same_adapters(saved: dict, config: TrainConfig, resume_from: str) -> 
                 "with the checkpoint's LoRA settings, or start a new output_dir (a run can start from "
                 "the checkpoint's adapters with --model)"
             )
+
+
+def _check_same_base(recorded: str | None, trainer: Trainer, resume_from: str) -> None:
+    """A LoRA checkpoint's adapters continue on the base whose weights' sha256 it recorded: a base
+    changed in place since (trained on, converted, another revision of a Hub id) would take them on
+    silently. A checkpoint that records none (trained whole, or older) is not checked."""
+    if recorded is not None and trainer.base_sha256 != recorded:
+        raise ValueError(
+            f"{resume_from} trained adapters on {trainer.model.name_or_path}, whose weights have changed "
+            "since (their sha256 differs from the one the checkpoint records): put the base back as it "
+            "was, or start a new output_dir"
+        )
 
 
 def _described(settings: dict) -> str:

@@ -7,9 +7,14 @@ never eval) and knows nothing of tokens, rows or the runner: calculator_pool.py 
 worker processes, which `serve` one expression per line, and registry.py registers the result as the
 "calculator".
 
-The budget, so that an answer is a function of the call alone:
-  - the parser's own checks: powers and factorials estimated before they are computed, exact numbers up
-    to 400,000 bits (verifier/arithmetic.py);
+The budget, so that an answer is a function of the call alone (and of no timer, nor of what the worker
+computed before: sympy's cache is emptied before each call):
+  - the parser's own checks: powers, factorials and binomial coefficients estimated before they are
+    computed, exact numbers up to 400,000 bits (verifier/arithmetic.py);
+  - the work of all the exact arithmetic of a call (the parser's, and that of the terms of its sums),
+    each operation estimated before it is computed, at most MAX_EXACT_WORK word products
+    (verifier/costs.py: a product of m and n words costs m*n, a fraction reduced more, a root of a
+    600-digit number a great deal);
   - sums and products are evaluated here, not by sympy, one term at a time, their cost bounded before
     any term is computed and their partial results measured as they grow, within MAX_PARTIAL_BITS. A
     term that is a ratio of polynomials in the index with rational coefficients (`k`, `k^2+1`,
@@ -18,7 +23,8 @@ The budget, so that an answer is a function of the call alone:
     most MAX_WORK in all, so a sum of ten thousand small terms is cheap and one of a billion is refused.
     Any other term (`\\sqrt{k}`, `\\sin k`) goes through the parser's checked arithmetic and sympy, and
     its operations are counted, at most MAX_OPERATIONS in all (a term of `\\sqrt{k}+1` costs two; a
-    nested sum's terms count once per outer term);
+    nested sum's terms count once per outer term). Reading a term costs SETUP_WORK each time a sum
+    starts; a sum's inner sums start once per term, which is counted before its first term;
   - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits, and no root
     taken of an exact number over the parser's MAX_ARGUMENT_BITS (verifier/arithmetic.py);
   - the answer: exact up to MAX_RESULT_CHARS characters, else 15 significant digits.
@@ -36,10 +42,12 @@ from fractions import Fraction
 from functools import reduce
 
 import sympy
+from sympy.core.cache import clear_cache
 
-from ..verifier import Unsupported
+from ..verifier import Unsupported, bounded_work
 from ..verifier import checked_add as add
 from ..verifier import checked_binomial as binomial
+from ..verifier import checked_double_factorial as double_factorial
 from ..verifier import checked_factorial as factorial
 from ..verifier import checked_mul as mul
 from ..verifier import checked_power as power
@@ -50,13 +58,15 @@ MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
 MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
 MAX_OPERATIONS = 500  # in all the terms of its sums and products that sympy computes (see `_operations`)
 MAX_WORK = 2_000_000  # word operations in all its sums' and products' polynomial terms (`_polynomial_work`)
+MAX_EXACT_WORK = 300_000_000  # word products of all its exact arithmetic (verifier/costs.py)
 MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
 FRACTION_WORK = 20  # a fraction added to a partial result, in word operations (`_polynomial_work`)
-SETUP_WORK = 10_000  # reading a term as polynomials (sympy's together and Poly), each time a sum starts
+SETUP_WORK = 10_000  # reading a term (sympy's together and Poly), in word operations, each time a sum starts
 MAX_EXPANDED_DEGREE = 16  # a power of a sum in the index, (k+1)^{16}, is expanded up to this degree
 MAX_DEGREE = 100  # a polynomial term's powers of the index, at most (beyond it sympy computes the term)
 MAX_ARGUMENT_DIGITS = 300  # digits of a number inside a function (sin, exp, log) evaluated to 15 digits
-_SIDE_BY_SIDE = re.compile(r"\d\s+\.?\d|\.\d*\.")  # "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply
+# "1 2", "1 .5", "1..2", "1.2.3": the parser would multiply; not a one-digit subscript or power (\log_2 8)
+_SIDE_BY_SIDE = re.compile(r"(?<![_^])\d\s+\.?\d|\.\d*\.")
 WARM_UP = ["1+1", "0.5", "\\sqrt{2}", "\\sum_{k=1}^{3} \\sin k"]  # sympy's first of each, before "ready"
 _BIG_OPERATOR = re.compile(r"\\(?:sum|prod)(?![A-Za-z])")
 
@@ -72,8 +82,10 @@ def evaluate(expression: str) -> str:
         raise CalculatorError("empty expression")
     if _SIDE_BY_SIDE.search(text):
         raise CalculatorError("two numbers side by side: write an operator between them")
+    clear_cache()  # what sympy kept from earlier calls: their work would make this one's cheaper
     try:
-        return _written(_Evaluation().text(text, {}))
+        with bounded_work(MAX_EXACT_WORK):
+            return _written(_Evaluation().text(text, {}))
     except (Unsupported, RecursionError) as error:
         raise CalculatorError(_reason(str(error))) from None
     except MemoryError:
@@ -84,7 +96,7 @@ def _reason(reason: str) -> str:
     """The parser's reason, as a short observation."""
     if "division by zero" in reason:
         return "division by zero"
-    if "of a number of more than" in reason:  # a root or a function of a huge exact number
+    if "of a number of more than" in reason or "word products" in reason:  # a huge root, the exact work
         return reason
     if "too large" in reason:
         return "result too large"
@@ -130,11 +142,14 @@ class _Evaluation:
         last = self.text(uppers[placeholder], indices)
         if not (first.is_Integer and last.is_Integer):
             raise CalculatorError("a sum or product needs whole numbers as its bounds")
+        terms = max(int(last) - int(first) + 1, 0)
+        # reading this sum's term, now, and its inner sums' terms once per term, sure to follow
+        self.count_work(SETUP_WORK, ahead=terms * _inner_big_operators(body) * SETUP_WORK)
         is_sum = isinstance(node, sympy.Sum)
         polynomials = _as_polynomials(body.xreplace(indices), index)
         if polynomials is not None:
             return self.polynomial_terms(*polynomials, int(first), int(last), is_sum)
-        self.operations += max(int(last) - int(first) + 1, 0) * _operations(body, index)
+        self.operations += terms * _operations(body, index)
         if self.operations > MAX_OPERATIONS:
             raise CalculatorError(f"more than {MAX_OPERATIONS} operations in sums and products")
         exact = sympy.Integer(0 if is_sum else 1)  # the exact part so far
@@ -143,7 +158,7 @@ class _Evaluation:
         for k in range(int(first), int(last) + 1):
             term = self.value(body, uppers, {**indices, index: sympy.Integer(k)})
             number, other = term.as_coeff_Add() if is_sum else term.as_coeff_Mul()
-            exact = exact + number if is_sum else exact * number
+            exact = add(exact, number) if is_sum else mul(exact, number)
             if other != (0 if is_sum else 1):  # a term with no other part adds nothing to measure
                 others.append(other)
                 others_bits += _bits(other)
@@ -151,15 +166,20 @@ class _Evaluation:
                 raise CalculatorError("result too large")
         return sympy.Add(exact, *others) if is_sum else sympy.Mul(exact, *others)
 
+    def count_work(self, work: int, ahead: int = 0) -> None:
+        """Count `work` word operations; refuse the call if they, with `ahead` more sure to follow, pass
+        MAX_WORK."""
+        self.work += work
+        if self.work + ahead > MAX_WORK:
+            raise CalculatorError(f"more than {MAX_WORK:,} word operations in sums and products")
+
     def polynomial_terms(
         self, numerator: list[Fraction], denominator: list[Fraction], first: int, last: int, is_sum: bool
     ) -> sympy.Rational:
         """A sum or product of numerator(k) / denominator(k) for k from first to last (coefficients highest
         degree first), in exact Python integers and fractions: its work counted before any term, its
         partial result measured as it grows."""
-        self.work += SETUP_WORK + _polynomial_work(numerator, denominator, first, last)
-        if self.work > MAX_WORK:
-            raise CalculatorError(f"more than {MAX_WORK:,} word operations in sums and products")
+        self.count_work(_polynomial_work(numerator, denominator, first, last))
         scale = _common_denominator(numerator + denominator)
         above = [int(c * scale) for c in numerator]  # numerator(k) * scale, in integers
         below = [int(c * scale) for c in denominator]
@@ -185,6 +205,7 @@ _CHECKED = {  # the operations a sum's body is built of, as the parser performs 
     sympy.Pow: power,
     sympy.binomial: binomial,
     sympy.factorial: factorial,
+    sympy.factorial2: double_factorial,
 }
 
 
@@ -253,6 +274,13 @@ def _as_polynomials(body: sympy.Expr, index: sympy.Symbol) -> tuple[list, list] 
     for polynomial in polynomials:
         coefficients.append([Fraction(int(c.numerator), int(c.denominator)) for c in polynomial.all_coeffs()])
     return coefficients[0], coefficients[1]
+
+
+def _inner_big_operators(body: sympy.Expr) -> int:
+    """The sums and products in `body` that lie in no other one of them: each starts once per term."""
+    if isinstance(body, (sympy.Sum, sympy.Product)):
+        return 1
+    return sum(_inner_big_operators(arg) for arg in body.args)
 
 
 def _degree_bound(expression: sympy.Expr, index: sympy.Symbol) -> int:
@@ -330,7 +358,7 @@ def _written(value: sympy.Expr) -> str:
     refused before it is evaluated)."""
     if not value.is_number or value.has(sympy.zoo, sympy.nan):
         raise CalculatorError("not an arithmetic expression")
-    if not value.is_real:
+    if value.is_real is False:
         raise CalculatorError("not a real number")
     if value.is_Rational and _bits(value) <= 4 * MAX_RESULT_CHARS:  # never str() a huge number
         exact = str(value)  # sympy writes 19432, and a fraction reduced, 7/2
@@ -339,7 +367,10 @@ def _written(value: sympy.Expr) -> str:
     for function in value.atoms(sympy.Function):
         if _bits(function) * 0.30103 > MAX_ARGUMENT_DIGITS:  # 0.30103 digits per bit
             raise CalculatorError(f"a number of more than {MAX_ARGUMENT_DIGITS} digits in {function.func}")
-    return str(sympy.N(value, 15))
+    approximation = sympy.N(value, 15)
+    if not approximation.is_real:  # a value sympy could not tell real before evaluating it (\binom{\pi}{3})
+        raise CalculatorError("not a real number")
+    return str(approximation)
 
 
 # --- a worker process -----------------------------------------------------------------------------

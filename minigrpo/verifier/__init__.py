@@ -9,8 +9,10 @@
   sandbox for any program, one `CaseResult` per test);
 - `countdown_reward`: an expression that reaches a target with the given numbers;
 - `check_steps`: each `expression = number` step of a response, checked exactly (process rewards);
-- `checked_add`, `checked_mul`, `checked_power`, `checked_factorial`, `checked_binomial`: exact arithmetic
-  that refuses a result too large before computing it (the calculator tool's);
+- `checked_add`, `checked_mul`, `checked_power`, `checked_factorial`, `checked_double_factorial`,
+  `checked_binomial`: exact arithmetic that refuses a result too large before computing it, and
+  `bounded_work`, within which it also refuses an operation past a bound on the work of all of them
+  (the calculator tool's; costs.py estimates each operation's work);
 - constraints, registered as the rewards "json", "length" and "sql": `json_reward(s)` (JSON that parses and
   fits a JSON-Schema subset), `length_reward(s)` (a length within a soft band), `sql_reward(s)` (a query
   that returns the gold query's rows on a read-only SQLite database);
@@ -19,9 +21,9 @@
 The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
 for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
 wrapped by math_reward (worker_pool: worker processes running math_worker.py); steps (with step_expression);
-format; code (code_cases, sandbox_config; sandbox, which loads confine, seccomp, cleanup and process_io);
-countdown; the constraints json_schema, length and sql (constraint_inputs: what they read alike); scores and
-rewards beside them. Nothing outside this folder imports from inside it: only the names below.
+format; code (code_cases, sandbox_config; sandbox, which loads confine, seccomp, cleanup, process_io and
+mounts); countdown; the constraints json_schema, length and sql (constraint_inputs: what they read alike);
+scores and rewards beside them. Nothing outside this folder imports from inside it: only the names below.
 """
 
 import importlib
@@ -50,6 +52,8 @@ _ON_FIRST_USE = {
     "checked_mul": ("arithmetic", "mul"),
     "checked_power": ("arithmetic", "power"),
     "checked_factorial": ("arithmetic", "factorial"),
+    "checked_double_factorial": ("arithmetic", "double_factorial"),
+    "bounded_work": ("costs", "bounded_work"),
     "checked_binomial": ("arithmetic", "binomial"),
 }
 
@@ -75,10 +79,12 @@ __all__ = [
     "Unsupported",
     "VerifierError",
     "answers_match",
+    "bounded_work",
     "canonical",
     "check_steps",
     "checked_add",
     "checked_binomial",
+    "checked_double_factorial",
     "checked_factorial",
     "checked_mul",
     "checked_power",

@@ -71,6 +71,17 @@ def written_precision(text: str) -> tuple:
     return digits, sympy.Integer(10) ** (int(exponent or 0) - len(fraction))
 
 
+def _logarithm(arg, base):
+    """log_base(arg): exact where arg is a whole power of base (\\log_2 8 = 3, \\log_2 \\frac18 = -3),
+    else log(arg) / log(base)."""
+    quotient = div(sympy.log(arg), sympy.log(base))  # refuses base 1: division by zero
+    if isinstance(arg, sympy.Rational) and isinstance(base, sympy.Rational) and arg > 0 and base > 0:
+        exact = sympy.log(arg, base)  # a power of base taken out: 3, or 1 + log(5)/log(2) for log_2 10
+        if exact.is_Rational:
+            return exact
+    return quotient
+
+
 class _Atoms:
     """The token cursor and the atom readers of `parse._Parser`, never used alone: for what an atom
     encloses they call back into its grammar (sequence, sum, term, power, exponent, starts_atom)."""
@@ -352,7 +363,7 @@ class _Atoms:
         arg = checked_argument(self.function_argument(), name)
         if base is not None:
             checked_argument(base, "log")
-        value = fn(arg) if base is None else div(sympy.log(arg), sympy.log(base))
+        value = fn(arg) if base is None else _logarithm(arg, base)
         return value if exponent is None else power(value, exponent)
 
     def function_argument(self):

@@ -14,6 +14,15 @@ antlr4 or lark (more dependencies), and it cannot check sizes before it computes
 the tokenizer and the grammar, loosest binding first; `atoms` reads what sits at the bottom of
 it (numbers, names, commands, brackets, matrices) and holds the tables of LaTeX it understands.
 It knows notation, not equivalence: comparing two values is `equivalence`'s job.
+
+Departures from Math-Verify (latex2sympy2_extended), where the notation has one school reading:
+  - n!! is the double factorial, n (n - 2) (n - 4) ..., so 5!! = 15; Math-Verify reads each ! as a
+    factorial, 5!! = (5!)! = 120!; three marks, n!!!, are refused (the triple factorial, or (n!!)!). A
+    double factorial of a variable has no value at the sample points' fractions, so (2n)!! is never
+    shown equal to 2^n n! (not equal: fail closed);
+  - \\sqrt[n]{x} of a negative number x and an odd n is the real root, \\sqrt[3]{-8} = -2; Math-Verify
+    takes sympy's principal root, 1 + i\\sqrt{3}, which a power (-8)^{1/3} still is here. A root of an
+    expression with a variable keeps the principal branch (see `closed_forms`), as there.
 """
 
 from __future__ import annotations
@@ -22,7 +31,18 @@ import re
 
 import sympy
 
-from .arithmetic import PM, add, as_interval_or_set, contains_pm, div, factorial, make_set, mul, power
+from .arithmetic import (
+    PM,
+    add,
+    as_interval_or_set,
+    contains_pm,
+    div,
+    double_factorial,
+    factorial,
+    make_set,
+    mul,
+    power,
+)
 from .atoms import _CONSTANTS, _FUNCTIONS, _HEDGES, MAX_ITEMS, _Atoms, written_precision
 from .values import Approximation, Parsed, Relation, Text, Union, Unsupported
 
@@ -248,7 +268,13 @@ class _Parser(_Atoms):
         while self.at("!", "'"):
             if self.next()[1] == "'":
                 raise Unsupported("derivative marks")
-            value = factorial(value)
+            if not self.at("!"):
+                value = factorial(value)
+                continue
+            self.next()  # n!!: the double factorial (see the departures above)
+            if self.at("!"):
+                raise Unsupported("three factorial marks")
+            value = double_factorial(value)
         return value
 
     def starts_atom(self) -> bool:

@@ -4,7 +4,8 @@ Standard library only and importing nothing of minigrpo (isolated mode puts no p
 it reads one job (program, test inputs, limits) as JSON on stdin and writes one report per test
 as JSON on stdout; judging the reports against expected outputs happens in the trainer. Its siblings
 it loads by their paths: `confine.py` (the test's process), `seccomp.py` (the filter that process
-installs), `cleanup.py` (`remove_tree`) and `process_io.py` (waits and reads).
+installs), `cleanup.py` (`remove_tree`), `process_io.py` (waits and reads) and `mounts.py` (mount calls,
+and what of the interpreter a test still reaches).
 
 How a run is sandboxed. `run_cases` (code.py) starts `python -I sandbox.py` (this file) in a fresh
 temporary directory with a scrubbed environment, handing it the lock of its uid. The supervisor, still
@@ -12,7 +13,8 @@ root if the trainer is, asks for SIGTERM when the trainer dies (and exits if it 
 child subreaper and unshares four namespaces: network (no network, not even 127.0.0.1; no abstract UNIX
 socket of the host), UTS (host name "sandbox"), SysV IPC, and mount, in which a tmpfs of at most
 scratch_bytes and scratch_inodes, mounted noexec, nosuid and nodev, covers the working directory and is
-also /tmp, /var/tmp, /dev/shm and /run/lock. Not root, it first enters a user namespace, which makes
+also /tmp, /var/tmp, /dev/shm and /run/lock; of what it hides, only the interpreter's own directories
+come back, read-only (mounts.py). Not root, it first enters a user namespace, which makes
 those its own to create, then makes every other mount read-only and goes on as PID 1 of a PID namespace
 with its own /proc. Where the OS refuses the namespaces it runs no test, unless the job says `unisolated`
 (code.py then warns once); once it has a mount namespace, a mount that fails ends the run with an error,
@@ -30,7 +32,9 @@ of a torchrun job on one node; the supervisor holds the lock too, and a uid that
 as is skipped) rather than the shared `nobody`: RLIMIT_NPROC then counts one sandbox's processes,
 `kill(-1)` as that uid removes all it left (also processes that left the group), sandboxes cannot
 signal or read one another, and `kill(-1)` cannot hit system daemons that run as nobody. The uid owns
-only the sandbox's tmpfs. Not root: no uid change; the seccomp filter, the
+only the sandbox's tmpfs; where a directory closed to it lies on the interpreter's way (/root above
+pyenv, a venv made in `mktemp -d`), that directory is rebuilt holding only the entries on the way
+(mounts.py's docstring says which, and why). Not root: no uid change; the seccomp filter, the
 keyring, rlimits, timeouts and process-group kills still apply, and the user, mount and PID namespaces
 above stand in for the uid: the trainer's processes are not in the tests' /proc and its files are on
 read-only mounts, while RLIMIT_NPROC counts every process of the trainer's uid.
@@ -40,7 +44,9 @@ result compares equal to anything passes `assert add(1, 2) == 3`), and a program
 harness (frames, gc, sys.settrace, ctypes) can find the nonce that proves a test ran to its end;
 stdin/stdout tests are judged in the trainer and have neither weakness. A program can read
 world-readable files (a dataset's answers too, if they are world-readable on disk), the host's /proc
-(command lines, CPU and memory figures) and /sys, and write to world-writable places other than the
+(command lines, CPU and memory figures) and /sys, read the interpreter's directories that mounts.py shows
+again (read-only: under /tmp whole, through a directory closed to the uid only the entries on the way),
+and write to world-writable places other than the
 four above. Memory: max_processes times memory_bytes of address space, plus what no rlimit counts: the
 tmpfs (scratch_bytes), SysV shared memory (scratch_bytes), message queues (32 of 16 KiB) and kernel
 buffers of pipes and socketpairs (bounded through max_open_files per process; benchmarks/README.md has
@@ -57,7 +63,6 @@ import importlib.util
 import json
 import os
 import signal
-import stat
 import sys
 import tempfile
 import types
@@ -74,16 +79,6 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MOUNT_SETATTR = 442  # mount_setattr(2)'s number, the same on x86_64 and aarch64
-MOUNT_ATTR_RDONLY = 0x1  # mount_setattr() arguments, from <linux/mount.h> and <fcntl.h>
-AT_RECURSIVE = 0x8000
-AT_FDCWD = -100
-MS_NOSUID = 2  # mount() flags, from <linux/mount.h>
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
 UNISOLATED_REFUSAL = (
     "the OS refuses the sandbox's namespaces here, so model-written code would run beside the trainer "
     "(its /proc, files and /tmp within reach); SandboxConfig(unisolated=True) runs it anyway"
@@ -107,6 +102,7 @@ confine = _load_sibling("confine")  # the forked test process: rlimits, uid, the
 seccomp = _load_sibling("seccomp")  # the filter the test process installs last
 cleanup = _load_sibling("cleanup")  # remove_tree, which code.py also runs on the host
 process_io = _load_sibling("process_io")  # waits and reads
+mounts = _load_sibling("mounts")  # mount calls, and what of the interpreter stays reachable through them
 
 
 def main() -> None:
@@ -176,22 +172,26 @@ def _isolate(job: dict) -> bool:
     if confine.LIBC.sethostname(HOSTNAME, len(HOSTNAME)) != 0:
         raise OSError(ctypes.get_errno(), "sethostname in the sandbox's UTS namespace failed")
     confine.limit_ipc(job["scratch_bytes"])
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # private first, or our mounts would show outside
+    # private first, or our mounts would show outside
+    mounts.mount(None, "/", None, mounts.MS_REC | mounts.MS_PRIVATE)
     if plain_user:
-        _read_only_mounts()
+        mounts.read_only_mounts()
     _mount_scratch(job)
     # by descriptor: once /tmp is covered, the directory's own path (/tmp/minigrpo-sandbox-...) no
     # longer resolves, nor does an interpreter that lives there
     directory = os.open(".", os.O_PATH | os.O_DIRECTORY)
-    interpreter = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in _interpreter_under_shared()}
+    interpreter = {
+        path: os.open(path, os.O_PATH | os.O_DIRECTORY)
+        for path in mounts.interpreter_under(SHARED_DIRECTORIES)
+    }
     for shared in SHARED_DIRECTORIES:
         if os.path.isdir(shared):
-            _mount(f"/proc/self/fd/{directory}", shared, None, MS_BIND)  # keeps the tmpfs's size and flags
+            # keeps the tmpfs's size and flags
+            mounts.mount(f"/proc/self/fd/{directory}", shared, None, mounts.MS_BIND)
     os.close(directory)
-    for path, fd in interpreter.items():
-        _show_read_only(fd, path)
+    mounts.show_read_only(interpreter, SHARED_DIRECTORIES)
     if job["uid"] is not None:
-        _expose_python(job["uid"])
+        mounts.expose_python(job["uid"])
     if plain_user:
         _become_init_of_a_pid_namespace()
     return True
@@ -216,21 +216,6 @@ def _enter_user_namespace() -> bool:
     return True
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
-
-
-def _read_only_mounts(path: str = "/") -> None:
-    """Every mount of our namespace at and below `path` read-only, recursively (mounts made after this one
-    are writable); their other flags as they were."""
-    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
-    mount_setattr = confine.LIBC.syscall
-    target = path.encode()
-    if mount_setattr(MOUNT_SETATTR, AT_FDCWD, target, AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
-        code = ctypes.get_errno()
-        raise OSError(code, f"making the mounts at {path} read-only: {os.strerror(code)}")
-
-
 def _become_init_of_a_pid_namespace() -> None:
     """Go on as PID 1 of a new PID namespace, with a /proc of its own: a test sees its own processes and
     ours only. The process that called this waits for that child, passes on the trainer's SIGTERM and
@@ -245,7 +230,7 @@ def _become_init_of_a_pid_namespace() -> None:
         exit_code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
         os._exit(exit_code & 0xFF)  # as the child exited (killed by signal n: 256 - n)
     confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mounts.mount("proc", "/proc", "proc", mounts.MS_NOSUID | mounts.MS_NODEV | mounts.MS_NOEXEC)
 
 
 def _mount_scratch(job: dict) -> None:
@@ -256,71 +241,10 @@ def _mount_scratch(job: dict) -> None:
         f"size={job['scratch_bytes']},nr_inodes={job['scratch_inodes']},mode=0700,uid={owner},gid={owner}"
     )
     here = os.getcwd()
-    _mount("tmpfs", here, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options.encode())
-    os.chdir(here)  # into the tmpfs, which now covers the directory we were in
-
-
-def _interpreter_paths() -> set[str]:
-    """Where the interpreter lives, as a program run with it sees it: its prefixes, the directory of
-    sys.executable (a virtual environment's bin/, whose python a program starts again), and sys.path."""
-    paths = (sys.prefix, sys.exec_prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path)
-    return {os.path.abspath(p) for p in paths if p and os.path.isdir(p)}
-
-
-def _interpreter_under_shared() -> list[str]:
-    """The interpreter's paths that lie in a directory the scratch tmpfs covers (a virtual environment or a
-    clone under /tmp), outermost only: each is shown again, read-only, once the tmpfs covers the rest."""
-    inside = sorted(
-        path
-        for path in _interpreter_paths()
-        # inside one, never one of them whole (a sys.path entry of /tmp would uncover all of it)
-        if any(path.startswith(shared + "/") for shared in SHARED_DIRECTORIES)
+    mounts.mount(
+        "tmpfs", here, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV | mounts.MS_NOEXEC, options.encode()
     )
-    outermost = []
-    for path in inside:
-        if not any(path.startswith(kept + "/") for kept in outermost):
-            outermost.append(path)
-    return outermost
-
-
-def _show_read_only(fd: int, path: str) -> None:
-    """The directory opened as `fd` (before the tmpfs covered it) bound again at `path` with the mounts
-    beneath it, every one of them read-only and otherwise with the flags it had."""
-    os.makedirs(path, exist_ok=True)  # in the scratch tmpfs, root's: the test's uid cannot remove it
-    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-    _read_only_mounts(path)
-    os.close(fd)
-
-
-def _expose_python(uid: int) -> None:
-    """Let the sandbox uid reach the interpreter even where a directory above it is closed to others (pyenv
-    under /root, mode 0700): in our mount namespace such a directory becomes a tmpfs holding just the way
-    on."""
-    paths = {os.path.realpath(p) for p in _interpreter_paths()}
-    while blocked := _first_blocked_ancestors(paths, uid):
-        for ancestor, children in blocked.items():
-            # the children, opened before hiding
-            keep = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}
-            _mount("tmpfs", ancestor, "tmpfs", 0, b"mode=0755")
-            for child, fd in keep.items():
-                os.mkdir(os.path.join(ancestor, child))
-                _mount(f"/proc/self/fd/{fd}", os.path.join(ancestor, child), None, MS_BIND)
-                os.close(fd)
-
-
-def _first_blocked_ancestors(paths: set[str], uid: int) -> dict[str, set[str]]:
-    """For each path, its highest ancestor that `uid` cannot search (closed to others and not its own: the
-    scratch tmpfs over /tmp is the uid's), with the child on the way; grouped."""
-    blocked: dict[str, set[str]] = {}
-    for path in paths:
-        parts = path.split("/")
-        for depth in range(1, len(parts) - 1):
-            ancestor = "/".join(parts[:depth]) or "/"
-            status = os.stat(ancestor)
-            if status.st_uid != uid and not status.st_mode & stat.S_IXOTH:
-                blocked.setdefault(ancestor, set()).add(parts[depth])
-                break
-    return blocked
+    os.chdir(here)  # into the tmpfs, which now covers the directory we were in
 
 
 def _run_case(job: dict, case: dict) -> dict:
@@ -413,17 +337,6 @@ def _unshare(flags: int) -> bool:
     """unshare(2): False if it is refused, or this libc has none."""
     unshare = getattr(confine.LIBC, "unshare", None)
     return unshare is not None and unshare(flags) == 0
-
-
-def _mount(
-    source: str | None, target: str, fstype: str | None, flags: int, data: bytes | None = None
-) -> None:
-    def encode(text: str | None) -> bytes | None:
-        return text.encode() if text is not None else None
-
-    if confine.LIBC.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), data) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"mount {source or '(none)'} on {target}: {os.strerror(code)}")
 
 
 if __name__ == "__main__":
