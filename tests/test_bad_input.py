@@ -134,6 +134,38 @@ CASES = [(tool, case, args, message) for tool in BASE for case, args, message in
         ["--config", "{config_top_p_0}"],
         "top_p must be in (0, 1], got 0",
     ),
+    # the objectives menu (issue 53): each setting refused where the config or the trainer checks it
+    (
+        "train_math.py",
+        "estimator_unknown",
+        ["--advantage_estimator", "gae"],
+        "argument --advantage_estimator: invalid choice: 'gae'",
+    ),
+    (
+        "train_math.py",
+        "dual_clip_not_above_1",
+        ["--clip_ratio_c", "1.0"],
+        "clip_ratio_c must be > 1 (dual-clip caps a negative advantage's loss at clip_ratio_c * |A|)",
+    ),
+    (
+        "train_math.py",
+        "pass_k_above_the_group",
+        ["--advantage_estimator", "passk", "--pass_k", "99"],
+        "pass_k=99 is more than num_generations=",
+    ),
+    # log V is known only once the model is loaded: the trainer checks it, before any step
+    (
+        "train_math.py",
+        "entropy_target_above_log_v",
+        ["--model", "{ckpt}", "--config", "{config_entropy_target_50}"],
+        "entropy_target must be in (0, log V) = (0, ",
+    ),
+    (
+        "train_math.py",
+        "entropy_option_unread",
+        ["--entropy_target", "0.5"],
+        "entropy_target=0.5 is read only with use_adaptive_entropy; here it would do nothing",
+    ),
     (
         "train_math.py",
         "output_dir_is_a_file",
@@ -562,6 +594,7 @@ def checkpoints(tmp) -> dict:
         "config_data_list": tmp / "data-list.json",
         "config_unknown": tmp / "unknown.json",
         "config_top_p_0": tmp / "top-p-0.yaml",
+        "config_entropy_target_50": tmp / "entropy-target-50.yaml",
         "config_bad_yaml": tmp / "bad.yaml",
         "answer_nan": tmp / "answer-nan.jsonl",
         "answer_infinity": tmp / "answer-infinity.jsonl",
@@ -613,6 +646,9 @@ def checkpoints(tmp) -> dict:
     paths["config_data_list"].write_text(json.dumps({"data": [1, 2]}))
     paths["config_unknown"].write_text(json.dumps({"epochs": 3, "learning_rate": 1e-5, "lr": 0.1}))
     paths["config_top_p_0"].write_text("top_p: 0\n")
+    paths["config_entropy_target_50"].write_text(
+        "use_adaptive_entropy: true\nentropy_coef: 0.01\nentropy_target: 50\n"
+    )
     paths["read_only"].mkdir(mode=0o555)
     return paths
 
