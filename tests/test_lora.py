@@ -28,6 +28,7 @@ from minigrpo.model import (
     is_adapter_directory,
     load_adapter,
     merged,
+    read_adapter_config,
     tokenizer_directory,
     trainable_parameters,
     weights_sha256,
@@ -494,8 +495,11 @@ def test_tensors_no_adapted_projection_takes_are_refused_by_name_and_missing_one
                 check_tensors(str(directory))  # what a resume checks in a checkpoint
     blocks = {name: t for name, t in good.items() if ".layers.1." not in name}  # block 0's alone
     save_file(blocks, weights, metadata={"format": "pt"})
-    missing = PREFIX + "layers.1.mlp.down_proj.lora_A.weight"
-    refused(base, directory, re.escape(f"{weights} lacks {missing}, "))
+    missing = sorted(set(good) - set(blocks))  # block 1's A and B of down_proj and q_proj
+    message = f"{weights} lacks {', '.join(missing[:3])} and 1 more for this model {model}"
+    refused(base, directory, re.escape(message))
+    save_file({**blocks, missing[3]: good[missing[3]]}, weights, metadata={"format": "pt"})
+    refused(base, directory, re.escape(f"{weights} lacks {', '.join(missing[:3])} for this model"))
 
 
 @pytest.mark.parametrize(
@@ -595,3 +599,52 @@ def test_a_killed_lora_run_resumes_to_the_straight_runs_end_bit_for_bit(examples
     lines = (tmp_path / "changed.err").read_text().strip().splitlines()
     assert len(lines) == 1 and "was trained with lora_rank=2, and this run asks for 4" in lines[0], lines
     assert latest_checkpoint(killed).endswith("step-000003")
+
+
+def test_an_adapter_config_reads_peft_s_defaults_and_refuses_what_is_not_lora_in_one_line(base, tmp_path):
+    directory = tmp_path / "adapter"
+    config_path, weights = saved_adapter(base, directory)
+    # PEFT's LoraConfig defaults for what a file leaves out: r 8, lora_alpha 8, no dropout, no rsLoRA
+    json.dump({"target_modules": ["q_proj"], "base_model_name_or_path": base}, open(config_path, "w"))
+    assert read_adapter_config(str(directory)) == (Adapters(rank=8, alpha=8, targets=("q_proj",)), base)
+    edit_config(config_path, target_modules="all-linear")  # PEFT's one string besides a projection's name
+    assert read_adapter_config(str(directory))[0].targets == ALL
+    edit_config(config_path, target_modules="down_proj")
+    assert read_adapter_config(str(directory))[0].targets == ("down_proj",)
+    for key, value, message in [
+        ("peft_type", "LOHA", "peft_type 'LOHA' is not LORA, the one minigrpo runs"),
+        (
+            "target_modules",
+            ".*q_proj",
+            "target_modules '.*q_proj' is a pattern; minigrpo reads a list of names",
+        ),
+        ("target_modules", ["q_proj", 5], "target_modules entry 5 is not a projection of a Qwen3 block"),
+        ("base_model_name_or_path", 5, "base_model_name_or_path must be a path or a Hub id, got 5"),
+    ]:
+        saved = json.load(open(config_path))
+        edit_config(config_path, **{key: value})
+        refused(base, directory, re.escape(f"{config_path}: {message}"))
+        json.dump(saved, open(config_path, "w"))
+    os.remove(weights)
+    message = f"{weights} does not exist: an adapter directory needs adapter_model.safetensors"
+    refused(base, directory, re.escape(message))
+
+
+def test_a_checkpoint_s_adapter_header_is_checked_against_its_config(base, tmp_path):
+    directory = tmp_path / "adapter"
+    _, weights = saved_adapter(base, directory)  # rank 2 on q_proj and down_proj
+    good = load_file(weights)
+    check_tensors(str(directory))  # what a resume checks in a checkpoint: this one is whole
+    a = PREFIX + "layers.0.self_attn.q_proj.lora_A.weight"
+    b = PREFIX + "layers.0.self_attn.q_proj.lora_B.weight"
+    for name, tensor, message in [
+        (a, torch.zeros(3, 48), f"{a} has shape (3, 48), not rank 2"),  # A is (r, in)
+        (b, torch.zeros(64, 3), f"{b} has shape (64, 3), not rank 2"),  # B is (out, r)
+        (a, torch.zeros(2, 48, 1), f"{a} has shape (2, 48, 1), not rank 2"),
+    ]:
+        save_file({**good, name: tensor}, weights, metadata={"format": "pt"})
+        with pytest.raises(AdapterError, match=re.escape(f"{weights}: {message}")):
+            check_tensors(str(directory))
+    save_file({}, weights, metadata={"format": "pt"})
+    with pytest.raises(AdapterError, match=re.escape(f"{weights} holds no adapter tensors")):
+        check_tensors(str(directory))
