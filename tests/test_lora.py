@@ -107,7 +107,11 @@ def test_adapters_off_merged_and_merged_sampling_compute_what_they_should(base):
         assert torch.equal(model(x), plain(x))
     moved = model(x)
     assert (moved - plain(x)).abs().max() > 1e-3
-    torch.testing.assert_close(merged(model)(x), moved, rtol=0, atol=1e-5)
+    plain_copy = merged(model)
+    torch.testing.assert_close(plain_copy(x), moved, rtol=0, atol=1e-5)
+    # a plain model: no adapters to save beside its weights, every weight trainable as a loaded one's
+    assert plain_copy.adapters is None and not adapter_state(plain_copy)
+    assert all(p.requires_grad for p in plain_copy.parameters())
     # the sampler's merged products against the adapters as their own products (the reference path)
     prompts = [[3, 5, 7, 9], [2, 4]]
     settings = dict(max_new_tokens=8, temperature=0.0, num_samples=2, seed=0)
@@ -648,3 +652,29 @@ def test_a_checkpoint_s_adapter_header_is_checked_against_its_config(base, tmp_p
     save_file({}, weights, metadata={"format": "pt"})
     with pytest.raises(AdapterError, match=re.escape(f"{weights} holds no adapter tensors")):
         check_tensors(str(directory))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(rank=0), "a LoRA rank must be a positive integer, got 0"),
+        (dict(rank=-2), "a LoRA rank must be a positive integer, got -2"),
+        (dict(rank=True), "a LoRA rank must be a positive integer, got True"),
+        (dict(rank=2.0), "a LoRA rank must be a positive integer, got 2.0"),
+        (dict(alpha=0), "lora_alpha must be a number > 0"),
+        (dict(alpha=True), "lora_alpha must be a number > 0"),
+        (dict(alpha=float("nan")), "lora_alpha must be a number > 0"),
+        (dict(alpha="8"), "lora_alpha must be a number > 0"),
+        (dict(dropout=1), "lora_dropout must be in [0, 1), got 1"),
+        (dict(dropout=-0.1), "lora_dropout must be in [0, 1), got -0.1"),
+        (dict(dropout=True), "lora_dropout must be in [0, 1), got True"),
+        (dict(targets=()), "LoRA targets must be some of"),
+        (dict(targets=("k_proj", "q_proj")), "LoRA targets must be some of"),  # not in LORA_TARGETS' order
+        (dict(targets=["q_proj"]), "LoRA targets must be some of"),
+    ],
+)
+def test_adapters_that_cannot_be_are_refused_when_described(fields, message):
+    """What a PEFT file or a library caller describes is checked where an Adapters is made."""
+    with pytest.raises(AdapterError, match=re.escape(message)):
+        Adapters(**{**dict(rank=2, alpha=4, targets=("q_proj",)), **fields})
+    assert Adapters(rank=1, alpha=0.5, targets=("q_proj",), dropout=0.0).dropout == 0.0  # the edges held
