@@ -678,3 +678,31 @@ def test_adapters_that_cannot_be_are_refused_when_described(fields, message):
     with pytest.raises(AdapterError, match=re.escape(message)):
         Adapters(**{**dict(rank=2, alpha=4, targets=("q_proj",)), **fields})
     assert Adapters(rank=1, alpha=0.5, targets=("q_proj",), dropout=0.0).dropout == 0.0  # the edges held
+
+
+def test_a_resume_refuses_other_adapters_than_its_checkpoint_s_in_one_line(base, tmp_path):
+    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    grpo = GRPOConfig(num_generations=2, max_completion_length=4)
+    settings = dict(output_dir=str(tmp_path / "run"), batch_size=4, micro_batch_size=4, lora_rank=2)
+    settings.update(
+        lora_alpha=4.0, lora_target_modules="q_proj,v_proj", progress_bar=False, log_completions_every=0
+    )
+    minigrpo.train(base, task, grpo, TrainConfig(max_steps=1, **settings))
+    for name, value, shown in [
+        ("lora_rank", 4, "lora_rank=2, and this run asks for 4"),
+        ("lora_alpha", 8.0, "lora_alpha=4.0, and this run asks for 8.0"),
+        (
+            "lora_target_modules",
+            "q_proj",
+            "lora_target_modules=('q_proj', 'v_proj'), and this run asks for ('q_proj',)",
+        ),
+        ("use_rslora", True, "use_rslora=False, and this run asks for True"),
+    ]:
+        changed = TrainConfig(max_steps=2, resume=True, **{**settings, name: value})
+        with pytest.raises(
+            ValueError, match=re.escape(f"was trained with {shown}: resume with the checkpoint's")
+        ):
+            build_run(base, task, grpo, changed)
+    # the same targets named otherwise, and another dropout (the run's, not the adapters'): resumed
+    same = {**settings, "lora_target_modules": "v_proj, q_proj", "lora_dropout": 0.1}
+    assert build_run(base, task, grpo, TrainConfig(max_steps=2, resume=True, **same)).trainer.step == 1
