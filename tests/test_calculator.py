@@ -390,6 +390,14 @@ def test_small_exact_calls_are_answered(expression, value):
         ("1^{-2}", "1"),
         (r"\sqrt[100]{2^{100}}", "2"),  # the largest root index taken
         (r"\sqrt[101]{2}", "error: not an arithmetic expression (root index must be a small integer)"),
+        (
+            r"\begin{pmatrix}1&2\end{pmatrix}\begin{pmatrix}1&2\end{pmatrix}",
+            "error: not an arithmetic expression (matrix shapes do not match)",
+        ),
+        (
+            r"\frac{1}{\begin{pmatrix}1\\2\end{pmatrix}}",
+            "error: not an arithmetic expression (division by a matrix)",
+        ),
     ],
 )
 def test_a_division_by_zero_and_a_root_index_past_100_are_refused_by_name(expression, answer):
