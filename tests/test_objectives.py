@@ -174,6 +174,9 @@ def test_the_estimators_the_config_chooses_for_passk_and_maxrl():
 def test_whitening_with_fewer_than_two_tokens_gives_no_advantage():
     """One token in the whole batch has no spread to whiten by (verl refuses it): advantages 0, not NaN."""
     assert whiten_over_tokens(torch.tensor([1.0, 0.5], dtype=torch.float64), [1, 0]).tolist() == [0.0, 0.0]
+    # two tokens are enough: mean 0.5, unbiased variance 0.5
+    two = whiten_over_tokens(torch.tensor([1.0, 0.0], dtype=torch.float64), [1, 1])
+    assert two.tolist() == pytest.approx([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)])
     returns = kl_shaped_returns(torch.tensor([1.0, 0.0]), [torch.tensor([0.3]), torch.tensor([])], 0.1)
     assert [r.tolist() for r in returns] == [[0.0], []]
 
@@ -185,7 +188,7 @@ def test_passk_refuses_rewards_other_than_zero_and_one():
 
 def test_whitening_weighs_each_completion_by_its_tokens():
     """verl whitens a (B, T) batch over its valid tokens: a completion of 3 tokens counts 3 times."""
-    values = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    values = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)  # the last far from the tokens' mean
     lengths = [3, 1, 0]
     tokens = torch.tensor([1.0, 1.0, 1.0, -1.0], dtype=torch.float64)  # the 4 valid tokens, repeated
     expected = (tokens - tokens.mean()) / torch.sqrt(tokens.var() + 1e-8)
