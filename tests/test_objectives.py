@@ -199,6 +199,22 @@ def test_whitening_weighs_each_completion_by_its_tokens():
     assert got[2].item() == 0.0  # no token in the loss: no advantage
 
 
+@pytest.mark.parametrize("loss_type", ["dppo_tv", "dppo_kl"])
+def test_dppo_truncates_its_importance_weight_at_20_unless_clip_ratio_c_says_otherwise(loss_type):
+    """One kept token whose ratio is 20.5 (p 0.01 -> 0.205, a move inside the trust region): its detached
+    weight is cut to verl's default 20, or to clip_ratio_c where that is set."""
+    old = torch.tensor([[math.log(0.01)]], dtype=torch.float64)
+    new = torch.tensor([[math.log(0.205)]], dtype=torch.float64)
+    advantage, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1)
+    settings = (
+        dict(loss_type=loss_type, epsilon=0.25) if loss_type == "dppo_kl" else dict(loss_type=loss_type)
+    )
+    loss, stats = grpo_loss(new, old, advantage, mask, **settings)
+    assert loss.item() == pytest.approx(-20.0 * math.log(0.205)) and stats["clip/truncated_frac"] == 1.0
+    loss, stats = grpo_loss(new, old, advantage, mask, clip_ratio_c=25.0, **settings)
+    assert loss.item() == pytest.approx(-20.5 * math.log(0.205)) and stats["clip/truncated_frac"] == 0.0
+
+
 # -- the loss: exact shares under accumulation, the entropy bonus ---------------------------------------
 def ragged_batch(seed=0, B=6, T=5):
     g = torch.Generator().manual_seed(seed)
