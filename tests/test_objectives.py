@@ -215,6 +215,19 @@ def test_dppo_truncates_its_importance_weight_at_20_unless_clip_ratio_c_says_oth
     assert loss.item() == pytest.approx(-20.5 * math.log(0.205)) and stats["clip/truncated_frac"] == 0.0
 
 
+@pytest.mark.parametrize("control", ["clip_cov", "kl_cov"])
+def test_a_covariance_control_takes_at_least_one_token(control):
+    """verl's max(int(share * tokens), 1): a share of 5% of 6 tokens is still one token, not none."""
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(2, 3, generator=g, dtype=torch.float64)
+    new = old + 0.01 * torch.randn(2, 3, generator=g, dtype=torch.float64)
+    advantages, mask = torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 3)
+    bounds = dict(clip_cov_lb=-100.0, clip_cov_ub=100.0) if control == "clip_cov" else {}
+    share = dict(clip_cov_ratio=0.05) if control == "clip_cov" else dict(kl_cov_ratio=0.05)
+    _, stats = grpo_loss(new, old, advantages, mask, covariance_control=control, **bounds, **share)
+    assert stats["cov/selected_frac"] == pytest.approx(1 / 6)
+
+
 # -- the loss: exact shares under accumulation, the entropy bonus ---------------------------------------
 def ragged_batch(seed=0, B=6, T=5):
     g = torch.Generator().manual_seed(seed)
