@@ -11,6 +11,7 @@ from helpers import tiny_policy
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.rollout import Rollout
 from minigrpo.run import Trace
 from minigrpo.update import EntropyCoefficient, grpo_loss, objective_from, objective_loss
 from minigrpo.update.estimators import estimator_for, kl_shaped_returns, passk, whiten_over_tokens
@@ -73,17 +74,18 @@ def checkpoint(tmp_path_factory):
     return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
 
 
-def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", **settings):
+def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", train_settings=None, **settings):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, num_iterations=2, **settings)
+    train_settings = {"micro_batch_size": 3, **(train_settings or {})}
     train = TrainConfig(
         output_dir=str(tmp_path / "run"),
         max_steps=3,
         batch_size=8,
-        micro_batch_size=3,
         learning_rate=1e-2,
         progress_bar=False,
         log_completions_every=0,
+        **train_settings,
     )
     return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, train)
 
@@ -109,6 +111,30 @@ def test_each_option_trains_and_is_named(checkpoint, tmp_path, option):
     assert trainer.updater.objective.describe() in text  # the trace's stage 4 names it
     if trainer.grpo.advantage_estimator != "grpo":
         assert f"advantage_estimator={trainer.grpo.advantage_estimator}" in text
+
+
+@pytest.mark.parametrize("lengths", [[10] * 4 + [2] * 4, [2] * 4 + [10] * 4])
+def test_the_references_log_probs_come_back_in_the_rollouts_order(checkpoint, tmp_path, lengths):
+    """REINFORCE++ with beta > 0 takes the reference's log-probs before stage 4. A token budget orders the
+    micro-batches by length, and the log-probs must still come back in the rollouts' order (they came in
+    the budget's: the default job crashed on the first step whose groups differed in length)."""
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        train_settings=dict(micro_batch_tokens=64, micro_batch_size=8),
+        advantage_estimator="reinforce_plus_plus",
+        beta=0.05,
+    )
+    rollouts = [
+        Rollout([1, 2, 3], [5 + (i + t) % 7 for t in range(n)], "length", sampler_logprobs=torch.zeros(n))
+        for i, n in enumerate(lengths)
+    ]
+    got = trainer.updater.reference_logprobs(rollouts)
+    assert [len(logprobs) for logprobs in got] == lengths
+    for rollout, logprobs in zip(rollouts, got):  # each its own: the same as computed for its group alone
+        group = rollouts[rollouts.index(rollout) // 4 * 4 :][:4]
+        alone = trainer.updater.reference_logprobs(group)[group.index(rollout)]
+        torch.testing.assert_close(logprobs, alone, rtol=0, atol=1e-6)
 
 
 def test_the_objective_is_a_record_built_once_and_each_micro_batch_reads_it(
