@@ -111,6 +111,8 @@ def test_each_option_trains_and_is_named(checkpoint, tmp_path, option):
     assert trainer.updater.objective.describe() in text  # the trace's stage 4 names it
     if trainer.grpo.advantage_estimator != "grpo":
         assert f"advantage_estimator={trainer.grpo.advantage_estimator}" in text
+    if trainer.grpo.kl_in_reward:  # the KL's weight is named though the loss has none
+        assert "kl_in_reward beta=0.05" in named
 
 
 @pytest.mark.parametrize("lengths", [[10] * 4 + [2] * 4, [2] * 4 + [10] * 4])
