@@ -139,6 +139,15 @@ def test_the_references_log_probs_come_back_in_the_rollouts_order(checkpoint, tm
         torch.testing.assert_close(logprobs, alone, rtol=0, atol=1e-6)
 
 
+def test_a_run_without_an_entropy_bonus_has_no_coefficient_to_log_or_save(checkpoint, tmp_path):
+    """The bonus is chosen once: without one there is no coefficient, no entropy/coef in the metrics (the
+    default run's lines stay as they were) and nothing of it in a checkpoint."""
+    trainer = make_trainer(checkpoint, tmp_path)
+    stats, _ = trainer.train_step()
+    assert trainer.updater.entropy is None and trainer.updater.entropy_state() is None
+    assert not any(name.startswith("entropy/") for name in stats)
+
+
 def test_the_objective_is_a_record_built_once_and_each_micro_batch_reads_it(
     checkpoint, tmp_path, monkeypatch
 ):
