@@ -346,6 +346,24 @@ def test_the_adaptive_coefficient_follows_the_entropy_within_its_bounds():
     assert control.coef == pytest.approx(0.015)  # capped at the upper bound
 
 
+def test_a_fixed_coefficient_stays_what_it_was_set_to():
+    control = EntropyCoefficient(coef=0.01, adaptive=False, target=1.0, delta=0.004, low=0.0, high=0.015)
+    for entropy in (0.5, 2.0):
+        control.after_step(entropy)
+        assert control.applied() == control.coef == 0.01
+
+
+def test_the_coefficients_state_reads_back_what_the_next_step_applies():
+    """A checkpoint keeps the coefficient and the last entropy: the gate of the step after a resume reads
+    the entropy measured before it, not 'none yet'."""
+    settings = dict(adaptive=True, target=1.0, delta=0.004, low=0.0, high=0.015)
+    before = EntropyCoefficient(coef=0.01, **settings)
+    before.after_step(0.5)  # at or below the target: the bonus acts on the next step
+    resumed = EntropyCoefficient(coef=0.0, **settings)
+    resumed.load_state(before.state())
+    assert (resumed.coef, resumed.last_entropy, resumed.applied()) == (before.coef, 0.5, before.applied())
+
+
 def test_an_adaptive_run_resumes_its_coefficient_bit_for_bit(checkpoint, tmp_path):
     settings = dict(use_adaptive_entropy=True, entropy_target=5.0, entropy_coef=0.02, entropy_coef_delta=0.01)
     straight = make_trainer(checkpoint, tmp_path / "a", **settings)
