@@ -40,20 +40,28 @@ def token_logprobs(
     never holding the (B, Tc, V) logits. With `group_size` G > 1, rows come in groups of G completions
     of one prompt, and each prompt runs once (Qwen3.shared_prompt_hidden_states).
     """
+    predicting = completion_hidden_states(model, input_ids, attention_mask, completion_start, group_size)
+    return head_logprobs(
+        predicting, model.head_weight, input_ids[:, completion_start:], temperature, chunk_rows
+    )
+
+
+def completion_hidden_states(model, input_ids, attention_mask, completion_start: int, group_size: int = 1):
+    """(B, Tc, hidden): the model's last hidden states at the positions that predict each completion token,
+    the LM head's input. With `group_size` G > 1 each prompt of G rows runs once."""
     if group_size > 1:
-        # (B, Tc, hidden)
-        predicting = model.shared_prompt_hidden_states(
-            input_ids, attention_mask, completion_start, group_size
-        )
-    else:
-        hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
-        # (B, Tc, hidden): the positions before each completion token
-        predicting = hidden[:, completion_start - 1 : -1]
-    targets = input_ids[:, completion_start:]  # (B, Tc)
+        return model.shared_prompt_hidden_states(input_ids, attention_mask, completion_start, group_size)
+    hidden = model.hidden_states(input_ids, attention_mask)  # (B, Lp + Tc, hidden)
+    return hidden[:, completion_start - 1 : -1]  # the positions before each completion token
+
+
+def head_logprobs(predicting, head_weight, targets, temperature: float, chunk_rows: int = LOGPROB_CHUNK_ROWS):
+    """(logprobs, entropies), both (B, Tc), of `targets` (B, Tc) from the hidden states `predicting`
+    (B, Tc, hidden) through the LM head `head_weight` (V, hidden), `chunk_rows` tokens at a time."""
     B, Tc = targets.shape
     scale = 1.0 / (temperature or 1.0)
     logprobs, entropies = ChunkedLogprobs.apply(
-        predicting.reshape(B * Tc, -1), model.head_weight, targets.reshape(-1), scale, chunk_rows
+        predicting.reshape(B * Tc, -1), head_weight, targets.reshape(-1), scale, chunk_rows
     )
     return logprobs.view(B, Tc), entropies.view(B, Tc)
 
