@@ -1,4 +1,5 @@
-"""TRL 1.16's own GRPOTrainer._compute_loss, run on given tensors, for minigrpo's equality tests.
+"""TRL 1.16's own GRPOTrainer._compute_loss, run on given tensors, for minigrpo's equality tests; and
+GKDTrainer.generalized_jsd_loss, the divergence of TRL's on-policy distillation (`generalized_jsd_loss`).
 
 Test-only: nothing under minigrpo/ imports this file. Tests take it through the `trl_reference` fixture
 (conftest.py), which skips them when TRL 1.16.0 is not the installed trl.
@@ -191,6 +192,19 @@ def require():
         pytest.skip(
             f"these comparisons are with TRL {TRL_VERSION}'s code ({reason}): pip install trl=={TRL_VERSION}"
         )
+
+
+@functools.cache
+def generalized_jsd_loss():
+    """TRL's GKDTrainer.generalized_jsd_loss (trl/experimental/gkd/gkd_trainer.py), compiled from its file
+    without importing trl: the divergence TRL's GKD and DistillationTrainer minimise, beta = 1 its
+    reverse KL. (student_logits, teacher_logits, labels, beta, temperature, reduction) -> the loss."""
+    gkd_file = _trl_folder() / "experimental" / "gkd" / "gkd_trainer.py"
+    namespace = {"torch": torch, "F": torch.nn.functional}
+    compiled = compile_functions(
+        gkd_file.read_text(), str(gkd_file), ["generalized_jsd_loss"], namespace, class_name="GKDTrainer"
+    )
+    return compiled["generalized_jsd_loss"].__func__  # defined under @staticmethod
 
 
 def trainer(gradient_accumulation_steps=1, **settings):

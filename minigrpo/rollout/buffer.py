@@ -2,10 +2,11 @@
 
 In: the sampler's completions for a batch of prompts (stage 1, `from_samples`); each later stage
 returns its values and the trainer writes them in, one place per stage: the decoded text, rewards and
-step rewards (2), advantages, per completion or per token (3); the update writes the old / reference
-log-probs it computes (4). A step's rollouts over its sampling rounds are a `StepRollouts`. Out: padded
-tensors for the update, in micro-batches, and the logger's length stats. It knows token ids
-and numbers, not rewards' meaning or the model.
+step rewards (2), a teacher's log-probs and hidden states (on-policy distillation), advantages, per
+completion or per token (3); the update writes the old / reference log-probs it computes (4). A
+step's rollouts over its sampling rounds are a `StepRollouts`. Out: padded tensors for the update, in
+micro-batches, and the logger's length stats. It knows token ids and numbers, not rewards' meaning or
+the model.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Rollout:
     sampler_logprobs: torch.Tensor | None = None  # (Tc,) as the sampler computed them drawing the tokens
     old_logprobs: torch.Tensor | None = None  # (Tc,) under the policy that sampled it (num_iterations > 1)
     ref_logprobs: torch.Tensor | None = None  # (Tc,) under the reference model (beta > 0)
+    teacher_logprobs: torch.Tensor | None = None  # (Tc,) under the teacher (on-policy distillation)
+    # (Tc, H_teacher) on the device: the teacher's last hidden states (distillation_form="full")
+    teacher_hidden: torch.Tensor | None = None
 
     @property
     def loss_tokens(self) -> int:
@@ -44,6 +48,12 @@ class Rollout:
         if not self.in_loss:
             return 0
         return len(self.completion_ids) if self.generated is None else sum(self.generated)
+
+
+def loss_positions(r: Rollout) -> torch.Tensor:
+    """(Tc,) bool: the completion tokens the loss sees (the policy's own; none when it is left out)."""
+    generated = r.generated if r.generated is not None else [True] * len(r.completion_ids)
+    return torch.tensor(generated, dtype=torch.bool) & r.in_loss
 
 
 def from_samples(samples, prompt_ids: list[list[int]], mask_truncated: bool) -> list[Rollout]:
@@ -140,6 +150,7 @@ class Batch:
     sampler_logprobs: torch.Tensor | None  # (B, Tc) or None
     old_logprobs: torch.Tensor | None  # (B, Tc) or None
     ref_logprobs: torch.Tensor | None  # (B, Tc) or None
+    teacher_hidden: torch.Tensor | None = None  # (B, Tc, H_teacher) or None
 
 
 def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
@@ -168,6 +179,7 @@ def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
         sampler_logprobs=_pad([r.sampler_logprobs for r in rollouts], completion_width, device),
         old_logprobs=_pad([r.old_logprobs for r in rollouts], completion_width, device),
         ref_logprobs=_pad([r.ref_logprobs for r in rollouts], completion_width, device),
+        teacher_hidden=_pad_hidden([r.teacher_hidden for r in rollouts], completion_width),
     )
 
 
@@ -189,6 +201,16 @@ def _pad(rows: list, width: int, device) -> torch.Tensor | None:
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out.to(device)
+
+
+def _pad_hidden(rows: list, width: int) -> torch.Tensor | None:
+    """(B, width, H) of (Tc_i, H) rows, zero on padding, on the rows' device; None if any row has none."""
+    if not rows or any(r is None for r in rows):
+        return None
+    out = rows[0].new_zeros(len(rows), width, rows[0].shape[-1])  # (B, Tc, H)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 def micro_batches(count: int, size: int, generator: torch.Generator | None = None) -> list[list[int]]:

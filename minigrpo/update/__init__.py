@@ -11,6 +11,8 @@
   dual-clip, CISPO, SAPO, GMPO, DPPO, REINFORCE, Clip-Cov, KL-Cov); `grpo_loss`, the same from
   keyword settings; `EntropyCoefficient` (entropy.py), the entropy bonus's fixed or adaptive weight;
 - `Updater` (updater.py): old and reference log-probs, micro-batches, num_iterations AdamW steps;
+- `distillation_for` (distillation.py): what a teacher adds (on-policy distillation), chosen once: the
+  token form's advantages or the full form's exact reverse KL (`ChunkedReverseKL`), and their stats;
 - `frozen_copy`, `SamplingCopy` (copies.py): the reference policy, frozen, and the sampler's copy in
   another precision.
 It knows tensors, rollouts and the configs, not text or where the rewards came from. Nothing outside
@@ -19,25 +21,46 @@ this folder imports from inside it: only the names below.
 
 from .advantages import EPS, group_advantages, process_advantages, token_advantages, zero_variance_groups
 from .copies import SamplingCopy, frozen_copy
+from .distillation import (
+    ChunkedReverseKL,
+    DistilledLogprobs,
+    TeacherForward,
+    distillation_for,
+    full_vocabulary_reverse_kl,
+    teacher_stats,
+    token_distillation_advantages,
+)
 from .entropy import EntropyCoefficient
 from .estimators import estimator_for, formula, kl_shaped_returns
-from .logprobs import BaseLogprobs, TokenLogprobs, full_vocabulary_logprobs, token_logprobs
+from .logprobs import (
+    LOGPROB_CHUNK_ROWS,
+    BaseLogprobs,
+    TokenLogprobs,
+    full_vocabulary_logprobs,
+    token_logprobs,
+)
 from .loss import Objective, grpo_loss, k3, objective_from, objective_loss, sampler_mismatch
 from .updater import NonFiniteWeights, Updater
 
 __all__ = [
+    "LOGPROB_CHUNK_ROWS",
     "BaseLogprobs",
+    "ChunkedReverseKL",
+    "DistilledLogprobs",
     "EPS",
     "EntropyCoefficient",
     "Objective",
     "NonFiniteWeights",
     "SamplingCopy",
+    "TeacherForward",
     "TokenLogprobs",
     "Updater",
+    "distillation_for",
     "estimator_for",
     "formula",
     "frozen_copy",
     "full_vocabulary_logprobs",
+    "full_vocabulary_reverse_kl",
     "group_advantages",
     "grpo_loss",
     "k3",
@@ -46,7 +69,9 @@ __all__ = [
     "objective_loss",
     "process_advantages",
     "sampler_mismatch",
+    "teacher_stats",
     "token_advantages",
+    "token_distillation_advantages",
     "token_logprobs",
     "zero_variance_groups",
 ]

@@ -137,14 +137,22 @@ class ChunkedLogprobs(torch.autograd.Function):
                 del entropy_grad
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ weight  # (c, H)
-            if grad_weight is not None and grad_weight.dtype == grad_z.dtype:
-                grad_weight.addmm_(grad_z.t(), hidden[rows])  # (V, H), in place: no second (V, H) tensor
-            elif grad_weight is not None:  # bf16 / fp16: each chunk's product in their dtype, the sum in fp32
-                grad_weight += (grad_z.t() @ hidden[rows]).to(dtype)
+            if grad_weight is not None:
+                add_head_gradient(grad_weight, grad_z, hidden[rows])
             del grad_z  # before the next chunk's buffer is made
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None
+
+
+def add_head_gradient(grad_weight, grad_z, hidden) -> None:
+    """grad_weight (V, H), fp32 or fp64, += grad_z.T @ hidden for one chunk's grad_z (c, V) and hidden (c, H):
+    in place when the dtypes agree (no second (V, H) tensor); in bf16 / fp16, the chunk's product in
+    their dtype, the sum in fp32."""
+    if grad_weight.dtype == grad_z.dtype:
+        grad_weight.addmm_(grad_z.t(), hidden)
+    else:
+        grad_weight += (grad_z.t() @ hidden).to(grad_weight.dtype)
 
 
 def _chunk_forward(hidden, weight, targets, scale: float, dtype):

@@ -1,10 +1,12 @@
 """Stage 4 of the loop, update: a step's rollouts in, num_iterations AdamW steps and their stats out.
 
 In: rollouts with advantages (stage 3). Per step: their old log-probs (num_iterations > 1) and
-reference log-probs (beta > 0), then each pass cuts them into micro-batches (by rows, by a budget
+reference log-probs (beta > 0); with a teacher, before stage 3, the teacher's outputs
+(`teacher_outputs`). Then each pass cuts them into micro-batches (by rows, by a budget
 of padded tokens, or whole groups for the shared-prompt forward), takes the run's objective of each
 (loss.py: chosen once, when the updater is built) with gradient accumulation, clips the gradient and
-makes one AdamW step; the entropy bonus's coefficient (entropy.py) moves after each. A non-finite
+makes one AdamW step; the entropy bonus's coefficient (entropy.py) moves after each; a teacher's
+exact reverse KL joins each micro-batch's loss (distillation.py's full form). A non-finite
 loss or gradient skips the pass and leaves weights and AdamW state as they were; weights that are
 not finite after a step stop the run (NonFiniteWeights), before anything saves them. It knows
 rollouts, tensors and the configs, not text, rewards or where the rollouts came from;
@@ -31,13 +33,14 @@ from ..rollout import (
     split_logprobs,
     token_budget_batches,
 )
+from .distillation import NoTeacher, TeacherForward
 from .entropy import EntropyCoefficient
 from .logprobs import TokenLogprobs
 from .loss import objective_from, objective_loss, sampler_mismatch
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
-SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean"})
+SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean", "distill/loss"})
 
 
 class NonFiniteWeights(RuntimeError):
@@ -56,18 +59,22 @@ class Updater:
         dist: distributed.Dist,
         padding: Rollout,
         pad_id: int,
+        teacher=None,
+        distillation: NoTeacher | None = None,
     ):
         self.model = model
         self.grpo = grpo
         self.config = config
         self.objective = objective_from(grpo)  # what each micro-batch's loss computes, chosen once
         self.entropy = EntropyCoefficient.from_config(grpo)  # the entropy bonus's coefficient, or None
+        # what a teacher adds to the advantages and the loss (on-policy distillation), chosen once
+        self.distillation = distillation or NoTeacher()
         self.dist = dist
         self.pad_id = pad_id
         self.padding = padding  # what a rank with no rollouts left forwards, to join the collectives
         # The log-probs as modules: one process, or DDP copies, or FSDP2 shards (config.fsdp).
         self.policy = distributed.ParallelModel(
-            TokenLogprobs(model),
+            self.distillation.policy_module(model),
             dist,
             shard=config.fsdp,
             blocks=model.layers,
@@ -83,6 +90,11 @@ class Updater:
                 blocks=reference.model.layers,
                 trainable=False,
                 padding=padding,
+            )
+        self.teacher = None  # the teacher's forward (on-policy distillation), a frozen local module
+        if teacher is not None:
+            self.teacher = distributed.ParallelModel(
+                TeacherForward(teacher), dist, shard=False, trainable=False
             )
         # every weight, or a LoRA run's adapters alone (the base is frozen: no gradient, no AdamW state)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
@@ -123,7 +135,7 @@ class Updater:
         for name in names:
             out[name] = sum(p.get(name, 0.0) for p in passes) / len(passes)
         out["skipped"] = max(p["skipped"] for p in passes)  # 1 if any pass was skipped, not a mean
-        return out
+        return self.distillation.update_stats(out)
 
     def reference_logprobs(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
         """Each rollout's completion log-probs under the KL's reference, (Tc,) each: for an advantage
@@ -131,6 +143,18 @@ class Updater:
         them for every rollout it is given (the reference's collectives see the same passes). A token
         budget takes the rollouts in micro-batches of similar length: each is found again by identity."""
         computed = {id(rollout): logprobs for rollout, logprobs in self._logprobs(rollouts, self.reference)}
+        return [computed[id(rollout)] for rollout in rollouts]
+
+    def teacher_outputs(self, rollouts: list[Rollout]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each rollout's completion under the teacher, in micro-batches as the update's and without
+        gradients: its log-probs (Tc,), fp32 on the CPU, and its last hidden states (Tc, H_teacher) on
+        the device. One teacher forward per step, before stage 3 (on-policy distillation)."""
+        computed = {}
+        with torch.no_grad():
+            for part in self.teacher.parts(rollouts, self._micro_batches(rollouts)):
+                _, logprobs, hidden = self._forward(self.teacher, part)
+                for r, row_logprobs, row_hidden in zip(part, split_logprobs(part, logprobs), hidden):
+                    computed[id(r)] = (row_logprobs, row_hidden[: len(r.completion_ids)])
         return [computed[id(rollout)] for rollout in rollouts]
 
     def entropy_state(self) -> dict | None:
@@ -228,7 +252,9 @@ class Updater:
     def _micro_step(
         self, rollouts: list[Rollout], totals: dict, entropy_coef: float, choices: torch.Generator
     ) -> dict[str, float]:
-        batch, logprobs, entropies = self._forward(self.policy, rollouts)
+        batch, logprobs, entropies, *distilled = self._forward(
+            self.policy, rollouts, self.distillation.update_inputs
+        )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: ratio 1
         loss, stats = objective_loss(
             self.objective,
@@ -244,6 +270,8 @@ class Updater:
             num_tokens=totals["tokens"],
             generator=choices,
         )
+        # a teacher's exact reverse KL joins the loss (distillation_form="full"; otherwise as it was)
+        loss, stats = self.distillation.loss(loss, stats, distilled, batch.completion_mask, totals["tokens"])
         # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart
         # in fp32.
         if batch.sampler_logprobs is not None:
@@ -266,21 +294,23 @@ class Updater:
                 pairs += zip(part, split_logprobs(part, self._forward(policy, part)[1]))
         return pairs
 
-    def _forward(self, policy, rollouts: list[Rollout]):
-        """(batch, log-probs (B, Tc), entropies (B, Tc)) of these rollouts' completions at the sampling
-        temperature."""
+    def _forward(self, policy, rollouts: list[Rollout], inputs=lambda batch: ()):
+        """(batch, log-probs (B, Tc), entropies (B, Tc), and what else the module returns) of these
+        rollouts' completions at the sampling temperature; `inputs(batch)`: the module's further inputs
+        (a teacher's hidden states)."""
         batch = collate(rollouts, self.pad_id, self.model.device)
         # the padding rollout shares its prompt with no other row
         rows_per_prompt = 1 if rollouts[0] is self.padding else self._group_size
         with self._autocast():
-            logprobs, entropies = policy(
+            outputs = policy(
                 batch.input_ids,
                 batch.attention_mask,
                 batch.completion_start,
                 self.grpo.temperature,
                 rows_per_prompt,
+                *inputs(batch),
             )
-        return batch, logprobs, entropies
+        return batch, *outputs
 
     def _micro_batches(
         self, rollouts: list[Rollout], generator: torch.Generator | None = None
