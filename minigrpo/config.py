@@ -40,6 +40,7 @@ SCALES = ("group", "batch", "none")  # update/advantages.py: what the centred re
 ADVANTAGE_TYPES = ("outcome", "process", "outcome+process")  # update/advantages.py
 PROCESS_REWARDS = ("steps", "monte_carlo")  # step_rewards/
 TOOL_FORMATS = ("calc", "qwen3")  # tools/registry.py's FORMATS
+DISTILLATION_FORMS = ("token", "full")  # update/distillation.py: how the teacher's log-probs teach
 REPORT_TO = ("none", "tensorboard", "wandb")  # run/metrics.py's REPORTERS
 SCHEDULES = ("constant", "cosine")  # TrainConfig.learning_rate_at
 SAMPLING_DTYPES = ("float32", "bfloat16", "float16")  # the sampling copy's dtype (run/trainer.py)
@@ -161,6 +162,11 @@ class GRPOConfig:
     drop_zero_variance_groups: bool = False  # leave groups with equal rewards out of the update (no signal)
     overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last this-many tokens; 0 = off
     overlong_penalty: float = 1.0  # reward lost at max_completion_length (linear over the buffer)
+    # on-policy distillation (update/distillation.py): a teacher grades each token the policy samples;
+    # teacher_model is named as --model is (TRL's DistillationConfig: teacher_model_name_or_path)
+    teacher_model: str = ""  # the teacher's checkpoint directory or Hub id; "": no teacher
+    distillation_coef: float = 1.0  # 1: distillation alone, 0: RL alone, between: a weighted sum of the two
+    distillation_form: str = "token"  # token: -(log p - log p_teacher) per token | full: reverse KL over V
 
     def __post_init__(self):
         _require_finite(self)
@@ -216,6 +222,41 @@ class GRPOConfig:
         _require(
             0 <= self.overlong_buffer < self.max_completion_length,
             f"overlong_buffer must be in [0, max_completion_length), got {self.overlong_buffer}",
+        )
+        self._check_distillation()
+
+    def _check_distillation(self) -> None:
+        """The teacher's settings, each read only with a teacher, and what they combine with."""
+        _require(
+            isinstance(self.teacher_model, str), f"teacher_model must be text, got {self.teacher_model!r}"
+        )
+        for name in ("distillation_coef", "distillation_form"):
+            _require_read(name, self, bool(self.teacher_model), "a teacher_model")
+        _require(
+            0 <= self.distillation_coef <= 1,
+            "distillation_coef must be in [0, 1] (1: distillation alone, 0: RL alone), got "
+            f"{self.distillation_coef}",
+        )
+        _require(
+            self.distillation_form in DISTILLATION_FORMS,
+            f"distillation_form must be one of {', '.join(DISTILLATION_FORMS)}, "
+            f"got {self.distillation_form!r}",
+        )
+        distils = bool(self.teacher_model)
+        _require(
+            not (distils and self.distillation_form == "token" and self.loss_type == "gmpo"),
+            "distillation_form='token' gives every token its own advantage, which loss_type='gmpo' (one "
+            "advantage per completion) cannot take: use distillation_form='full', or another loss_type",
+        )
+        _require(
+            not (
+                distils
+                and self.distillation_coef == 1
+                and (self.dynamic_sampling or self.drop_zero_variance_groups)
+            ),
+            "dynamic_sampling and drop_zero_variance_groups leave out groups whose rewards are all equal, "
+            "but with distillation_coef=1 the rewards carry no weight and every group has the teacher's "
+            "signal: use a distillation_coef below 1, or neither option",
         )
 
     def _check_process_settings(self) -> None:

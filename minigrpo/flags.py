@@ -18,6 +18,7 @@ from .config import (
     ADVANTAGE_ESTIMATORS,
     ADVANTAGE_TYPES,
     COVARIANCE_CONTROLS,
+    DISTILLATION_FORMS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     PROCESS_REWARDS,
@@ -46,6 +47,7 @@ CHOICES = {
     "sampler_correction": SAMPLER_CORRECTIONS,
     "lr_schedule": SCHEDULES,
     "report_to": REPORT_TO,
+    "distillation_form": DISTILLATION_FORMS,
 }
 
 

@@ -501,6 +501,19 @@ CASES += [
         [*SMALL_RUN, "--process_samples", "8"],
         "process_samples=8 is read only by process_rewards='monte_carlo'",
     ),
+    # issue 55, item 6: a teacher that is not there, a coefficient outside [0, 1]
+    (
+        "train_math.py",
+        "teacher_missing",
+        [*SMALL_RUN, "--teacher_model", "{tmp}/no-teacher"],
+        "teacher_model {tmp}/no-teacher: no such checkpoint directory",
+    ),
+    (
+        "train_math.py",
+        "distillation_coef_above_1",
+        [*SMALL_RUN, "--teacher_model", "{ckpt}", "--distillation_coef", "1.5"],
+        "distillation_coef must be in [0, 1] (1: distillation alone, 0: RL alone), got 1.5",
+    ),
 ]
 # Issue 58, item 7: argparse's own errors are one line in every tool, as in train_math.py (a bad choice, a
 # value of the wrong type, an unknown flag, a missing argument), not its usage and then the error.

@@ -42,6 +42,8 @@ def other_value(name, default):
         return "q_proj,v_proj"
     if name == "clip_ratio_c":  # dual-clip's cap is above 1
         return 3.0
+    if name == "teacher_model":  # a path, which argparse must not read as a flag
+        return "models/teacher"
     if name in CHOICES:
         return next(choice for choice in CHOICES[name] if choice != default)
     if isinstance(default, tuple):

@@ -1,12 +1,24 @@
-"""On-policy distillation (update/distillation.py): the full form's loss and gradient equal TRL's
-generalized_jsd_loss at its beta = 1; the token form's advantages equal a hand computation; a teacher
-identical to the student gives zero KL and zero gradient; a tool's observation tokens stay out of the KL."""
+"""On-policy distillation (update/distillation.py, run/teacher.py): the full form's loss and gradient equal
+TRL's generalized_jsd_loss at its beta = 1; the token form's advantages equal a hand computation; a teacher
+identical to the student gives zero KL and zero gradient; a tool's observation tokens stay out of the KL; a
+run with a teacher trains (LoRA students too), resumes bit for bit, and refuses a changed teacher; each bad
+input is one line before any step."""
+
+import json
+import shutil
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import tiny_model, tiny_policy, tiny_tokenizer, write_json
+from test_trainer import ROWS
 
+import minigrpo
+from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.model import weights_sha256
 from minigrpo.rollout import Rollout, collate
+from minigrpo.run import Run, latest_checkpoint, load_state
+from minigrpo.run import teacher as teacher_module
+from minigrpo.run.training import build_run
 from minigrpo.update import (
     ChunkedReverseKL,
     DistilledLogprobs,
@@ -16,6 +28,45 @@ from minigrpo.update import (
     token_logprobs,
 )
 from minigrpo.update.distillation import FullDistillation, TokenDistillation
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """A student and a teacher of one tokenizer (different weights), and the teacher's directory."""
+    root = tmp_path_factory.mktemp("distillation")
+    student = tiny_policy(str(root / "student"), max_position_embeddings=96)
+    teacher = root / "teacher"
+    shutil.copytree(student, teacher)
+    tokenizer = minigrpo.Tokenizer.from_directory(student)
+    minigrpo.save_pretrained(
+        tiny_model(seed=1, vocab_size=tokenizer.vocab_size, max_position_embeddings=96), tokenizer, teacher
+    )
+    return student, str(teacher), root
+
+
+def settings(output_dir, **train):
+    return TrainConfig(
+        **{
+            "output_dir": str(output_dir),
+            "max_steps": 2,
+            "batch_size": 8,
+            "micro_batch_size": 4,
+            "learning_rate": 1e-2,
+            "progress_bar": False,
+            "log_completions_every": 0,
+            **train,
+        }
+    )
+
+
+def make(student, output_dir, grpo, **train) -> Trainer:
+    model, tokenizer = minigrpo.load_pretrained(student)
+    task = Task(ROWS, [RewardSpec("test_count_x")])
+    return Trainer(model, tokenizer, task, grpo, settings(output_dir, **train), model_path=student)
+
+
+def distilling(teacher, **options) -> GRPOConfig:
+    return GRPOConfig(num_generations=4, max_completion_length=8, teacher_model=teacher, **options)
 
 
 # -- the two forms' numbers ----------------------------------------------------------------------------
@@ -116,3 +167,117 @@ def test_a_tools_observation_tokens_stay_out_of_the_kl():
     kl = torch.tensor([[0.5, 100.0, 1.5]])
     term, stats = FullDistillation(0.5, torch.zeros(1, 1)).loss(torch.zeros(()), {}, [kl], mask, 2)
     assert float(term) == pytest.approx(0.5 * (0.5 + 1.5) / 2) and stats["distill/reverse_kl_exact"] == 1.0
+
+
+# -- a run with a teacher --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "form, options",
+    [("token", dict(distillation_coef=0.5)), ("full", dict(distillation_coef=0.5, num_iterations=2))],
+)
+def test_a_run_with_a_teacher_trains_and_leaves_the_teacher_as_it_was(policies, tmp_path, form, options):
+    student, teacher, _ = policies
+    trainer = make(student, tmp_path, distilling(teacher, distillation_form=form, **options))
+    before = {k: v.clone() for k, v in trainer.teacher.state_dict().items()}
+    stats, _ = trainer.train_step()
+    assert stats["distill/reverse_kl"] > 0 and 0 < stats["distill/loss_share"] < 1
+    assert stats["time/teacher"] > 0 and stats["skipped"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in trainer.teacher.state_dict().items())
+    assert not any(p.requires_grad for p in trainer.teacher.parameters()) and not trainer.teacher.training
+    assert f"distillation_form={form}" in trainer.describe_objective()
+    if form == "full":  # the exact KL of the update, and its term in the loss
+        assert stats["distill/reverse_kl_exact"] > 0 and stats["distill/loss"] > 0
+
+
+def test_a_run_without_a_teacher_has_no_teacher_stage(policies, tmp_path):
+    student, _, _ = policies
+    trainer = make(student, tmp_path, GRPOConfig(num_generations=4, max_completion_length=8))
+    stats, _ = trainer.train_step()
+    assert trainer.teacher is None and not [k for k in stats if "distill" in k or k == "time/teacher"]
+
+
+def test_a_lora_student_trains_its_adapters_beside_a_teacher_and_keeps_its_base_as_kl_reference(
+    policies, tmp_path
+):
+    student, teacher, _ = policies
+    trainer = make(student, tmp_path, distilling(teacher, beta=0.1), lora_rank=2)
+    stats, _ = trainer.train_step()
+    assert trainer.reference is None  # the KL's reference: the student's base, its adapters off
+    trainable = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in name for name in trainable)
+    assert trainer.teacher is not trainer.model and stats["distill/reverse_kl"] > 0 and "kl" in stats
+
+
+def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies, tmp_path):
+    """Stopped after step 1 and resumed: step 2 gives the straight run's weights bit for bit (the teacher
+    is reloaded from teacher_model, never saved); a teacher changed since is refused in one line."""
+    student, teacher, root = policies
+    grpo = distilling(teacher, distillation_form="full")
+    task = Task(ROWS, [RewardSpec("test_count_x")])
+    straight = make(student, tmp_path / "straight", grpo)
+    straight.train_step()
+    straight.train_step()
+    Run(make(student, tmp_path / "stopped", grpo, stop_at_step=1)).train()
+    resumed = build_run(student, task, grpo, settings(tmp_path / "stopped", resume=True)).trainer
+    resumed.train_step()
+    assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in straight.model.state_dict().items())
+    saved = load_state(latest_checkpoint(str(tmp_path / "stopped")))  # the teacher's weights named, not held
+    assert saved["teacher_sha256"] == weights_sha256(teacher) == resumed.teacher_sha256
+    changed = root / "changed-teacher"
+    shutil.copytree(teacher, changed)
+    tokenizer = minigrpo.Tokenizer.from_directory(teacher)
+    minigrpo.save_pretrained(
+        tiny_model(seed=2, vocab_size=tokenizer.vocab_size, max_position_embeddings=96), tokenizer, changed
+    )
+    with pytest.raises(ValueError, match="distilled from a teacher whose weights have changed") as error:
+        build_run(
+            student, task, replace_teacher(grpo, str(changed)), settings(tmp_path / "stopped", resume=True)
+        )
+    assert "\n" not in str(error.value)
+
+
+def replace_teacher(grpo: GRPOConfig, path: str) -> GRPOConfig:
+    return GRPOConfig(**{**grpo.__dict__, "teacher_model": path})
+
+
+# -- bad input: one line, before any step ----------------------------------------------------------------
+def test_bad_teachers_are_refused_in_one_line_before_any_step(policies, tmp_path, monkeypatch):
+    student, teacher, root = policies
+    other_vocabulary = tiny_policy(str(root / "other-vocabulary"), extra_specials=("<calc>",))
+    other_template = root / "other-template"
+    shutil.copytree(teacher, other_template)
+    config = (other_template / "tokenizer_config.json").read_text()
+    write_json(other_template / "tokenizer_config.json", {**json.loads(config), "chat_template": "{{ x }}"})
+    other_rows = root / "other-rows"
+    tokenizer = tiny_tokenizer(str(other_rows))
+    minigrpo.save_pretrained(tiny_model(vocab_size=tokenizer.vocab_size + 3), tokenizer, other_rows)
+    cases = [
+        (str(root / "missing"), "token", f"teacher_model {root / 'missing'}: no such checkpoint directory"),
+        (
+            other_vocabulary,
+            "token",
+            "does not share the student's tokenizer: its token 5 is '<calc>', the student's '!'",
+        ),
+        (str(other_template), "full", "does not share the student's tokenizer: its chat template differs"),
+        (str(other_rows), "full", f"has {tokenizer.vocab_size + 3} rows in its LM head (vocab_size)"),
+    ]
+    for path, form, message in cases:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+            make(student, tmp_path, distilling(path, distillation_form=form))
+        assert "\n" not in str(error.value)
+    monkeypatch.setattr(teacher_module, "free_memory", lambda device: 1000)
+    with pytest.raises(ValueError, match=r"needs at least 0\.00 GB on cpu .* but cpu has 0\.00 GB free"):
+        make(student, tmp_path, distilling(teacher, distillation_form="full"))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(teacher_model="t", distillation_coef=1.5), "distillation_coef must be in [0, 1]"),
+        (dict(distillation_coef=0.5), "distillation_coef=0.5 is read only with a teacher_model"),
+        (dict(teacher_model="t", loss_type="gmpo"), "distillation_form='token' gives every token"),
+        (dict(teacher_model="t", dynamic_sampling=True), "with distillation_coef=1 the rewards carry"),
+    ],
+)
+def test_bad_distillation_settings_are_refused_by_the_config(options, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        GRPOConfig(**options)

@@ -5,8 +5,9 @@ A checkpoint is `output_dir/checkpoints/step-000012/`: the policy in Hugging Fac
 transformers; a LoRA run's, its adapters alone in PEFT's files, loadable by `load_pretrained` and by
 peft on transformers) plus trainer_state.pt (optimizer, step, data position, every RNG state, the
 configs, the entropy bonus's adaptive coefficient when the run has one, a LoRA run's sha256 of its
-base's weights; the learning rate is a function of the step, so there is no scheduler to save), and
-last checksums.json, the sha256 of every other file. It is written into a temporary sibling directory
+base's weights, a distilling run's sha256 of its teacher's weights, the teacher itself unsaved; the
+learning rate is a function of the step, so there is no scheduler to save), and last checksums.json,
+the sha256 of every other file. It is written into a temporary sibling directory
 and renamed into place, so a crash while saving leaves the earlier checkpoints as they were and never
 a partial one. A resume verifies the checksums (hashing reads every byte: seconds for a 0.6B model's
 checkpoint, at each save and each resume) and skips a damaged checkpoint for the one before it. A
@@ -254,6 +255,7 @@ def trainer_state(trainer, wall_seconds: float) -> dict:
         "rng": trainer.dist.gather(rng_states()),  # one per rank
         "model_path": trainer.model_path,
         "base_sha256": trainer.base_sha256,  # a LoRA run's base's weights (None: trained whole)
+        "teacher_sha256": trainer.teacher_sha256,  # the teacher's weights (None: no teacher)
         "configs": as_dict(trainer.grpo, trainer.config),
         "wall_seconds": wall_seconds,
     }

@@ -13,6 +13,9 @@ One step, `Trainer.train_step`:
   3. advantages  group-relative (update/advantages.py), or another          -> advantage per completion
                  estimator (update/estimators.py); with process supervision,   or per token
                  or REINFORCE++'s KL in the rewards, per token
+                 with a teacher (on-policy distillation), its log-probs of   -> teacher log-prob per token
+                 every sampled token first (time/teacher), then its advantages or its hidden states
+                 mixed in (update/distillation.py)
   4. update      old / reference log-probs, then num_iterations passes, each over shuffled
                  micro-batches with gradient accumulation, gradient clipping and one AdamW step
                  (update/updater.py)
@@ -21,9 +24,11 @@ One step, `Trainer.train_step`:
 The stages a run takes are chosen once, when the trainer is built (`_choose_stages`): whether tools
 run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (the estimator;
 per completion, per token, or both), which stats; the objective is the updater's, chosen when it is
-built (update/loss.py's Objective). What is trained is chosen then too (`_adapters`): every weight,
-or LoRA adapters on a frozen base (model/lora.py), whose KL reference is the base with the adapters
-off (`_reference`). A stage returns what it computes; the trainer writes it into the rollouts, in one
+built (update/loss.py's Objective), and what a teacher adds (update/distillation.py: nothing, the
+token form's advantages or the full form's reverse KL in the loss; run/teacher.py loads it). What is
+trained is chosen then too (`_adapters`): every weight, or LoRA adapters on a frozen base
+(model/lora.py), whose KL reference is the base with the adapters off (`_reference`); a teacher is
+always a model of its own. A stage returns what it computes; the trainer writes it into the rollouts, in one
 place per stage.
 
 Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
@@ -73,7 +78,16 @@ from ..model import (
     trainable_parameters,
     weights_sha256,
 )
-from ..rollout import Rollout, Samples, StepRollouts, check_prompts, from_samples, generate, padding_rollout
+from ..rollout import (
+    Rollout,
+    Samples,
+    StepRollouts,
+    check_prompts,
+    from_samples,
+    generate,
+    loss_positions,
+    padding_rollout,
+)
 from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
 from ..tasks import PromptStream, Task
 from ..tools import ToolRunner, declared_tools, tool_stats
@@ -82,14 +96,17 @@ from ..update import (
     SamplingCopy,
     TokenLogprobs,
     Updater,
+    distillation_for,
     estimator_for,
     frozen_copy,
     kl_shaped_returns,
+    teacher_stats,
     token_advantages,
     zero_variance_groups,
 )
 from ..verifier import compute_rewards, sandbox_stats
 from .metrics import Clock, reward_stats
+from .teacher import load_teacher
 
 
 class Trainer:
@@ -165,6 +182,12 @@ class Trainer:
         reference_logprobs = None  # the KL's reference log-probs: of that copy, or of the adapters' base
         if grpo.beta > 0:
             reference_logprobs = self._reference(model, start, start_adapted)
+        self.teacher = None  # on-policy distillation's frozen teacher, beside the policy (never saved)
+        self.teacher_sha256 = None  # its weights' sha256, which checkpoints record and a resume compares
+        if grpo.teacher_model:
+            self.teacher, self.teacher_sha256 = self._teacher()
+        # what the teacher adds to stages 3 and 4 (update/distillation.py), chosen once
+        self.distillation = distillation_for(grpo, self.teacher)
         self.updater = Updater(
             model,
             reference_logprobs,
@@ -173,6 +196,8 @@ class Trainer:
             self.dist,
             padding_rollout(self.prompt_ids[0][0], self.pad_id),
             self.pad_id,
+            self.teacher,
+            self.distillation,
         )
         self.policy = self.updater.policy  # sampling and checkpoints use it and the optimizer
         self.optimizer = self.updater.optimizer
@@ -229,6 +254,26 @@ class Trainer:
         self.reference = frozen_copy(start)
         return TokenLogprobs(self.reference)
 
+    def _teacher(self):
+        """(teacher, sha256 of its weights), loaded and checked against the policy (run/teacher.py), its
+        context checked for the task's prompts. One process only: under torchrun each rank would hold
+        and run the teacher on every rollout; that path is not built yet."""
+        if self.dist.world_size > 1:
+            raise ValueError(
+                "teacher_model (on-policy distillation) runs in one process: under torchrun its forward "
+                "and the full form's hidden states are not yet split over the ranks; run without torchrun"
+            )
+        teacher, sha256 = load_teacher(self.grpo, self.config, self.model, self.tokenizer)
+        check_prompts(
+            self.prompt_ids,
+            self.grpo.sampling_config(),
+            teacher.config.vocab_size,
+            teacher.config.max_position_embeddings,
+            f"task's prompts for the teacher {self.grpo.teacher_model}",
+            self.task.sources,
+        )
+        return teacher, sha256
+
     def _choose_stages(self) -> None:
         """The stages this run takes, chosen once: train_step's callees test no feature switch."""
         grpo = self.grpo
@@ -261,6 +306,8 @@ class Trainer:
         }[grpo.advantage_type]
         if grpo.kl_in_reward:  # REINFORCE++: each token's return, its KL to the reference subtracted
             self.token_advantages = self._kl_shaped_returns
+        # before stage 3, the teacher's forward on the rollouts trained on; none without a teacher
+        self.teach = self._teach if self.teacher is not None else _no_teacher
         # stage 5's stats over the sampled rollouts
         self.rollout_stats = [reward_stats]
         if grpo.advantage_type != "outcome":
@@ -291,6 +338,7 @@ class Trainer:
             batch.add(rollouts, flat)
             if batch.full():
                 break
+        teacher_stats = self.teach(batch.trained, clock)  # the teacher's log-probs (distillation)
         advantage_stats = self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
             observer.rollouts(self, batch.sampled)
@@ -300,7 +348,7 @@ class Trainer:
         self.updated_step = self.step
         if observer is not None:
             observer.updated(self, update)
-        stats = self.metrics(batch, {**advantage_stats, **update}, clock)  # 5. metrics
+        stats = self.metrics(batch, {**teacher_stats, **advantage_stats, **update}, clock)  # 5. metrics
         return stats, self._examples(batch.sampled)
 
     # -- 1. sample ------------------------------------------------------------------------------
@@ -390,6 +438,18 @@ class Trainer:
             )
 
     # -- 3. advantages --------------------------------------------------------------------------
+    def _teach(self, rollouts: list[Rollout], clock: Clock) -> dict[str, float]:
+        """Before stage 3 with a teacher: its log-probs of every completion token, and its hidden states
+        where the full form's update reads them; its stats (`distill/reverse_kl`)."""
+        if not rollouts:
+            return {}
+        with clock("teacher"):
+            outputs = self.updater.teacher_outputs(rollouts)  # each ((Tc,), (Tc, H_teacher))
+        for r, (logprobs, hidden) in zip(rollouts, outputs):  # the teacher's fields of each rollout
+            r.teacher_logprobs = logprobs
+            r.teacher_hidden = hidden if self.distillation.keeps_hidden else None
+        return teacher_stats(rollouts)
+
     def advantages(self, rollouts: list[Rollout]) -> dict[str, float]:
         """Stage 3: each rollout's advantage by the run's estimator, relative to its group (GRPO: a group
         of equal rewards gets exactly 0); with process supervision, each token's, from the group's step
@@ -402,6 +462,9 @@ class Trainer:
         lengths = [r.loss_tokens for r in rollouts]  # (N,): the whitening estimators weigh by them
         outcome = self.outcome_advantages(rewards, G, lengths).tolist()  # (N,)
         per_token, stats = self.token_advantages(rollouts, outcome, G)  # each (Tc,), or None
+        # with a teacher: its advantages mixed in, or the verifier's scaled (as they were without one)
+        outcome, per_token, distilled = self.distillation.advantages(rollouts, outcome, per_token)
+        stats = {**stats, **distilled}
         for r, advantage, tokens in zip(rollouts, outcome, per_token):  # stage 3's fields of each rollout
             r.advantage = advantage
             r.token_advantages = tokens
@@ -415,13 +478,13 @@ class Trainer:
         references = self.updater.reference_logprobs(rollouts)  # each (Tc,)
         kls = []  # each rollout's k1 on its loss tokens, (T_i,)
         for r, reference in zip(rollouts, references):
-            kls.append((r.sampler_logprobs - reference)[_loss_positions(r)])
+            kls.append((r.sampler_logprobs - reference)[loss_positions(r)])
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
         returns = kl_shaped_returns(rewards, kls, self.grpo.beta)  # each (T_i,)
         per_token = []
         for r, values in zip(rollouts, returns):
             tokens = torch.zeros(len(r.completion_ids), dtype=torch.float32)  # (Tc,)
-            tokens[_loss_positions(r)] = values.float()
+            tokens[loss_positions(r)] = values.float()
             per_token.append(tokens)
         flat = torch.cat(kls)
         return per_token, {"kl": float(flat.mean()) if flat.numel() else 0.0}
@@ -465,6 +528,8 @@ class Trainer:
             parts.insert(1, f"advantage_type={grpo.advantage_type}")
         if grpo.kl_in_reward:  # REINFORCE++'s KL is in its token rewards, not in the loss's beta
             parts.insert(1, f"kl_in_reward beta={grpo.beta:g}")
+        if self.teacher is not None:
+            parts.append(f"{self.distillation.describe()} teacher_model={grpo.teacher_model}")
         if grpo.use_adaptive_entropy:
             parts.append(f"adaptive entropy bonus (target {grpo.entropy_target:g})")
         elif grpo.entropy_coef:
@@ -515,6 +580,11 @@ class Trainer:
             group["lr"] = self.config.learning_rate_at(self.step)
 
 
+def _no_teacher(rollouts: list[Rollout], clock: Clock) -> dict:
+    """No teacher: no forward, no stats, no time/teacher."""
+    return {}
+
+
 def _no_step_rewards(rollouts: list[Rollout], indices: list[int], columns: dict) -> list[StepRewards]:
     """Outcome advantages alone read no step rewards: each rollout keeps none."""
     return [StepRewards() for _ in rollouts]
@@ -536,12 +606,6 @@ def _step_advantages(rollouts: list[Rollout], outcome: list[float], G: int, with
         outcome if with_outcome else None,
     )
     return per_token, {}
-
-
-def _loss_positions(r: Rollout) -> torch.Tensor:
-    """(Tc,) bool: the completion tokens the loss sees (the policy's own; none when it is left out)."""
-    generated = r.generated if r.generated is not None else [True] * len(r.completion_ids)
-    return torch.tensor(generated, dtype=torch.bool) & r.in_loss
 
 
 def _check_entropy_target(grpo: GRPOConfig, vocab_size: int) -> None:

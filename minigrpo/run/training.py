@@ -80,6 +80,7 @@ def build_run(
     if saved is None:
         return Run(trainer)
     _check_same_base(saved.get("base_sha256"), trainer, resume_from)
+    _check_same_teacher(saved.get("teacher_sha256"), trainer, resume_from)
     for note in changed_settings(saved["configs"], as_dict(grpo, config)):
         dist.print(note)
     wall_seconds_before = checkpoint.restore(trainer, saved)
@@ -308,6 +309,19 @@ def _check_same_base(recorded: str | None, trainer: Trainer, resume_from: str) -
             f"{resume_from} trained adapters on {trainer.model.name_or_path}, whose weights have changed "
             "since (their sha256 differs from the one the checkpoint records): put the base back as it "
             "was, or start a new output_dir"
+        )
+
+
+def _check_same_teacher(recorded: str | None, trainer: Trainer, resume_from: str) -> None:
+    """A distilling run resumes with the teacher it was distilled from: the teacher is reloaded from
+    teacher_model, never saved, so its weights' sha256 must be the one the checkpoint records. A run
+    that had no teacher, or a resume without one, is a change of settings, said by changed_settings."""
+    current = trainer.teacher_sha256
+    if recorded is not None and current is not None and current != recorded:
+        raise ValueError(
+            f"{resume_from} was distilled from a teacher whose weights have changed since: "
+            f"{trainer.grpo.teacher_model} is not that teacher (their sha256 differs from the one the "
+            "checkpoint records); resume with the same teacher, or start a new output_dir"
         )
 
 
