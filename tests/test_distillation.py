@@ -5,6 +5,7 @@ run with a teacher trains (LoRA students too), resumes bit for bit, and refuses 
 input is one line before any step."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -16,8 +17,9 @@ import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.model import weights_sha256
 from minigrpo.rollout import Rollout, collate
-from minigrpo.run import Run, latest_checkpoint, load_state
+from minigrpo.run import Run, Trace, latest_checkpoint, load_state
 from minigrpo.run import teacher as teacher_module
+from minigrpo.run.trace import MAX_TOKENS_SHOWN
 from minigrpo.run.training import build_run
 from minigrpo.update import (
     ChunkedReverseKL,
@@ -281,3 +283,26 @@ def test_bad_teachers_are_refused_in_one_line_before_any_step(policies, tmp_path
 def test_bad_distillation_settings_are_refused_by_the_config(options, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         GRPOConfig(**options)
+
+
+def test_the_trace_shows_the_teachers_log_prob_beside_the_policys(policies, tmp_path):
+    """Each traced completion's tokens that the teacher and the policy rate farthest apart, with both
+    log-probs as the rollouts hold them, on the console; every trained token's teacher log-prob in its
+    numbers on the page."""
+    student, teacher, _ = policies
+    trainer = make(student, tmp_path, distilling(teacher))
+    lines = []
+    trace = Trace(write=lines.append, html_path=str(tmp_path / "trace.html"))
+    trainer.train_step(trace)
+    rows = [line for line in lines if "[3 teacher]" in line]
+    assert len(rows) == 4
+    for row, shown, r in zip(rows, trace.record["completions"], trace.group):
+        cells = re.findall(r"(\d+):'(?:[^']*)' (-?\d+\.\d\d)/(-?\d+\.\d\d)", row)
+        assert len(cells) == min(MAX_TOKENS_SHOWN, len(r.completion_ids))
+        for position, policy, taught in cells:
+            assert float(taught) == round(float(r.teacher_logprobs[int(position)]), 2)
+            assert float(policy) == round(shown["tokens"][int(position)][1], 2)  # log p before the update
+    page = (tmp_path / "trace.html").read_text()
+    titles = [float(x) for x in re.findall(r"teacher log p (-?\d+\.\d+)'", page)]
+    expected = [round(x, 6) for shown in trace.record["completions"] for x in shown["teacher_logprobs"]]
+    assert titles == expected

@@ -4,12 +4,13 @@ Pass a `Trace` to `Trainer.train_step(observer=...)` (or `--trace` to examples/t
 After stage 3 it prints the first group: the prompt, its G completions, their extracted answers,
 each reward component, each arithmetic step marked right or wrong with its step reward (whether or
 not the run trains on them), each tool call with its response (the observation, not trained), the
-group's mean and std and each advantage. After stage 4 it prints, for
+group's mean and std and each advantage; with a teacher (on-policy distillation), the tokens where the
+teacher's log-prob is farthest from the policy's, both shown. After stage 4 it prints, for
 the tokens of each completion the update moved most, their log-probs before and after and the
 ratio, then the loss stats.
 With `html_path` it also writes that group as one self-contained page (`render_html` of
 `self.record`, plain data): every token coloured by how far the update moved its log-prob, a tool's
-observation tokens greyed and marked "not trained".
+observation tokens greyed and marked "not trained", a teacher's log-prob in each token's numbers.
 It only reads: the step it watches is the step that would have run anyway. Under torchrun every
 rank computes what it shows (the log-probs need every rank when the policy is sharded), rank 0 prints.
 """
@@ -28,6 +29,7 @@ from ..update import formula, token_logprobs
 from ..verifier import extract_answer
 
 MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
+# (and with a teacher, those where its log-prob is farthest from the policy's)
 # the update stats shown, in order
 BRIEF = (
     "loss",
@@ -67,6 +69,7 @@ class Trace:
                     finish_reason=r.finish_reason,
                     steps=_steps(r, prompt, trainer.tokenizer),
                     calls=[_call(call) for call in r.tool_calls],
+                    teacher_logprobs=None if r.teacher_logprobs is None else r.teacher_logprobs.tolist(),
                 )
                 for r in self.group
             ],
@@ -89,6 +92,9 @@ class Trace:
                 w("     [2 steps]  " + "  ".join(_step_mark(step) for step in steps))
             if r.token_advantages is not None:
                 w(f"     [3 token advantages, by step] {_by_step(r.token_advantages, r.step_ends)}")
+            if r.teacher_logprobs is not None:
+                cells = _teacher_cells(trainer.tokenizer, r, self.before[i])
+                w("     [3 teacher]    log p policy / teacher, farthest apart: " + " ".join(cells))
         w(
             f"[3 advantages]     group mean {rewards.mean():.3f}, std {rewards.std():.3f} "
             f"(scale={trainer.grpo.scale_rewards}); "
@@ -100,6 +106,11 @@ class Trace:
             + f"advantage = {formula(trainer.grpo)}"
             + ("  -> all equal: no signal" if rewards.std() == 0 else "")
         )
+        if trainer.teacher is not None:
+            w(
+                f"[3 distillation]   {trainer.distillation.describe()} (update/distillation.py): the "
+                "teacher's log-probs above are those it grades the policy's tokens by"
+            )
         if trainer.grpo.advantage_type != "outcome":
             w(
                 f"[3 advantages]     advantage_type={trainer.grpo.advantage_type}: the loss uses each "
@@ -239,6 +250,19 @@ def _most_moved(tokens: list[tuple[str, float, float, bool]]) -> list[str]:
     ]
 
 
+def _teacher_cells(tokenizer, r, policy_logprobs: torch.Tensor) -> list[str]:
+    """Cells of the MAX_TOKENS_SHOWN policy tokens whose log-prob under the policy (before the update)
+    is farthest from the teacher's, in order: position:token, both log-probs."""
+    mine = [t for t, trained in enumerate(r.generated or [True] * len(r.completion_ids)) if trained]
+    gaps = {t: float(policy_logprobs[t] - r.teacher_logprobs[t]) for t in mine}
+    shown = sorted(sorted(mine, key=lambda t: -abs(gaps[t]))[:MAX_TOKENS_SHOWN])
+    return [
+        f"{t}:{tokenizer.decode([r.completion_ids[t]])!r} "
+        f"{float(policy_logprobs[t]):.2f}/{float(r.teacher_logprobs[t]):.2f}"
+        for t in shown
+    ]
+
+
 def _steps_html(steps: list[dict]) -> str:
     """A completion's arithmetic steps, each marked right (green) or wrong (red) with its step reward."""
     if not steps:
@@ -252,13 +276,18 @@ def _steps_html(steps: list[dict]) -> str:
     return f"<div class='steps'><span class='key'>steps</span> {marks}</div>"
 
 
-def _token_html(text: str, before: float, after: float, mine: bool, scale: float) -> str:
-    """One token: coloured by its change, or greyed when it is a tool's observation (not trained)."""
+def _token_html(
+    text: str, before: float, after: float, mine: bool, scale: float, teacher: float | None = None
+) -> str:
+    """One token: coloured by its change, or greyed when it is a tool's observation (not trained); its
+    numbers, a teacher's log-prob too, in its title."""
     if not mine:
         return f"<span class='tok obs' title='tool observation: not trained'>{html.escape(text)}</span>"
+    taught = "" if teacher is None else f", teacher log p {teacher:.6f}"
     return (
         f"<span class='tok' style='background:{_colour(after - before, scale)}' "
-        f"title='log p {before:.6f} → {after:.6f} (Δ {after - before:+.3g})'>{html.escape(text)}</span>"
+        f"title='log p {before:.6f} → {after:.6f} (Δ {after - before:+.3g}){taught}'>"
+        f"{html.escape(text)}</span>"
     )
 
 
@@ -299,7 +328,8 @@ def render_html(record: dict) -> str:
         rewards = ", ".join(f"{k} {v:g}" for k, v in c["rewards"].items())
         before = sum(b for _, b, _, mine in c["tokens"] if mine)
         after = sum(a for _, _, a, mine in c["tokens"] if mine)
-        spans = "".join(_token_html(*token, scale) for token in c["tokens"])
+        teacher = c.get("teacher_logprobs") or [None] * len(c["tokens"])  # a teacher's, per token
+        spans = "".join(_token_html(*token, scale, taught) for token, taught in zip(c["tokens"], teacher))
         parts.append(
             f"<div class='completion'><b>#{i}</b> "
             f"<span class='key'>reward</span> <b class='reward'>{c['reward']:.6g}</b> ({e(rewards)}) "
