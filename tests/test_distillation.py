@@ -17,7 +17,7 @@ import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.model import weights_sha256
 from minigrpo.rollout import Rollout, collate
-from minigrpo.run import Run, Trace, latest_checkpoint, load_state
+from minigrpo.run import Run, Trace, console_line, latest_checkpoint, load_state
 from minigrpo.run import teacher as teacher_module
 from minigrpo.run.trace import MAX_TOKENS_SHOWN
 from minigrpo.run.training import build_run
@@ -183,6 +183,7 @@ def test_a_run_with_a_teacher_trains_and_leaves_the_teacher_as_it_was(policies, 
     stats, _ = trainer.train_step()
     assert stats["distill/reverse_kl"] > 0 and 0 < stats["distill/loss_share"] < 1
     assert stats["time/teacher"] > 0 and stats["skipped"] == 0.0
+    assert f"rkl {stats['distill/reverse_kl']:.4f}" in console_line(1, stats)
     assert all(torch.equal(before[k], v) for k, v in trainer.teacher.state_dict().items())
     assert not any(p.requires_grad for p in trainer.teacher.parameters()) and not trainer.teacher.training
     assert f"distillation_form={form}" in trainer.describe_objective()

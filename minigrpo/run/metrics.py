@@ -33,6 +33,7 @@ CONSOLE = [  # (key, label, format) of the console line, in order; missing keys 
     ("tools/calls_per_completion", "calls", "{:.2f}"),  # with tools only
     ("loss", "loss", "{:+.4f}"),
     ("kl", "kl", "{:.4f}"),
+    ("distill/reverse_kl", "rkl", "{:.4f}"),  # with a teacher only: the reverse KL to it
     ("entropy", "ent", "{:.2f}"),
     ("clip/region_frac", "clip", "{:.3f}"),
     ("grad_norm", "gnorm", "{:.3f}"),
