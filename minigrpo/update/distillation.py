@@ -28,7 +28,8 @@ measured):
 
     token  A_t = c D_t + (1 - c) A_t^RL        (A^RL: the verifier's advantage, per completion or token)
     full   the verifier's advantages times (1 - c), and c times the mean KL added to the loss: a weighted
-           sum of the two losses (the policy terms are linear in positive multiples of the advantage).
+           sum of the two losses, as every policy term scales with a positive multiple of the advantages
+           (but for Clip-Cov's choice of tokens, whose covariance bounds are absolute numbers).
 
 Either way the run's KL to its reference (beta) and its entropy bonus keep their whole weight, and only
 the policy's own tokens count: a tool's observation tokens are context, masked from the KL as from the
