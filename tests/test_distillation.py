@@ -107,6 +107,63 @@ def test_the_full_forms_loss_and_gradient_equal_trls_reverse_kl(trl_reference):
     assert stats["distill/reverse_kl_exact"] == pytest.approx(float(theirs.detach()), abs=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_kl_takes_a_frozen_head_and_bfloat16_weights(dtype):
+    """A LoRA student's head is frozen: only its hidden states get a gradient. In bf16 the logits and the
+    KL are fp32, within bf16's rounding of the fp64 reference on the same values."""
+    generator = torch.Generator().manual_seed(1)
+    N, V, H = 7, 13, 8
+    hidden = torch.randn(N, H, generator=generator).to(dtype).requires_grad_()
+    head, teacher_hidden, teacher_head = (
+        torch.randn(*shape, generator=generator).to(dtype) for shape in ((V, H), (N, H), (V, H))
+    )
+    kl = ChunkedReverseKL.apply(hidden, head, teacher_hidden, teacher_head, 1 / 0.7, 3)
+    (grad,) = torch.autograd.grad(kl.sum(), hidden)
+    exact = hidden.detach().double().requires_grad_()
+    slow = full_vocabulary_reverse_kl(
+        exact @ head.double().T, teacher_hidden.double() @ teacher_head.double().T, 0.7
+    )
+    (slow_grad,) = torch.autograd.grad(slow.sum(), exact)
+    tolerance = 1e-5 if dtype == torch.float32 else 0.02
+    assert kl.dtype == torch.float32 and grad.dtype == dtype
+    assert (kl.double() - slow).abs().max() <= tolerance * slow.abs().max()
+    assert (grad.double() - slow_grad).abs().max() <= tolerance * slow_grad.abs().max()
+
+
+def test_the_policys_module_gives_the_reverse_kl_of_its_logits_at_the_temperature():
+    """DistilledLogprobs' KL from the shared-prompt hidden states equals the (B, T, V) path on both
+    models' plain logits, at the sampling temperature."""
+    model, teacher = tiny_model(seed=3), tiny_model(seed=4)
+    rollouts = [Rollout(prompt_ids=[3, 4, 5], completion_ids=[9, 10, 11], finish_reason="stop")] * 2
+    batch = collate(rollouts, pad_id=0, device="cpu")
+    inputs = (batch.input_ids, batch.attention_mask, batch.completion_start, 0.6, 2)
+    with torch.no_grad():
+        _, teacher_hidden = TeacherForward(teacher)(*inputs)
+        _, _, kl = DistilledLogprobs(model, teacher.head_weight)(*inputs, teacher_hidden)
+        positions = slice(batch.completion_start - 1, -1)  # those that predict the completion tokens
+        logits = model.logits(model.hidden_states(batch.input_ids, batch.attention_mask)[:, positions])
+        teacher_logits = teacher.logits(
+            teacher.hidden_states(batch.input_ids, batch.attention_mask)[:, positions]
+        )
+    slow = full_vocabulary_reverse_kl(logits, teacher_logits, 0.6)  # (B, T)
+    assert torch.allclose(kl, slow, atol=1e-6) and float(slow.min()) > 0
+    assert torch.equal(
+        full_vocabulary_reverse_kl(logits, teacher_logits, 0),
+        full_vocabulary_reverse_kl(logits, teacher_logits, 1),
+    )
+
+
+def test_the_full_forms_advantages_and_loss_share():
+    """The verifier's advantages times 1 - c, per completion and per token; the KL term's share of the
+    loss's magnitude, 0 when there is no loss at all."""
+    full = FullDistillation(0.25, torch.zeros(1, 1))
+    outcome, per_token, stats = full.advantages([], [2.0, -1.0], [None, torch.tensor([0.5, -0.5])])
+    assert outcome == [1.5, -0.75] and per_token[0] is None and per_token[1].tolist() == [0.375, -0.375]
+    assert stats == {}
+    assert full.update_stats({"loss": 0.3, "distill/loss": 0.2})["distill/loss_share"] == pytest.approx(2 / 3)
+    assert full.update_stats({"loss": 0.0, "distill/loss": 0.0})["distill/loss_share"] == 0.0
+
+
 def test_the_token_forms_advantages_equal_a_hand_computation():
     """D_t = log q(x_t) - log p(x_t) on the policy's tokens, 0 on a tool's observation; mixed c D_t +
     (1 - c) A_t with the outcome advantage or the per-token one; the reverse KL estimate and the share."""

@@ -258,8 +258,7 @@ class FullDistillation(NoTeacher):
     def loss(self, loss, stats: dict, outputs: list, mask, num_tokens: int):
         """The micro-batch's loss plus c times its share of the step's mean KL over completion tokens;
         `distill/loss` that share (it adds up over micro-batches, as `loss` does)."""
-        (kl,) = outputs  # (B, Tc)
-        mask = mask.to(kl.dtype)  # (B, Tc): the policy's own tokens
+        (kl,) = outputs  # (B, Tc); mask (B, Tc): 1 on the policy's own tokens
         term = self.coef * (kl * mask).sum() / max(float(num_tokens), 1.0)
         total = loss + term
         exact = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
