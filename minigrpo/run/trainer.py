@@ -28,8 +28,8 @@ built (update/loss.py's Objective), and what a teacher adds (update/distillation
 token form's advantages or the full form's reverse KL in the loss; run/teacher.py loads it). What is
 trained is chosen then too (`_adapters`): every weight, or LoRA adapters on a frozen base
 (model/lora.py), whose KL reference is the base with the adapters off (`_reference`); a teacher is
-always a model of its own. A stage returns what it computes; the trainer writes it into the rollouts, in one
-place per stage.
+always a model of its own. A stage returns what it computes; the trainer writes it into the rollouts,
+in one place per stage.
 
 Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
 short, up to max_sampling_rounds. A group has no signal when its outcome rewards are all equal,
@@ -338,7 +338,7 @@ class Trainer:
             batch.add(rollouts, flat)
             if batch.full():
                 break
-        teacher_stats = self.teach(batch.trained, clock)  # the teacher's log-probs (distillation)
+        taught = self.teach(batch.trained, clock)  # the teacher's log-probs (on-policy distillation)
         advantage_stats = self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
             observer.rollouts(self, batch.sampled)
@@ -348,7 +348,7 @@ class Trainer:
         self.updated_step = self.step
         if observer is not None:
             observer.updated(self, update)
-        stats = self.metrics(batch, {**teacher_stats, **advantage_stats, **update}, clock)  # 5. metrics
+        stats = self.metrics(batch, {**taught, **advantage_stats, **update}, clock)  # 5. metrics
         return stats, self._examples(batch.sampled)
 
     # -- 1. sample ------------------------------------------------------------------------------
