@@ -151,6 +151,9 @@ def test_the_policys_module_gives_the_reverse_kl_of_its_logits_at_the_temperatur
         full_vocabulary_reverse_kl(logits, teacher_logits, 0),
         full_vocabulary_reverse_kl(logits, teacher_logits, 1),
     )
+    with torch.no_grad():  # greedy sampling (temperature 0) takes its log-probs at temperature 1
+        greedy = DistilledLogprobs(model, teacher.head_weight)(*inputs[:3], 0, 2, teacher_hidden)[2]
+    assert torch.allclose(greedy, full_vocabulary_reverse_kl(logits, teacher_logits, 1), atol=1e-6)
 
 
 def test_the_full_forms_advantages_and_loss_share():
@@ -226,6 +229,12 @@ def test_a_tools_observation_tokens_stay_out_of_the_kl():
     kl = torch.tensor([[0.5, 100.0, 1.5]])
     term, stats = FullDistillation(0.5, torch.zeros(1, 1)).loss(torch.zeros(()), {}, [kl], mask, 2)
     assert float(term) == pytest.approx(0.5 * (0.5 + 1.5) / 2) and stats["distill/reverse_kl_exact"] == 1.0
+    # a step whose every completion is left out of the loss (truncated, masked): no term, no NaN
+    term, stats = FullDistillation(0.5, torch.zeros(1, 1)).loss(torch.zeros(()), {}, [kl], mask * 0, 0)
+    assert float(term) == 0.0 and stats["distill/reverse_kl_exact"] == 0.0
+    rollouts[0].in_loss = False
+    rollouts[0].sampler_logprobs, rollouts[0].teacher_logprobs = torch.zeros(3), torch.ones(3)
+    assert teacher_stats(rollouts) == {"distill/reverse_kl": 0.0}
 
 
 # -- a run with a teacher --------------------------------------------------------------------------------

@@ -272,7 +272,7 @@ class FullDistillation(NoTeacher):
     def update_stats(self, stats: dict) -> dict:
         """`distill/loss_share`: the KL term's share of the loss's magnitude. With num_iterations = 1 the
         policy term reads about 0 (its gradient does not), so the share reads about 1."""
-        term = stats.get("distill/loss", 0.0)
+        term = stats["distill/loss"]
         return {**stats, "distill/loss_share": _share(abs(term), abs(stats["loss"] - term))}
 
     def describe(self) -> str:
