@@ -15,10 +15,11 @@ from test_trainer import ROWS
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
-from minigrpo.model import weights_sha256
+from minigrpo.model import Adapters, add_adapters
 from minigrpo.rollout import Rollout, collate
 from minigrpo.run import Run, Trace, console_line, latest_checkpoint, load_state
 from minigrpo.run import teacher as teacher_module
+from minigrpo.run.teacher import weights_digest
 from minigrpo.run.trace import MAX_TOKENS_SHOWN
 from minigrpo.run.training import build_run
 from minigrpo.update import (
@@ -290,7 +291,8 @@ def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies
     resumed.train_step()
     assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in straight.model.state_dict().items())
     saved = load_state(latest_checkpoint(str(tmp_path / "stopped")))  # the teacher's weights named, not held
-    assert saved["teacher_sha256"] == weights_sha256(teacher) == resumed.teacher_sha256
+    assert saved["teacher_sha256"] == weights_digest(minigrpo.load_pretrained(teacher)[0])
+    assert saved["teacher_sha256"] == resumed.teacher_sha256
     changed = root / "changed-teacher"
     shutil.copytree(teacher, changed)
     tokenizer = minigrpo.Tokenizer.from_directory(teacher)
@@ -302,6 +304,21 @@ def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies
             student, task, replace_teacher(grpo, str(changed)), settings(tmp_path / "stopped", resume=True)
         )
     assert "\n" not in str(error.value)
+
+
+def test_a_teacher_given_as_a_peft_adapter_directory_is_its_base_with_the_adapters(policies, tmp_path):
+    """An adapter directory holds no base weights: the teacher is loaded as its base with the adapters on,
+    and its digest is of both (a file hash of the directory alone would fail, or miss the base)."""
+    student, _, root = policies
+    adapted, tokenizer = minigrpo.load_pretrained(student)
+    add_adapters(adapted, Adapters(rank=2, alpha=4, targets=("q_proj",)), seed=0)
+    with torch.no_grad():
+        adapted.layers[0].self_attn.q_proj.lora_B.weight.add_(0.5)  # adapters that change the base's outputs
+    minigrpo.save_pretrained(adapted, tokenizer, str(root / "adapter-teacher"))
+    trainer = make(student, tmp_path, distilling(str(root / "adapter-teacher")))
+    assert trainer.teacher.adapters is not None and trainer.teacher_sha256 == weights_digest(adapted)
+    assert trainer.teacher_sha256 != weights_digest(minigrpo.load_pretrained(student)[0])
+    assert trainer.train_step()[0]["distill/reverse_kl"] > 0
 
 
 def replace_teacher(grpo: GRPOConfig, path: str) -> GRPOConfig:

@@ -4,13 +4,15 @@ checked against the student before any step: the same tokenizer (vocabulary and 
 teacher grades the student's token ids, so cross-tokenizer distillation is out of scope), the same
 vocabulary rows in its LM head, and room for it in the device's free memory.
 
-In: the settings, the student and its tokenizer. Out: the teacher, and the sha256 of its weights, which
-checkpoints record and a resume compares (the teacher is reloaded, never saved). It knows files, sizes
+In: the settings, the student and its tokenizer. Out: the teacher, and the sha256 of its weights as
+loaded (`weights_digest`; a PEFT adapter directory's base and adapters alike), which checkpoints record
+and a resume compares (the teacher is reloaded, never saved). It knows files, sizes
 and tokenizers, not what the teacher computes (update/distillation.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import torch
@@ -24,7 +26,6 @@ from ..model import (
     read_adapter_config,
     read_config,
     resolve_checkpoint,
-    weights_sha256,
 )
 from ..update import LOGPROB_CHUNK_ROWS
 
@@ -60,7 +61,18 @@ def load_teacher(grpo: GRPOConfig, config: TrainConfig, student, tokenizer):
         )
     teacher.eval()
     teacher.requires_grad_(False)
-    return teacher, weights_sha256(directory)
+    return teacher, weights_digest(teacher)
+
+
+def weights_digest(model) -> str:
+    """The sha256 of a model's tensors as loaded: each one's name, dtype, shape and bytes, in name order
+    (a PEFT adapter directory's base and adapters both, which its files alone do not hold)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        values = tensor.detach().cpu().contiguous()
+        digest.update(f"{name} {values.dtype} {tuple(values.shape)}\n".encode())
+        digest.update(values.reshape(-1).view(torch.uint8).numpy())  # its bytes, whatever its dtype
+    return digest.hexdigest()
 
 
 def tokenizer_difference(student, teacher) -> str | None:

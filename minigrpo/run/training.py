@@ -320,8 +320,9 @@ def _check_same_teacher(recorded: str | None, trainer: Trainer, resume_from: str
     if recorded is not None and current is not None and current != recorded:
         raise ValueError(
             f"{resume_from} was distilled from a teacher whose weights have changed since: "
-            f"{trainer.grpo.teacher_model} is not that teacher (their sha256 differs from the one the "
-            "checkpoint records); resume with the same teacher, or start a new output_dir"
+            f"{trainer.grpo.teacher_model} is not that teacher (the sha256 of its weights as loaded, in "
+            "this run's dtype, differs from the one the checkpoint records); resume with the same teacher "
+            "and dtype, or start a new output_dir"
         )
 
 
