@@ -1,0 +1,229 @@
+"""examples/compare_objectives.py and minigrpo/compare/: a tiny plan (2 variants x 2 seeds, 2 steps of tiny
+arithmetic) runs and writes the table, page and results; killed mid-run and restarted, it runs nothing twice
+and ends with the same results (timings aside); ScaleRL's fit recovers known curves; the t intervals and
+Welch's mark on made-up numbers; bad input stops in one line before any run. The runs are forked from
+conftest's examples_server (train_math.py and eval_math.py without their imports' seconds)."""
+
+import itertools
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from minigrpo.compare import (
+    Budget,
+    Comparison,
+    Plan,
+    Variant,
+    fit_sigmoid,
+    mean_interval,
+    processes,
+    results,
+    sigmoid,
+    welch_p,
+    write_report,
+    write_results,
+)
+from minigrpo.compare.stats import t_quantile
+from minigrpo.compare.table import cell
+
+TINY = ("--train_count", "20", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2")
+TINY += ("--template", "tiny", "--save_every", "1")
+PLAN = Plan(
+    variants=(Variant("grpo", ()), Variant("dr_grpo", ("--loss_type", "dr_grpo", "--scale_rewards", "none"))),
+    seeds=(0, 1),
+    budget=Budget(steps=2, eval_every=1, eval_count=4, check_count=4),
+    common=TINY,
+)
+KILL = "save 2: weights written, trainer state not"  # tests/killed_run.py: step 1's checkpoint is intact
+
+
+def forked(server, log_dir, kill: dict | None = None):
+    """A launcher for Comparison: each command forked from the server, its output appended where the runner
+    wants it; `kill` ({"run": ..., "point": ...}) SIGKILLs that run's first training process there."""
+    names = itertools.count()
+
+    def launch(command: list[str], env: dict, stdout: str, stderr: str) -> int:
+        name = f"process-{next(names)}"
+        output = command[command.index("--output_dir") + 1] if "--output_dir" in command else ""
+        point = None
+        if kill and output.endswith(kill["run"]) and not kill.get("done"):
+            point, kill["done"] = kill["point"], True
+        code = server.run(command[1], command[2:], str(log_dir), name, point)
+        for suffix, path in (("out", stdout), ("err", stderr)):
+            with open(path, "a", encoding="utf-8") as f:
+                f.write((log_dir / f"{name}.{suffix}").read_text())
+        return code
+
+    return launch
+
+
+def finish(out: str, plan: Plan = PLAN) -> dict:
+    found = results(out, plan, "grpo")
+    write_results(out, found)
+    write_report(out, found)
+    return found
+
+
+@pytest.fixture(scope="module")
+def straight(examples_server, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("straight") / "out")
+    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path_factory.mktemp("logs"))).run()
+    return out, finish(out)
+
+
+def test_a_tiny_plan_writes_the_table_page_and_results(straight):
+    out, found = straight
+    started = processes(out)
+    assert [p["kind"] for p in started].count("train") == 4 and [p["kind"] for p in started].count(
+        "check"
+    ) == 5
+    assert all(p["exit"] == 0 for p in started)
+    for name in ("grpo", "dr_grpo"):
+        row = found["rows"][name]
+        assert row["seeds"] == 2 and not row["failed"]
+        assert row["gain"]["low"] <= row["gain"]["mean"] <= row["gain"]["high"]
+        assert row["check_gain"] is not None and row["seconds_per_step"] > 0
+        assert row["entropy"] > 0 and row["length_wrong"] > 0 and 0 <= row["zero_variance_share"] <= 1
+        for seed in ("0", "1"):
+            run = found["runs"][name][seed]
+            assert [step for step, _ in run["curves"]["held-out accuracy"]] == [0, 1, 2]
+            summary = json.load(open(os.path.join(out, name, f"seed-{seed}", "summary.json")))
+            assert run["gain"] == summary["gain"] and summary["seed"] == int(seed) and summary["steps"] == 2
+    assert "gain_p" in found["rows"]["dr_grpo"] and "gain_p" not in found["rows"]["grpo"]
+    table = open(os.path.join(out, "table.md"), encoding="utf-8").read()
+    assert "| grpo |" in table and "| dr_grpo |" in table and "Welch" in table
+    page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert "data:image/png;base64," in page and "<script" not in page and "http" not in page
+    assert "--loss_type dr_grpo --scale_rewards none" in page
+    assert json.load(open(os.path.join(out, "results.json")))["rows"] == json.loads(json.dumps(found["rows"]))
+
+
+def without_timings(found: dict) -> dict:
+    """results, with each run's and row's seconds per step left out (the only numbers a rerun changes)."""
+    found = json.loads(json.dumps(found))
+    for row in found["rows"].values():
+        row.pop("seconds_per_step", None)
+    for seeds in found["runs"].values():
+        for run in seeds.values():
+            run.pop("seconds_per_step", None)
+    return found
+
+
+def test_a_killed_comparison_restarted_runs_nothing_twice_and_ends_with_the_same_results(
+    straight, examples_server, tmp_path
+):
+    out = str(tmp_path / "out")
+    kill = {"run": os.path.join("dr_grpo", "seed-0"), "point": KILL}
+    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path, kill), note=lambda _: None).run()
+    interrupted = finish(out)
+    assert interrupted["rows"]["dr_grpo"]["failed"] == {"0": "exit -9: "}  # named, and the others went on
+    assert interrupted["rows"]["dr_grpo"]["seeds"] == 1 and interrupted["rows"]["grpo"]["seeds"] == 2
+    before = len(processes(out))
+    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path)).run()
+    again = processes(out)[before:]
+    assert [(p["kind"], p["run"]) for p in again] == [
+        ("train", "dr_grpo/seed-0"),
+        ("check", "dr_grpo/seed-0"),
+    ]
+    assert "--resume" in again[0]["command"]
+    done = [(p["kind"], p["run"]) for p in processes(out) if p["exit"] == 0]
+    assert len(done) == len(set(done)) == 9  # every run and check once
+    assert without_timings(finish(out)) == without_timings(straight[1])
+    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path)).run()
+    assert len(processes(out)) == before + 2  # all finished: nothing starts
+
+
+def test_a_failed_run_is_named_with_its_error_line(examples_server, tmp_path):
+    plan = Plan((Variant("broken", ("--model", str(tmp_path / "no-such-model"))),), (0,), PLAN.budget, TINY)
+    out = str(tmp_path / "out")
+    Comparison(plan, out, jobs=1, launch=forked(examples_server, tmp_path), note=lambda _: None).run()
+    failed = finish(out, plan)["rows"]["broken"]["failed"]["0"]
+    assert failed.startswith("exit 1: train_math.py: ") and "no-such-model" in failed
+    assert "broken seed 0: exit 1: train_math.py:" in open(os.path.join(out, "table.md")).read()
+
+
+def compare(server, tmp_path, *args) -> tuple[int, str]:
+    name = f"compare-{len(list(tmp_path.glob('*.err')))}"
+    code = server.run("compare_objectives.py", list(args), str(tmp_path), name)
+    return code, (tmp_path / f"{name}.err").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--only", "grpo,nope"], "unknown variant nope; the known ones: grpo, dr_grpo"),
+        (
+            ["--variant", "mine=--no_such_flag 1", "--only", "mine"],
+            "variant mine (--no_such_flag 1): unrecognized",
+        ),
+        (
+            ["--variant", "mine=--loss_type nope"],
+            "variant mine (--loss_type nope): argument --loss_type: invalid",
+        ),
+        (
+            ["--variant", "mine=--epsilon -1"],
+            "variant mine (--epsilon -1): epsilon and epsilon_high must be > 0",
+        ),
+        (["--variant", "mine=--seed 3"], "variant mine sets --seed, which the plan sets for every run"),
+        (["--steps", "0"], "the budget's steps must be a positive integer, got 0"),
+        (["--quick", "--eval_every", "0"], "the budget's eval_every must be a positive integer, got 0"),
+        (["--seeds", "0,0"], "--seeds must name one or more different seeds"),
+        (["--flags", "--max_steps 5"], "the flags of every run set --max_steps, which the plan sets itself"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_run(examples_server, tmp_path, args, expected):
+    code, err = compare(examples_server, tmp_path, "--output", str(tmp_path / "out"), *args)
+    assert code == 1 and err.strip().splitlines() == [err.strip()], err
+    assert err.startswith("compare_objectives.py: ") and expected in err, err
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_output_holding_another_comparison_is_refused_before_any_run(straight, examples_server, tmp_path):
+    out, _ = straight
+    before = len(processes(out))
+    code, err = compare(examples_server, tmp_path, "--output", out, "--only", "grpo", "--steps", "2")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "holds another comparison (its plan differs in: variants, seeds, budget, common)" in err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    code, err = compare(examples_server, tmp_path, "--output", str(tmp_path / "other"), "--steps", "2")
+    assert code == 1 and "is not empty and holds no comparison" in err
+    assert len(processes(out)) == before and os.listdir(tmp_path / "other") == ["notes.txt"]
+
+
+def test_the_fit_recovers_known_curves():
+    steps = np.arange(0, 601, 25)
+    for A, B, middle, start in [(0.7, 1.8, 150.0, 0.375), (0.55, 0.9, 40.0, 0.2), (0.9, 3.0, 300.0, 0.1)]:
+        exact = fit_sigmoid(steps, sigmoid(steps, A, B, middle, start), start)
+        assert (exact.A, exact.B, exact.C_mid) == pytest.approx((A, B, middle), rel=1e-4)
+        assert exact.rms < 1e-6 and exact.R0 == start
+    noisy = sigmoid(steps, 0.7, 1.8, 150.0, 0.375) + np.random.default_rng(0).normal(0, 0.01, len(steps))
+    fitted = fit_sigmoid(steps, noisy, 0.375)
+    assert fitted.A == pytest.approx(0.7, abs=0.03) and fitted.B == pytest.approx(1.8, rel=0.25)
+    assert fitted.C_mid == pytest.approx(150, rel=0.2) and 0.005 < fitted.rms < 0.015
+    assert (
+        fit_sigmoid([0, 10, 20], [0.3, 0.4, 0.5], 0.3) is None
+    )  # two points past step 0: A, B, C_mid unknown
+
+
+def test_intervals_use_students_t_over_the_seeds():
+    assert [t_quantile(0.95, df) for df in (1, 2, 4)] == pytest.approx([12.7062, 4.3027, 2.7764], abs=1e-4)
+    interval = mean_interval([0.30, 0.32, 0.34])  # s = 0.02: half-width 4.3027 * 0.02 / sqrt(3)
+    assert interval.mean == pytest.approx(0.32)
+    assert interval.high - interval.mean == pytest.approx(4.3027 * 0.02 / math.sqrt(3), rel=1e-4)
+    assert mean_interval([0.3]).low == mean_interval([0.3]).high == 0.3
+
+
+def test_welchs_mark_on_made_up_numbers():
+    apart = welch_p([0.30, 0.31, 0.29], [0.10, 0.12, 0.09])
+    overlapping = welch_p([0.30, 0.20, 0.40], [0.29, 0.35, 0.25])
+    # scipy.stats.ttest_ind([1, 2, 3], [4, 5, 7], equal_var=False).pvalue
+    assert welch_p([1, 2, 3], [4, 5, 7]) == pytest.approx(0.0419145, rel=1e-5)
+    assert apart < 0.05 < overlapping and welch_p([0.3], [0.1, 0.2]) is None
+    gain = {"mean": 0.2, "low": 0.1, "high": 0.3}
+    assert cell({"gain": gain, "gain_p": apart}, "gain", "interval") == "+20.0 [+10.0, +30.0] *"
+    assert cell({"gain": gain, "gain_p": overlapping}, "gain", "interval") == "+20.0 [+10.0, +30.0]"
+    assert cell({"gain": None}, "gain", "interval") == "-"
