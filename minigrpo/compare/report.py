@@ -14,7 +14,7 @@ import io
 import os
 
 from ..files import replaced_whole
-from .table import COLUMNS, CURVES, cell
+from .table import COLUMNS, CURVES, cell, fit_cells
 
 
 def band(runs: dict[str, dict], curve: str) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -79,11 +79,7 @@ def render_html(found: dict, png: bytes | None) -> str:
         for name, row in found["rows"].items()
     )
     fits = "".join(
-        f"<tr><td>{e(name)}</td>"
-        + "".join(
-            f"<td>{'-' if not row.get('fit') else e(format(row['fit'][k], f))}</td>" for k, f in FIT_FORMATS
-        )
-        + "</tr>"
+        f"<tr><td>{e(name)}</td>" + "".join(f"<td>{e(value)}</td>" for value in fit_cells(row)) + "</tr>"
         for name, row in found["rows"].items()
     )
     flags = "".join(
@@ -119,9 +115,6 @@ def render_html(found: dict, png: bytes | None) -> str:
             "</body></html>",
         ]
     )
-
-
-FIT_FORMATS = (("A", ".3f"), ("B", ".2f"), ("C_mid", ".0f"), ("rms", ".4f"))
 
 
 def write_report(out: str, found: dict) -> bool:

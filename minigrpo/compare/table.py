@@ -162,9 +162,9 @@ def _fit(runs: list[dict]) -> dict | None:
     means = [sum(by_step[step]) / len(runs) for step in steps]
     start = sum(run["initial_accuracy"] for run in runs) / len(runs)
     fitted = fit_sigmoid(steps, means, start)
-    return (
-        None if fitted is None else {"A": fitted.A, "B": fitted.B, "C_mid": fitted.C_mid, "rms": fitted.rms}
-    )
+    if fitted is None:
+        return None
+    return {"A": fitted.A, "B": fitted.B, "C_mid": fitted.C_mid, "rms": fitted.rms}
 
 
 def write_results(out: str, found: dict) -> None:
@@ -187,7 +187,17 @@ COLUMNS = [  # (header, the row's key, format)
 ]
 
 
+FIT_FORMATS = (("A", "{:.3f}"), ("B", "{:.2f}"), ("C_mid", "{:.0f}"), ("rms", "{:.4f}"))
+
+
+def fit_cells(row: dict) -> list[str]:
+    """The fit's A, B, C_mid and RMS as the table shows them; "-" for no fit (fewer than 3 evaluations)."""
+    fit = row.get("fit")
+    return [form.format(fit[key]) if fit else "-" for key, form in FIT_FORMATS]
+
+
 def cell(row: dict, key: str, form: str) -> str:
+    """A row's value as the table shows it: an interval in points, with its mark against the baseline."""
     value = row.get(key)
     if value is None:
         return "-"
@@ -211,13 +221,7 @@ def markdown(found: dict) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for name, row in found["rows"].items():
-        fit = row.get("fit")
-        values = (
-            ["-"] * 4
-            if fit is None
-            else [f"{fit['A']:.3f}", f"{fit['B']:.2f}", f"{fit['C_mid']:.0f}", f"{fit['rms']:.4f}"]
-        )
-        lines.append(f"| {name} | " + " | ".join(values) + " |")
+        lines.append(f"| {name} | " + " | ".join(fit_cells(row)) + " |")
     failed = [
         f"- {name} seed {seed}: {error}"
         for name, row in found["rows"].items()
@@ -226,8 +230,8 @@ def markdown(found: dict) -> str:
     lines += [
         "",
         f"Intervals: {found['intervals']}. Mark: {found['mark']}.",
-        "ScaleRL's fit: R(C) = R0 + (A - R0) / "
-        "(1 + (C_mid / C)^B) of the seeds' mean held-out accuracy against steps, R0 the accuracy at step 0.",
+        "ScaleRL's fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) of the seeds' mean held-out accuracy "
+        "against steps, R0 the accuracy at step 0.",
     ]
     if failed:
         lines += ["", "Runs that failed or have not run:", *failed]
