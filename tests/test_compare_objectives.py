@@ -28,7 +28,7 @@ from minigrpo.compare import (
     write_results,
 )
 from minigrpo.compare.stats import t_quantile
-from minigrpo.compare.table import cell
+from minigrpo.compare.table import cell, fit_cells
 
 TINY = ("--train_count", "20", "--num_generations", "2", "--batch_size", "4", "--micro_batch_size", "2")
 TINY += ("--template", "tiny", "--save_every", "1")
@@ -234,3 +234,10 @@ def test_welchs_mark_on_made_up_numbers():
     assert cell({"gain": gain, "gain_p": apart}, "gain", "interval") == "+20.0 [+10.0, +30.0] *"
     assert cell({"gain": gain, "gain_p": overlapping}, "gain", "interval") == "+20.0 [+10.0, +30.0]"
     assert cell({"gain": None}, "gain", "interval") == "-"
+    assert fit_cells({"fit": {"A": 0.7, "B": 1.8, "C_mid": 150.0, "rms": 0.0123}}) == [
+        "0.700",
+        "1.80",
+        "150",
+        "0.0123",
+    ]
+    assert fit_cells({"fit": None}) == ["-"] * 4
