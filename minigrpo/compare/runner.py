@@ -124,7 +124,8 @@ class Comparison:
     ):
         self.plan, self.out, self.jobs, self.threads = plan, out, jobs, threads
         self.launch, self.note = launch, note
-        self.lock = threading.RLock()  # processes.jsonl is appended to by every worker
+        self.lock = threading.Lock()  # processes.jsonl is appended to by every worker
+        self.start_lock = threading.Lock()  # the start model is checked by the first worker that needs it
 
     def run(self) -> None:
         """Every run of the plan that is not finished, then its check; the start model's check first."""
@@ -168,7 +169,7 @@ class Comparison:
     def check_start(self, args: dict) -> None:
         """The start model's check, once per start (model, task and length): the check's baseline."""
         key = hashlib.sha256(json.dumps(check_settings(args), sort_keys=True).encode()).hexdigest()[:12]
-        with self.lock:  # two workers finishing together check it once
+        with self.start_lock:  # two workers finishing together check it once
             folder = os.path.join(self.out, "start", key)
             if not os.path.exists(os.path.join(folder, "check.json")):
                 self.check(args["model"], args, folder, f"start/{key}")
