@@ -122,13 +122,18 @@ class Comparison:
         launch: Callable[[list[str], dict, str, str], int] = run_processes,
         note: Callable[[str], None] = print,
     ):
-        self.plan, self.out, self.jobs, self.threads = plan, out, jobs, threads
-        self.launch, self.note = launch, note
+        self.plan = plan
+        self.out = out
+        self.jobs = jobs
+        self.threads = threads
+        self.launch = launch
+        self.note = note
         self.lock = threading.Lock()  # processes.jsonl is appended to by every worker
         self.start_lock = threading.Lock()  # the start model is checked by the first worker that needs it
 
     def run(self) -> None:
-        """Every run of the plan that is not finished, then its check; the start model's check first."""
+        """Every run of the plan that is not finished, then its check, and the start model's check once the
+        first run that started from it has finished."""
         claim(self.out, self.plan)
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
             for future in [pool.submit(self.one_run, variant, seed) for variant, seed in self.plan.runs()]:
@@ -146,16 +151,8 @@ class Comparison:
 
     def train(self, variant: Variant, seed: int, folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
-        command = [
-            sys.executable,
-            TRAIN,
-            "--output_dir",
-            folder,
-            "--seed",
-            str(seed),
-            *self.plan.budget.flags(),
-        ]
-        command += [*self.plan.common, *variant.flags, "--no-progress_bar"]
+        command = [sys.executable, TRAIN, "--output_dir", folder, "--seed", str(seed)]
+        command += [*self.plan.budget.flags(), *self.plan.common, *variant.flags, "--no-progress_bar"]
         if any(os.path.exists(os.path.join(folder, name)) for name in STARTED):
             command.append("--resume")  # from its last checkpoint, bit for bit (none: from the start)
         code, error = self.start("train", f"{variant.name}/seed-{seed}", command, folder)
