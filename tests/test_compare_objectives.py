@@ -8,19 +8,24 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
 
 from minigrpo.compare import (
+    DEFAULT_VARIANTS,
     Budget,
     Comparison,
     Plan,
     Variant,
+    choose,
     fit_sigmoid,
     mean_interval,
+    parse_variant,
     processes,
+    read_variants_file,
     results,
     sigmoid,
     welch_p,
@@ -241,3 +246,32 @@ def test_welchs_mark_on_made_up_numbers():
         "0.0123",
     ]
     assert fit_cells({"fit": None}) == ["-"] * 4
+
+
+def test_variants_from_a_file_and_the_command_line(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"low_kl": "--beta 0.01", "token": ["--loss_type", "dapo"]}))
+    assert read_variants_file(str(path)) == [
+        Variant("low_kl", ("--beta", "0.01")),
+        Variant("token", ("--loss_type", "dapo")),
+    ]
+    assert parse_variant("mine=--beta 0.01 --loss_type 'dapo'") == Variant(
+        "mine", ("--beta", "0.01", "--loss_type", "dapo")
+    )
+    assert [v.name for v in choose([], [Variant("mine", ())])][-2:] == ["adaptive_entropy", "mine"]
+    assert choose(["rloo", "grpo"], []) == [DEFAULT_VARIANTS[8], DEFAULT_VARIANTS[0]]
+    bad = [
+        (lambda: parse_variant("--beta 0.01"), 'must be NAME="--flag value ..."'),
+        (lambda: parse_variant("a/b=--beta 1"), "the name 'a/b' must be letters, digits and _.+-"),
+        (lambda: parse_variant("mine=beta 1"), "must start with a --flag, got 'beta'"),
+        (lambda: choose([], [Variant("grpo", ())]), "variant 'grpo' is defined twice"),
+        (lambda: choose(["grpo", "grpo"], []), "variant grpo is named twice"),
+    ]
+    (tmp_path / "list.json").write_text("[1, 2]")
+    bad += [
+        (lambda: read_variants_file(str(tmp_path / "list.json")), "must hold an object of variant names"),
+        (lambda: read_variants_file(str(tmp_path / "none.json")), "cannot read the variants file"),
+    ]
+    for call, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
