@@ -2,6 +2,7 @@
 
     python benchmarks/bench_objectives.py                    # 20 steps of every option, then the table
     python benchmarks/bench_objectives.py --options rloo,sapo --steps 50
+    python benchmarks/bench_objectives.py --flags "--num_iterations 2"    # two passes: the clips act
     python benchmarks/bench_objectives.py --smoke            # one option, one small step (the suite)
 
 Each option is `python examples/train_math.py` with the option's flags added, in a process of its own, as
@@ -19,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -67,6 +69,7 @@ def parse_args():
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma-separated names of OPTIONS")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--output", default="runs/bench_objectives", help="one folder per option under it")
+    parser.add_argument("--flags", default="", help="train_math.py flags every run gets, before its option's")
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_OPTIONS}, one small step")
     args = parser.parse_args()
     if args.smoke:
@@ -78,13 +81,13 @@ def parse_args():
     return args, names
 
 
-def run(name: str, steps: int, output: str, smoke: bool) -> tuple[int, float, str]:
+def run(name: str, steps: int, output: str, smoke: bool, common: list[str]) -> tuple[int, float, str]:
     """One option's training run in its own process: exit status, wall seconds, the last lines of stderr.
     A run an interrupted benchmark left is resumed from its last checkpoint (the trainer's exact resume)."""
     flags = ["--max_steps", str(steps), "--eval_every", str(steps), "--output_dir", output]
     if os.path.isdir(os.path.join(output, "checkpoints")):
         flags.append("--resume")
-    command = [sys.executable, TRAIN, *flags, *OPTIONS[name], *(SMOKE_FLAGS if smoke else [])]
+    command = [sys.executable, TRAIN, *flags, *common, *OPTIONS[name], *(SMOKE_FLAGS if smoke else [])]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     return done.returncode, time.perf_counter() - start, done.stderr[-600:]
@@ -136,7 +139,8 @@ def row(name: str, result: dict, wall: float) -> str:
 
 def main():
     args, names = parse_args()
-    print(f"# {len(names)} options x {args.steps} steps of the default job; {machine_line()}")
+    common = f" with {args.flags}" if args.flags else ""
+    print(f"# {len(names)} options x {args.steps} steps of the default job{common}; {machine_line()}")
     header = [
         "option",
         "steps",
@@ -162,7 +166,7 @@ def main():
                 "",
             )
         else:
-            status, wall, stderr = run(name, args.steps, output, args.smoke)
+            status, wall, stderr = run(name, args.steps, output, args.smoke, shlex.split(args.flags))
         if status != 0:
             print(f"| {name} | crashed (exit {status}): {stderr.strip().splitlines()[-1:]} |")
             failed.append(name)

@@ -380,6 +380,31 @@ def test_small_exact_calls_are_answered(expression, value):
     assert verdict(expression) == value
 
 
+@pytest.mark.parametrize(
+    "expression, answer",
+    [
+        (r"\frac{1}{0}", "error: division by zero"),
+        (r"\frac{2}{1-1}", "error: division by zero"),  # a divisor that is 0 once computed
+        ("0^{-1}", "error: division by zero"),
+        ("(1-1)^{-2}", "error: division by zero"),
+        ("1^{-2}", "1"),
+        (r"\sqrt[100]{2^{100}}", "2"),  # the largest root index taken
+        (r"\sqrt[101]{2}", "error: not an arithmetic expression (root index must be a small integer)"),
+        (
+            r"\begin{pmatrix}1&2\end{pmatrix}\begin{pmatrix}1&2\end{pmatrix}",
+            "error: not an arithmetic expression (matrix shapes do not match)",
+        ),
+        (
+            r"\frac{1}{\begin{pmatrix}1\\2\end{pmatrix}}",
+            "error: not an arithmetic expression (division by a matrix)",
+        ),
+    ],
+)
+def test_a_division_by_zero_and_a_root_index_past_100_are_refused_by_name(expression, answer):
+    """sympy would answer zoo (complex infinity) for the first four, and take any root's index."""
+    assert verdict(expression) == answer
+
+
 def test_the_budget_counts_each_exact_operation_before_it_is_computed():
     """Within bounded_work, an operation is refused once the work of all of them would pass the bound:
     a product of two integers of 3 and 2 words is 6 word products, allowed at a bound of 6, not of 5."""

@@ -28,6 +28,7 @@ from minigrpo.model import (
     is_adapter_directory,
     load_adapter,
     merged,
+    read_adapter_config,
     tokenizer_directory,
     trainable_parameters,
     weights_sha256,
@@ -106,7 +107,11 @@ def test_adapters_off_merged_and_merged_sampling_compute_what_they_should(base):
         assert torch.equal(model(x), plain(x))
     moved = model(x)
     assert (moved - plain(x)).abs().max() > 1e-3
-    torch.testing.assert_close(merged(model)(x), moved, rtol=0, atol=1e-5)
+    plain_copy = merged(model)
+    torch.testing.assert_close(plain_copy(x), moved, rtol=0, atol=1e-5)
+    # a plain model: no adapters to save beside its weights, every weight trainable as a loaded one's
+    assert plain_copy.adapters is None and not adapter_state(plain_copy)
+    assert all(p.requires_grad for p in plain_copy.parameters())
     # the sampler's merged products against the adapters as their own products (the reference path)
     prompts = [[3, 5, 7, 9], [2, 4]]
     settings = dict(max_new_tokens=8, temperature=0.0, num_samples=2, seed=0)
@@ -494,8 +499,11 @@ def test_tensors_no_adapted_projection_takes_are_refused_by_name_and_missing_one
                 check_tensors(str(directory))  # what a resume checks in a checkpoint
     blocks = {name: t for name, t in good.items() if ".layers.1." not in name}  # block 0's alone
     save_file(blocks, weights, metadata={"format": "pt"})
-    missing = PREFIX + "layers.1.mlp.down_proj.lora_A.weight"
-    refused(base, directory, re.escape(f"{weights} lacks {missing}, "))
+    missing = sorted(set(good) - set(blocks))  # block 1's A and B of down_proj and q_proj
+    message = f"{weights} lacks {', '.join(missing[:3])} and 1 more for this model {model}"
+    refused(base, directory, re.escape(message))
+    save_file({**blocks, missing[3]: good[missing[3]]}, weights, metadata={"format": "pt"})
+    refused(base, directory, re.escape(f"{weights} lacks {', '.join(missing[:3])} for this model"))
 
 
 @pytest.mark.parametrize(
@@ -595,3 +603,106 @@ def test_a_killed_lora_run_resumes_to_the_straight_runs_end_bit_for_bit(examples
     lines = (tmp_path / "changed.err").read_text().strip().splitlines()
     assert len(lines) == 1 and "was trained with lora_rank=2, and this run asks for 4" in lines[0], lines
     assert latest_checkpoint(killed).endswith("step-000003")
+
+
+def test_an_adapter_config_reads_peft_s_defaults_and_refuses_what_is_not_lora_in_one_line(base, tmp_path):
+    directory = tmp_path / "adapter"
+    config_path, weights = saved_adapter(base, directory)
+    # PEFT's LoraConfig defaults for what a file leaves out: r 8, lora_alpha 8, no dropout, no rsLoRA
+    json.dump({"target_modules": ["q_proj"], "base_model_name_or_path": base}, open(config_path, "w"))
+    assert read_adapter_config(str(directory)) == (Adapters(rank=8, alpha=8, targets=("q_proj",)), base)
+    edit_config(config_path, target_modules="all-linear")  # PEFT's one string besides a projection's name
+    assert read_adapter_config(str(directory))[0].targets == ALL
+    edit_config(config_path, target_modules="down_proj")
+    assert read_adapter_config(str(directory))[0].targets == ("down_proj",)
+    for key, value, message in [
+        ("peft_type", "LOHA", "peft_type 'LOHA' is not LORA, the one minigrpo runs"),
+        (
+            "target_modules",
+            ".*q_proj",
+            "target_modules '.*q_proj' is a pattern; minigrpo reads a list of names",
+        ),
+        ("target_modules", ["q_proj", 5], "target_modules entry 5 is not a projection of a Qwen3 block"),
+        ("base_model_name_or_path", 5, "base_model_name_or_path must be a path or a Hub id, got 5"),
+    ]:
+        saved = json.load(open(config_path))
+        edit_config(config_path, **{key: value})
+        refused(base, directory, re.escape(f"{config_path}: {message}"))
+        json.dump(saved, open(config_path, "w"))
+    os.remove(weights)
+    message = f"{weights} does not exist: an adapter directory needs adapter_model.safetensors"
+    refused(base, directory, re.escape(message))
+
+
+def test_a_checkpoint_s_adapter_header_is_checked_against_its_config(base, tmp_path):
+    directory = tmp_path / "adapter"
+    _, weights = saved_adapter(base, directory)  # rank 2 on q_proj and down_proj
+    good = load_file(weights)
+    check_tensors(str(directory))  # what a resume checks in a checkpoint: this one is whole
+    a = PREFIX + "layers.0.self_attn.q_proj.lora_A.weight"
+    b = PREFIX + "layers.0.self_attn.q_proj.lora_B.weight"
+    for name, tensor, message in [
+        (a, torch.zeros(3, 48), f"{a} has shape (3, 48), not rank 2"),  # A is (r, in)
+        (b, torch.zeros(64, 3), f"{b} has shape (64, 3), not rank 2"),  # B is (out, r)
+        (a, torch.zeros(2, 48, 1), f"{a} has shape (2, 48, 1), not rank 2"),
+    ]:
+        save_file({**good, name: tensor}, weights, metadata={"format": "pt"})
+        with pytest.raises(AdapterError, match=re.escape(f"{weights}: {message}")):
+            check_tensors(str(directory))
+    save_file({}, weights, metadata={"format": "pt"})
+    with pytest.raises(AdapterError, match=re.escape(f"{weights} holds no adapter tensors")):
+        check_tensors(str(directory))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(rank=0), "a LoRA rank must be a positive integer, got 0"),
+        (dict(rank=-2), "a LoRA rank must be a positive integer, got -2"),
+        (dict(rank=True), "a LoRA rank must be a positive integer, got True"),
+        (dict(rank=2.0), "a LoRA rank must be a positive integer, got 2.0"),
+        (dict(alpha=0), "lora_alpha must be a number > 0"),
+        (dict(alpha=True), "lora_alpha must be a number > 0"),
+        (dict(alpha=float("nan")), "lora_alpha must be a number > 0"),
+        (dict(alpha="8"), "lora_alpha must be a number > 0"),
+        (dict(dropout=1), "lora_dropout must be in [0, 1), got 1"),
+        (dict(dropout=-0.1), "lora_dropout must be in [0, 1), got -0.1"),
+        (dict(dropout=True), "lora_dropout must be in [0, 1), got True"),
+        (dict(targets=()), "LoRA targets must be some of"),
+        (dict(targets=("k_proj", "q_proj")), "LoRA targets must be some of"),  # not in LORA_TARGETS' order
+        (dict(targets=["q_proj"]), "LoRA targets must be some of"),
+    ],
+)
+def test_adapters_that_cannot_be_are_refused_when_described(fields, message):
+    """What a PEFT file or a library caller describes is checked where an Adapters is made."""
+    with pytest.raises(AdapterError, match=re.escape(message)):
+        Adapters(**{**dict(rank=2, alpha=4, targets=("q_proj",)), **fields})
+    assert Adapters(rank=1, alpha=0.5, targets=("q_proj",), dropout=0.0).dropout == 0.0  # the edges held
+
+
+def test_a_resume_refuses_other_adapters_than_its_checkpoint_s_in_one_line(base, tmp_path):
+    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    grpo = GRPOConfig(num_generations=2, max_completion_length=4)
+    settings = dict(output_dir=str(tmp_path / "run"), batch_size=4, micro_batch_size=4, lora_rank=2)
+    settings.update(
+        lora_alpha=4.0, lora_target_modules="q_proj,v_proj", progress_bar=False, log_completions_every=0
+    )
+    minigrpo.train(base, task, grpo, TrainConfig(max_steps=1, **settings))
+    for name, value, shown in [
+        ("lora_rank", 4, "lora_rank=2, and this run asks for 4"),
+        ("lora_alpha", 8.0, "lora_alpha=4.0, and this run asks for 8.0"),
+        (
+            "lora_target_modules",
+            "q_proj",
+            "lora_target_modules=('q_proj', 'v_proj'), and this run asks for ('q_proj',)",
+        ),
+        ("use_rslora", True, "use_rslora=False, and this run asks for True"),
+    ]:
+        changed = TrainConfig(max_steps=2, resume=True, **{**settings, name: value})
+        with pytest.raises(
+            ValueError, match=re.escape(f"was trained with {shown}: resume with the checkpoint's")
+        ):
+            build_run(base, task, grpo, changed)
+    # the same targets named otherwise, and another dropout (the run's, not the adapters'): resumed
+    same = {**settings, "lora_target_modules": "v_proj, q_proj", "lora_dropout": 0.1}
+    assert build_run(base, task, grpo, TrainConfig(max_steps=2, resume=True, **same)).trainer.step == 1

@@ -11,6 +11,7 @@ from helpers import tiny_policy
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo.rollout import Rollout
 from minigrpo.run import Trace
 from minigrpo.update import EntropyCoefficient, grpo_loss, objective_from, objective_loss
 from minigrpo.update.estimators import estimator_for, kl_shaped_returns, passk, whiten_over_tokens
@@ -73,17 +74,18 @@ def checkpoint(tmp_path_factory):
     return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
 
 
-def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", **settings):
+def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", train_settings=None, **settings):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, num_iterations=2, **settings)
+    train_settings = {"micro_batch_size": 3, **(train_settings or {})}
     train = TrainConfig(
         output_dir=str(tmp_path / "run"),
         max_steps=3,
         batch_size=8,
-        micro_batch_size=3,
         learning_rate=1e-2,
         progress_bar=False,
         log_completions_every=0,
+        **train_settings,
     )
     return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, train)
 
@@ -109,6 +111,32 @@ def test_each_option_trains_and_is_named(checkpoint, tmp_path, option):
     assert trainer.updater.objective.describe() in text  # the trace's stage 4 names it
     if trainer.grpo.advantage_estimator != "grpo":
         assert f"advantage_estimator={trainer.grpo.advantage_estimator}" in text
+    if trainer.grpo.kl_in_reward:  # the KL's weight is named though the loss has none
+        assert "kl_in_reward beta=0.05" in named
+
+
+@pytest.mark.parametrize("lengths", [[10] * 4 + [2] * 4, [2] * 4 + [10] * 4])
+def test_the_references_log_probs_come_back_in_the_rollouts_order(checkpoint, tmp_path, lengths):
+    """REINFORCE++ with beta > 0 takes the reference's log-probs before stage 4. A token budget orders the
+    micro-batches by length, and the log-probs must still come back in the rollouts' order (they came in
+    the budget's: the default job crashed on the first step whose groups differed in length)."""
+    trainer = make_trainer(
+        checkpoint,
+        tmp_path,
+        train_settings=dict(micro_batch_tokens=64, micro_batch_size=8),
+        advantage_estimator="reinforce_plus_plus",
+        beta=0.05,
+    )
+    rollouts = [
+        Rollout([1, 2, 3], [5 + (i + t) % 7 for t in range(n)], "length", sampler_logprobs=torch.zeros(n))
+        for i, n in enumerate(lengths)
+    ]
+    got = trainer.updater.reference_logprobs(rollouts)
+    assert [len(logprobs) for logprobs in got] == lengths
+    for rollout, logprobs in zip(rollouts, got):  # each its own: the same as computed for its group alone
+        group = rollouts[rollouts.index(rollout) // 4 * 4 :][:4]
+        alone = trainer.updater.reference_logprobs(group)[group.index(rollout)]
+        torch.testing.assert_close(logprobs, alone, rtol=0, atol=1e-6)
 
 
 def test_the_objective_is_a_record_built_once_and_each_micro_batch_reads_it(
@@ -174,6 +202,9 @@ def test_the_estimators_the_config_chooses_for_passk_and_maxrl():
 def test_whitening_with_fewer_than_two_tokens_gives_no_advantage():
     """One token in the whole batch has no spread to whiten by (verl refuses it): advantages 0, not NaN."""
     assert whiten_over_tokens(torch.tensor([1.0, 0.5], dtype=torch.float64), [1, 0]).tolist() == [0.0, 0.0]
+    # two tokens are enough: mean 0.5, unbiased variance 0.5
+    two = whiten_over_tokens(torch.tensor([1.0, 0.0], dtype=torch.float64), [1, 1])
+    assert two.tolist() == pytest.approx([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)])
     returns = kl_shaped_returns(torch.tensor([1.0, 0.0]), [torch.tensor([0.3]), torch.tensor([])], 0.1)
     assert [r.tolist() for r in returns] == [[0.0], []]
 
@@ -185,7 +216,7 @@ def test_passk_refuses_rewards_other_than_zero_and_one():
 
 def test_whitening_weighs_each_completion_by_its_tokens():
     """verl whitens a (B, T) batch over its valid tokens: a completion of 3 tokens counts 3 times."""
-    values = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    values = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)  # the last far from the tokens' mean
     lengths = [3, 1, 0]
     tokens = torch.tensor([1.0, 1.0, 1.0, -1.0], dtype=torch.float64)  # the 4 valid tokens, repeated
     expected = (tokens - tokens.mean()) / torch.sqrt(tokens.var() + 1e-8)
@@ -194,6 +225,35 @@ def test_whitening_weighs_each_completion_by_its_tokens():
         expected[3].item()
     )
     assert got[2].item() == 0.0  # no token in the loss: no advantage
+
+
+@pytest.mark.parametrize("loss_type", ["dppo_tv", "dppo_kl"])
+def test_dppo_truncates_its_importance_weight_at_20_unless_clip_ratio_c_says_otherwise(loss_type):
+    """One kept token whose ratio is 20.5 (p 0.01 -> 0.205, a move inside the trust region): its detached
+    weight is cut to verl's default 20, or to clip_ratio_c where that is set."""
+    old = torch.tensor([[math.log(0.01)]], dtype=torch.float64)
+    new = torch.tensor([[math.log(0.205)]], dtype=torch.float64)
+    advantage, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1)
+    settings = (
+        dict(loss_type=loss_type, epsilon=0.25) if loss_type == "dppo_kl" else dict(loss_type=loss_type)
+    )
+    loss, stats = grpo_loss(new, old, advantage, mask, **settings)
+    assert loss.item() == pytest.approx(-20.0 * math.log(0.205)) and stats["clip/truncated_frac"] == 1.0
+    loss, stats = grpo_loss(new, old, advantage, mask, clip_ratio_c=25.0, **settings)
+    assert loss.item() == pytest.approx(-20.5 * math.log(0.205)) and stats["clip/truncated_frac"] == 0.0
+
+
+@pytest.mark.parametrize("control", ["clip_cov", "kl_cov"])
+def test_a_covariance_control_takes_at_least_one_token(control):
+    """verl's max(int(share * tokens), 1): a share of 5% of 6 tokens is still one token, not none."""
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(2, 3, generator=g, dtype=torch.float64)
+    new = old + 0.01 * torch.randn(2, 3, generator=g, dtype=torch.float64)
+    advantages, mask = torch.tensor([1.0, -1.0], dtype=torch.float64), torch.ones(2, 3)
+    bounds = dict(clip_cov_lb=-100.0, clip_cov_ub=100.0) if control == "clip_cov" else {}
+    share = dict(clip_cov_ratio=0.05) if control == "clip_cov" else dict(kl_cov_ratio=0.05)
+    _, stats = grpo_loss(new, old, advantages, mask, covariance_control=control, **bounds, **share)
+    assert stats["cov/selected_frac"] == pytest.approx(1 / 6)
 
 
 # -- the loss: exact shares under accumulation, the entropy bonus ---------------------------------------

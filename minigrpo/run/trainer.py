@@ -463,6 +463,8 @@ class Trainer:
             parts.insert(1, f"scale_rewards={grpo.scale_rewards}")
         if grpo.advantage_type != "outcome":
             parts.insert(1, f"advantage_type={grpo.advantage_type}")
+        if grpo.kl_in_reward:  # REINFORCE++'s KL is in its token rewards, not in the loss's beta
+            parts.insert(1, f"kl_in_reward beta={grpo.beta:g}")
         if grpo.use_adaptive_entropy:
             parts.append(f"adaptive entropy bonus (target {grpo.entropy_target:g})")
         elif grpo.entropy_coef:

@@ -26,11 +26,11 @@ class EntropyCoefficient:
     """The entropy bonus's coefficient, fixed or adaptive, and what it last measured."""
 
     coef: float  # the coefficient (adaptive: its current value, TRL's entropy_coef)
-    adaptive: bool = False  # adapt it after each step
-    target: float = 0.2  # adaptive: the entropy at or below which the bonus acts and grows
-    delta: float = 0.005  # adaptive: the change per step
-    low: float = 0.0  # adaptive: the lower bound
-    high: float = 1.0  # adaptive: the upper bound
+    adaptive: bool  # adapt it after each step
+    target: float  # adaptive: the entropy at or below which the bonus acts and grows
+    delta: float  # adaptive: the change per step
+    low: float  # adaptive: the lower bound
+    high: float  # adaptive: the upper bound
     last_entropy: float = math.inf  # the previous step's mean token entropy (none yet: inf)
 
     @classmethod

@@ -97,7 +97,7 @@ def grpo_passk(rewards: torch.Tensor, group_size: int, lengths=None, scale: str 
     return advantages.reshape(-1)  # (N,)
 
 
-def passk(rewards: torch.Tensor, group_size: int, lengths=None, k: int = 4) -> torch.Tensor:
+def passk(rewards: torch.Tensor, group_size: int, lengths=None, *, k: int) -> torch.Tensor:
     """(N,) the analytic pass@k advantages of 0/1 rewards (the docstring's formulas), exact in float64."""
     values = set(rewards.tolist())
     if not values <= {0.0, 1.0}:

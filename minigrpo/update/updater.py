@@ -128,8 +128,10 @@ class Updater:
     def reference_logprobs(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
         """Each rollout's completion log-probs under the KL's reference, (Tc,) each: for an advantage
         estimator that folds the KL into its rewards (REINFORCE++), before stage 4. Every rank computes
-        them for every rollout it is given (the reference's collectives see the same passes)."""
-        return [logprobs for _, logprobs in self._logprobs(rollouts, self.reference)]
+        them for every rollout it is given (the reference's collectives see the same passes). A token
+        budget takes the rollouts in micro-batches of similar length: each is found again by identity."""
+        computed = {id(rollout): logprobs for rollout, logprobs in self._logprobs(rollouts, self.reference)}
+        return [computed[id(rollout)] for rollout in rollouts]
 
     def entropy_state(self) -> dict | None:
         """The entropy bonus's adaptive state, for checkpoints (None without a bonus)."""
