@@ -139,6 +139,15 @@ def test_the_references_log_probs_come_back_in_the_rollouts_order(checkpoint, tm
         torch.testing.assert_close(logprobs, alone, rtol=0, atol=1e-6)
 
 
+def test_a_run_without_an_entropy_bonus_has_no_coefficient_to_log_or_save(checkpoint, tmp_path):
+    """The bonus is chosen once: without one there is no coefficient, no entropy/coef in the metrics (the
+    default run's lines stay as they were) and nothing of it in a checkpoint."""
+    trainer = make_trainer(checkpoint, tmp_path)
+    stats, _ = trainer.train_step()
+    assert trainer.updater.entropy is None and trainer.updater.entropy_state() is None
+    assert not any(name.startswith("entropy/") for name in stats)
+
+
 def test_the_objective_is_a_record_built_once_and_each_micro_batch_reads_it(
     checkpoint, tmp_path, monkeypatch
 ):
@@ -335,6 +344,24 @@ def test_the_adaptive_coefficient_follows_the_entropy_within_its_bounds():
     # none before a measurement, then the coefficient of the step before, only while at or below the target
     assert applied == pytest.approx([0.0, 0.014, 0.015, 0.0, 0.015, 0.015])
     assert control.coef == pytest.approx(0.015)  # capped at the upper bound
+
+
+def test_a_fixed_coefficient_stays_what_it_was_set_to():
+    control = EntropyCoefficient(coef=0.01, adaptive=False, target=1.0, delta=0.004, low=0.0, high=0.015)
+    for entropy in (0.5, 2.0):
+        control.after_step(entropy)
+        assert control.applied() == control.coef == 0.01
+
+
+def test_the_coefficients_state_reads_back_what_the_next_step_applies():
+    """A checkpoint keeps the coefficient and the last entropy: the gate of the step after a resume reads
+    the entropy measured before it, not 'none yet'."""
+    settings = dict(adaptive=True, target=1.0, delta=0.004, low=0.0, high=0.015)
+    before = EntropyCoefficient(coef=0.01, **settings)
+    before.after_step(0.5)  # at or below the target: the bonus acts on the next step
+    resumed = EntropyCoefficient(coef=0.0, **settings)
+    resumed.load_state(before.state())
+    assert (resumed.coef, resumed.last_entropy, resumed.applied()) == (before.coef, 0.5, before.applied())
 
 
 def test_an_adaptive_run_resumes_its_coefficient_bit_for_bit(checkpoint, tmp_path):
