@@ -64,6 +64,21 @@ OBJECTIVES = {
         ),
         dict(batch_size=24, micro_batch_size=3, max_steps=3),
     ),
+    # The objectives menu: REINFORCE++'s per-token returns with the KL in its rewards (the reference's
+    # log-probs of every rollout, whitened over the whole batch), SAPO's gate on the second pass, and an
+    # entropy bonus whose gradient and mean entropy are over every rank.
+    "menu": (
+        dict(
+            num_generations=4,
+            max_completion_length=10,
+            advantage_estimator="reinforce_plus_plus",
+            beta=0.04,
+            loss_type="sapo",
+            num_iterations=2,
+            entropy_coef=0.01,
+        ),
+        dict(batch_size=16, micro_batch_size=3),
+    ),
 }
 
 

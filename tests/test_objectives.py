@@ -115,6 +115,52 @@ def test_each_option_trains_and_is_named(checkpoint, tmp_path, option):
         assert "kl_in_reward beta=0.05" in named
 
 
+# what exists already, each beside the new options (DDP: tests/test_distributed.py's "menu" objective)
+BESIDE = {
+    "lora": (dict(lora_rank=4), {}),
+    "sampler_correction": ({}, dict(sampler_correction="token_truncate", sampler_correction_cap=1.5)),
+    "gspo": ({}, dict(importance_sampling_level="sequence")),
+}
+
+
+@pytest.mark.parametrize("beside", BESIDE)
+@pytest.mark.parametrize(
+    "option",
+    # an estimator, REINFORCE++'s per-token returns, a new loss, one GSPO refuses, an entropy control, a
+    # covariance control (the other options share these paths: test_each_option_trains_and_is_named)
+    ["rloo", "reinforce_plus_plus_kl", "sapo", "dppo_kl", "adaptive_entropy", "clip_cov"],
+)
+def test_each_option_trains_beside_lora_the_sampler_correction_and_gspo(checkpoint, tmp_path, option, beside):
+    """Two steps, none skipped, every stat finite; or, where the two do not combine, one line naming
+    both settings before anything is built."""
+    train_settings, grpo_settings = BESIDE[beside]
+    try:
+        GRPOConfig(**OPTIONS[option], **grpo_settings)
+    except ValueError as error:
+        assert beside == "gspo", error  # LoRA and the sampler correction combine with every option
+        named = [key for key in OPTIONS[option] if key in str(error)] + [
+            value for value in OPTIONS[option].values() if isinstance(value, str) and value in str(error)
+        ]
+        assert "importance_sampling_level" in str(error) and named, error
+        return
+    train_settings, grpo_settings = BESIDE[beside]
+    trainer = make_trainer(
+        checkpoint, tmp_path, train_settings=train_settings, **OPTIONS[option], **grpo_settings
+    )
+    base = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora_" not in k}
+    for _ in range(2):
+        stats, _ = trainer.train_step()
+        assert stats["skipped"] == 0.0 and all(
+            math.isfinite(v) for v in stats.values() if isinstance(v, float)
+        )
+    after = trainer.model.state_dict()
+    if beside == "lora":  # the adapters moved, the base did not
+        assert all(torch.equal(after[k], v) for k, v in base.items())
+        assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in after.items() if "lora_B" in k)
+    if beside == "sampler_correction":
+        assert "sampler_correction/truncated_frac" in stats
+
+
 @pytest.mark.parametrize("lengths", [[10] * 4 + [2] * 4, [2] * 4 + [10] * 4])
 def test_the_references_log_probs_come_back_in_the_rollouts_order(checkpoint, tmp_path, lengths):
     """REINFORCE++ with beta > 0 takes the reference's log-probs before stage 4. A token budget orders the
