@@ -1,8 +1,9 @@
 """examples/compare_objectives.py and minigrpo/compare/: a tiny plan (2 variants x 2 seeds, 2 steps of tiny
 arithmetic) runs and writes the table, page and results; killed mid-run and restarted, it runs nothing twice
 and ends with the same results (timings aside); ScaleRL's fit recovers known curves; the t intervals and
-Welch's mark on made-up numbers; bad input stops in one line before any run. The runs are forked from
-conftest's examples_server (train_math.py and eval_math.py without their imports' seconds)."""
+Welch's mark on made-up numbers; bad input stops in one line before any run. The runs are forked from a
+server that paid the imports once (killed_run.Server): the straight and killed comparisons from one of their
+own, as work beside the suite's other files, the rest from conftest's examples_server."""
 
 import itertools
 import json
@@ -73,11 +74,46 @@ def finish(out: str, plan: Plan = PLAN) -> dict:
     return found
 
 
+def background_work(tmp_path_factory) -> dict:
+    """PLAN run straight, then its output with one run not yet started, that run SIGKILLed mid-way (step 1
+    checkpointed, step 2's save cut short) and the comparison run twice more: run beside the suite's other
+    files (conftest's Background), in processes forked from a server of its own. What the tests check."""
+    from killed_run import Server
+
+    server = Server()
+    try:
+        straight = str(tmp_path_factory.mktemp("straight") / "out")
+        Comparison(PLAN, straight, jobs=1, launch=forked(server, tmp_path_factory.mktemp("logs"))).run()
+        found = finish(straight)
+        logs = tmp_path_factory.mktemp("killed_logs")
+        out = str(tmp_path_factory.mktemp("killed") / "out")
+        shutil.copytree(straight, out)
+        shutil.rmtree(os.path.join(out, "dr_grpo", "seed-0"))
+        os.remove(os.path.join(out, "processes.jsonl"))
+        kill = {"run": os.path.join("dr_grpo", "seed-0"), "point": KILL}
+        Comparison(PLAN, out, jobs=1, launch=forked(server, logs, kill), note=lambda _: None).run()
+        killed = {
+            "processes": processes(out),
+            "saved": os.listdir(os.path.join(out, "dr_grpo", "seed-0", "checkpoints")),
+            "results": finish(out),
+        }
+        Comparison(PLAN, out, jobs=1, launch=forked(server, logs)).run()
+        resumed = {"processes": processes(out), "results": finish(out)}
+        Comparison(PLAN, out, jobs=1, launch=forked(server, logs)).run()
+        again = {"processes": processes(out)}
+    finally:
+        server.close()
+    return {"straight": (straight, found), "killed": killed, "resumed": resumed, "again": again}
+
+
 @pytest.fixture(scope="module")
-def straight(examples_server, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("straight") / "out")
-    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path_factory.mktemp("logs"))).run()
-    return out, finish(out)
+def runs(background):
+    return background.result(__name__)
+
+
+@pytest.fixture(scope="module")
+def straight(runs):
+    return runs["straight"]
 
 
 def test_a_tiny_plan_writes_the_table_page_and_results(straight):
@@ -118,34 +154,30 @@ def without_timings(found: dict) -> dict:
     return found
 
 
-def test_a_killed_comparison_restarted_runs_nothing_twice_and_ends_with_the_same_results(
-    straight, examples_server, tmp_path
-):
-    """The straight comparison's output with one run not yet started: that run is SIGKILLed mid-way (its
-    step 1 checkpointed, step 2's save cut short), named as failed while the comparison ends; run again,
-    only it goes on, from its checkpoint, and the results are the straight comparison's."""
-    out = str(tmp_path / "out")
-    shutil.copytree(straight[0], out)
-    shutil.rmtree(os.path.join(out, "dr_grpo", "seed-0"))
-    os.remove(os.path.join(out, "processes.jsonl"))
-    kill = {"run": os.path.join("dr_grpo", "seed-0"), "point": KILL}
-    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path, kill), note=lambda _: None).run()
-    assert [(p["kind"], p["run"], p["exit"]) for p in processes(out)] == [("train", "dr_grpo/seed-0", -9)]
-    saved = os.listdir(os.path.join(out, "dr_grpo", "seed-0", "checkpoints"))
-    assert "step-000001" in saved and "step-000002" not in saved  # and step 2's save cut short beside it
-    interrupted = finish(out)
+def test_a_killed_comparison_restarted_runs_nothing_twice_and_ends_with_the_same_results(runs):
+    """The straight comparison's output with one run not yet started: that run is SIGKILLed mid-way and
+    named as failed while the comparison ends; run again, only it goes on, from its checkpoint, and the
+    results are the straight comparison's; run a third time, nothing starts."""
+    killed, resumed = runs["killed"], runs["resumed"]
+    assert [(p["kind"], p["run"], p["exit"]) for p in killed["processes"]] == [
+        ("train", "dr_grpo/seed-0", -9)
+    ]
+    assert (
+        "step-000001" in killed["saved"] and "step-000002" not in killed["saved"]
+    )  # step 2's save cut short
+    interrupted = killed["results"]
     assert interrupted["rows"]["dr_grpo"]["failed"] == {"0": "exit -9: "}  # named, and the others kept
     assert interrupted["rows"]["dr_grpo"]["seeds"] == 1 and interrupted["rows"]["grpo"]["seeds"] == 2
-    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path)).run()
-    again = processes(out)[1:]
+    again = resumed["processes"][1:]
     assert [(p["kind"], p["run"], p["exit"]) for p in again] == [
         ("train", "dr_grpo/seed-0", 0),
         ("check", "dr_grpo/seed-0", 0),
     ]
     assert "--resume" in again[0]["command"]
-    assert without_timings(finish(out)) == without_timings(straight[1])
-    Comparison(PLAN, out, jobs=1, launch=forked(examples_server, tmp_path)).run()
-    assert len(processes(out)) == 3  # every run finished and checked: nothing starts
+    assert without_timings(resumed["results"]) == without_timings(runs["straight"][1])
+    assert (
+        runs["again"]["processes"] == resumed["processes"]
+    )  # every run finished and checked: nothing starts
 
 
 def test_a_failed_run_is_named_with_its_error_line(examples_server, tmp_path):
