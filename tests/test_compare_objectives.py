@@ -253,6 +253,39 @@ def test_the_fit_recovers_known_curves():
     )  # two points past step 0: A, B, C_mid unknown
 
 
+def fake_run(folder, asymptote: float, start: float = 0.375) -> None:
+    """A finished run's files as train_math.py writes them, its held-out curve ScaleRL's sigmoid to
+    `asymptote` (B 1.5, midpoint 100 steps), evaluated every 50 of 400 steps."""
+    os.makedirs(folder)
+    steps = list(range(0, 401, 50))
+    curve = sigmoid(steps, asymptote, 1.5, 100.0, start)
+    args = {"model": "m", "data": "arithmetic", "difficulty": 1, "template": "tiny"}
+    args["max_completion_length"] = 32
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"initial_accuracy": start, "gain": float(curve[-1] - start), "args": args}, f)
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+        for step, accuracy in zip(steps, curve):
+            if step:
+                f.write(json.dumps({"step": step, "loss": 0.0, "time/step": 1.0}) + "\n")
+            f.write(json.dumps({"step": step, "eval/accuracy": float(accuracy)}) + "\n")
+
+
+def test_each_seeds_asymptote_and_its_mark_against_the_baseline(tmp_path):
+    """ScaleRL's A fitted to each seed's curve alone: its interval over the seeds, and Welch's mark where
+    a variant's asymptotes lie apart from the baseline's (and none where they overlap)."""
+    asymptotes = {"grpo": (0.60, 0.61, 0.62), "higher": (0.70, 0.71, 0.72), "same": (0.59, 0.62, 0.60)}
+    for name, values in asymptotes.items():
+        for seed, value in enumerate(values):
+            fake_run(tmp_path / name / f"seed-{seed}", value)
+    plan = Plan(tuple(Variant(name, ()) for name in asymptotes), (0, 1, 2), PLAN.budget, ())
+    rows = results(str(tmp_path), plan, "grpo")["rows"]
+    for name, values in asymptotes.items():
+        assert rows[name]["asymptote"]["mean"] == pytest.approx(sum(values) / 3, abs=1e-6)
+        assert rows[name]["fit"]["A"] == pytest.approx(sum(values) / 3, abs=1e-3)  # the mean curve's
+    assert rows["higher"]["asymptote_p"] < 0.05 < rows["same"]["asymptote_p"]
+    assert fit_cells(rows["higher"])[-1].endswith(" *") and not fit_cells(rows["same"])[-1].endswith("*")
+
+
 def test_intervals_use_students_t_over_the_seeds():
     assert [t_quantile(0.95, df) for df in (1, 2, 4)] == pytest.approx([12.7062, 4.3027, 2.7764], abs=1e-4)
     interval = mean_interval([0.30, 0.32, 0.34])  # s = 0.02: half-width 4.3027 * 0.02 / sqrt(3)
@@ -271,13 +304,15 @@ def test_welchs_mark_on_made_up_numbers():
     assert cell({"gain": gain, "gain_p": apart}, "gain", "interval") == "+20.0 [+10.0, +30.0] *"
     assert cell({"gain": gain, "gain_p": overlapping}, "gain", "interval") == "+20.0 [+10.0, +30.0]"
     assert cell({"gain": None}, "gain", "interval") == "-"
-    assert fit_cells({"fit": {"A": 0.7, "B": 1.8, "C_mid": 150.0, "rms": 0.0123}}) == [
-        "0.700",
-        "1.80",
-        "150",
-        "0.0123",
-    ]
-    assert fit_cells({"fit": None}) == ["-"] * 4
+    asymptote = {"mean": 0.7, "low": 0.65, "high": 0.75}
+    assert fit_cells(
+        {
+            "fit": {"A": 0.7, "B": 1.8, "C_mid": 150.0, "rms": 0.0123},
+            "asymptote": asymptote,
+            "asymptote_p": apart,
+        }
+    ) == ["0.700", "1.80", "150", "0.0123", "0.700 [0.650, 0.750] *"]
+    assert fit_cells({"fit": None}) == ["-"] * 5
 
 
 def test_variants_from_a_file_and_the_command_line(tmp_path):

@@ -14,7 +14,7 @@ import io
 import os
 
 from ..files import replaced_whole
-from .table import COLUMNS, CURVES, cell, fit_cells
+from .table import COLUMNS, CURVES, FIT_HEADERS, cell, fit_cells
 
 
 def band(runs: dict[str, dict], curve: str) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -107,8 +107,8 @@ def render_html(found: dict, png: bytes | None) -> str:
             f"<table><tr><th>variant</th>{header}</tr>{rows}</table>",
             f"<p>Intervals: {e(found['intervals'])}. Mark: {e(found['mark'])}.</p>",
             "<h2>ScaleRL's fit: R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)</h2>",
-            "<table><tr><th>variant</th><th>A (asymptote)</th><th>B (efficiency)</th><th>C_mid (steps)</th>"
-            f"<th>fit RMS</th></tr>{fits}</table>",
+            "<table><tr><th>variant</th>" + "".join(f"<th>{e(h)}</th>" for h in FIT_HEADERS),
+            f"</tr>{fits}</table>",
             f"<h2>Curves (mean over seeds, band from lowest to highest)</h2>{picture}",
             f"<h2>Each variant's flags</h2><table>{flags}</table>",
             f"<h2>Runs that failed or have not run</h2><ul>{failed}</ul>" if failed else "",

@@ -1,8 +1,9 @@
 """The comparison's third stage: the numbers. In: the output directory a `Comparison` filled (each run's
 summary.json, metrics.jsonl, check.json or failed.json, and the start model's check). Out: per run its
 numbers and curves, per variant the mean over its seeds with 95% intervals (Student's t over the seeds),
-ScaleRL's sigmoid fit of its mean held-out curve, and a mark where its gain differs from the baseline's by
-Welch's t-test at 5%; as results.json and table.md. It reads files, and starts nothing.
+ScaleRL's sigmoid fit of its mean held-out curve and each seed's asymptote, and a mark where its gain or
+asymptote differs from the baseline's by Welch's t-test at 5%; as results.json and table.md. It reads
+files, and starts nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def read_run(folder: str, start_checks: dict[str, float]) -> dict:
     held_out = [(line["step"], line["eval/accuracy"]) for line in lines if "eval/accuracy" in line]
     start = summary["initial_accuracy"]
     reached = [step for step, accuracy in held_out if accuracy - start >= TARGET_GAIN - 1e-9]
+    own_fit = fit_sigmoid([step for step, _ in held_out], [accuracy for _, accuracy in held_out], start)
     return {
         "gain": summary["gain"],
         "check_gain": _check_gain(folder, summary["args"], start_checks),
@@ -55,6 +57,7 @@ def read_run(folder: str, start_checks: dict[str, float]) -> dict:
         "clipped_share": _mean([line.get("clip/region_frac") for line in steps]),
         "zero_variance_share": _mean([line.get("groups/zero_variance_frac") for line in steps]),
         "initial_accuracy": start,
+        "asymptote": own_fit.A if own_fit else None,  # ScaleRL's A of this seed's curve alone
         "curves": {
             name: [[line["step"], line[key]] for line in lines if key in line] for key, name in CURVES.items()
         },
@@ -104,7 +107,7 @@ def results(out: str, plan: Plan, baseline: str) -> dict:
     if baseline in rows:
         for name, row in rows.items():
             if name != baseline:
-                for key in ("gain", "check_gain"):
+                for key in ("gain", "check_gain", "asymptote"):
                     row[f"{key}_p"] = welch_p(_values(runs[name], key), _values(runs[baseline], key))
     return {
         "plan": plan.record(),
@@ -121,8 +124,8 @@ def _values(seeds: dict[str, dict], key: str) -> list[float]:
 
 
 def variant_row(seeds: dict[str, dict]) -> dict:
-    """A variant's row over its finished seeds: intervals for the gains, means for the rest; the fit of its
-    mean held-out curve; the failed seeds with their error lines."""
+    """A variant's row over its finished seeds: intervals for the gains and the seeds' asymptotes, means for
+    the rest; the fit of its mean held-out curve; the failed seeds with their error lines."""
     finished = {seed: run for seed, run in seeds.items() if "failed" not in run}
     row = {
         "seeds": len(finished),
@@ -130,7 +133,7 @@ def variant_row(seeds: dict[str, dict]) -> dict:
     }
     if not finished:
         return row
-    for key in ("gain", "check_gain"):
+    for key in ("gain", "check_gain", "asymptote"):
         values = _values(finished, key)
         row[key] = _interval(mean_interval(values)) if values else None
     for key in (
@@ -188,12 +191,16 @@ COLUMNS = [  # (header, the row's key, format)
 
 
 FIT_FORMATS = (("A", "{:.3f}"), ("B", "{:.2f}"), ("C_mid", "{:.0f}"), ("rms", "{:.4f}"))
+FIT_HEADERS = ("A (asymptote)", "B (efficiency)", "C_mid (steps)", "fit RMS", "A of each seed (95% CI)")
 
 
 def fit_cells(row: dict) -> list[str]:
-    """The fit's A, B, C_mid and RMS as the table shows them; "-" for no fit (fewer than 3 evaluations)."""
+    """The fit's A, B, C_mid and RMS as the table shows them ("-" for no fit: fewer than 3 evaluations),
+    then the interval of the seeds' own asymptotes with its mark."""
     fit = row.get("fit")
-    return [form.format(fit[key]) if fit else "-" for key, form in FIT_FORMATS]
+    return [form.format(fit[key]) if fit else "-" for key, form in FIT_FORMATS] + [
+        cell(row, "asymptote", "level")
+    ]
 
 
 def cell(row: dict, key: str, form: str) -> str:
@@ -201,9 +208,11 @@ def cell(row: dict, key: str, form: str) -> str:
     value = row.get(key)
     if value is None:
         return "-"
-    if form != "interval":
+    if form not in ("interval", "level"):
         return form.format(value)
     mark = " *" if (row.get(f"{key}_p") is not None and row[f"{key}_p"] < SIZE) else ""
+    if form == "level":  # an accuracy, not a gain in points
+        return f"{value['mean']:.3f} [{value['low']:.3f}, {value['high']:.3f}]{mark}"
     return f"{100 * value['mean']:+.1f} [{100 * value['low']:+.1f}, {100 * value['high']:+.1f}]{mark}"
 
 
@@ -217,8 +226,8 @@ def markdown(found: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cell(row, key, form) for _, key, form in COLUMNS) + " |")
     lines += [
         "",
-        "| variant | A (asymptote) | B (efficiency) | C_mid (steps) | fit RMS |",
-        "|---|---:|---:|---:|---:|",
+        "| variant | " + " | ".join(FIT_HEADERS) + " |",
+        "|---|" + "---:|" * len(FIT_HEADERS),
     ]
     for name, row in found["rows"].items():
         lines.append(f"| {name} | " + " | ".join(fit_cells(row)) + " |")
@@ -231,7 +240,8 @@ def markdown(found: dict) -> str:
         "",
         f"Intervals: {found['intervals']}. Mark: {found['mark']}.",
         "ScaleRL's fit: R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) of the seeds' mean held-out accuracy "
-        "against steps, R0 the accuracy at step 0.",
+        "against steps, R0 the accuracy at step 0; beside it, A fitted to each seed's curve alone, its "
+        "interval and mark as above.",
     ]
     if failed:
         lines += ["", "Runs that failed or have not run:", *failed]
