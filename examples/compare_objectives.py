@@ -1,9 +1,11 @@
-"""The objectives compared: named variants x seeds of the default job on one budget, then one table and page.
+r"""The objectives compared: named variants x seeds of the default job on one budget, then one table and page.
 
     python examples/compare_objectives.py --quick                  # the default list, seeds 0-2, <= 30 min
     python examples/compare_objectives.py                          # the full budget: 600 steps, unattended
     python examples/compare_objectives.py --only grpo,dr_grpo,dapo,rloo,reinforce --seeds 0,1,2
-    python examples/compare_objectives.py --only grpo,dapo --flags "--data countdown" --output runs/countdown
+    # DAPO without and with dynamic sampling on Countdown, as arXiv 2512.07611 ran it:
+    python examples/compare_objectives.py --only dapo_overlong,dapo \
+        --flags "--model models/minigrpo-tiny-countdown"
     python examples/compare_objectives.py --variant mine="--beta 0.01 --loss_type dapo" --only grpo,mine
 
 Each run is `python examples/train_math.py --output_dir OUT/<variant>/seed-<s> --seed s` with the budget's
@@ -55,7 +57,7 @@ def parse_args() -> argparse.Namespace:
     add("--variant", action="append", default=[], help='NAME="--flag value ...": a variant of your own')
     add("--variants", help="JSON or YAML file of variant name -> its flags (text or a list of words)")
     add("--seeds", default="0,1,2", help="comma-separated seeds of every variant")
-    add("--flags", default="", help="train_math.py flags of every run, e.g. '--data countdown'")
+    add("--flags", default="", help="train_math.py flags of every run, e.g. '--num_iterations 2'")
     add("--quick", action="store_true", help=f"the quick budget {QUICK}, not the full {FULL}")
     for name in FULL:
         add(f"--{name}", type=int, help=f"overrides the budget's {name}")

@@ -64,7 +64,9 @@ class Plan:
     variants: tuple[Variant, ...]
     seeds: tuple[int, ...]
     budget: Budget
-    common: tuple[str, ...] = ()  # flags every run gets before its variant's (--data countdown, ...)
+    common: tuple[
+        str, ...
+    ] = ()  # flags every run gets before its variant's (--model models/minigrpo-tiny-countdown, ...)
 
     def record(self) -> dict:
         """The plan as OUT/comparison.json keeps it: a second comparison into OUT must have the same."""
