@@ -43,18 +43,24 @@ def curves_png(found: dict) -> bytes | None:
     except ImportError:
         return None
     names = list(CURVES.values())
-    figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6))
+    # one look per variant: ten colours, then the same colours dashed, then dotted
+    looks = {
+        variant: dict(color=plt.cm.tab10(i % 10), linestyle=("-", "--", ":")[i // 10 % 3])
+        for i, variant in enumerate(found["runs"])
+    }
+    figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names) + 2.5, 3.6))
     for ax, curve in zip(axes, names):
         for variant, runs in found["runs"].items():
             steps, mean, low, high = band(runs, curve)
             if steps:
-                (line,) = ax.plot(steps, mean, label=variant, linewidth=1.2)
-                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+                ax.plot(steps, mean, label=variant, linewidth=1.2, **looks[variant])
+                ax.fill_between(steps, low, high, color=looks[variant]["color"], alpha=0.12, linewidth=0)
         ax.set_title(curve)
         ax.set_xlabel("step")
-    if axes[0].get_legend_handles_labels()[0]:  # no finished run, no line
-        axes[0].legend(fontsize=6, ncol=2)
-    figure.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:  # no finished run, no line
+        figure.legend(handles, labels, loc="center right", fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1 - 1.8 / (4.5 * len(names) + 1.8), 1))
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
