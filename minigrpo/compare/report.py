@@ -48,7 +48,7 @@ def curves_png(found: dict) -> bytes | None:
         variant: dict(color=plt.cm.tab10(i % 10), linestyle=("-", "--", ":")[i // 10 % 3])
         for i, variant in enumerate(found["runs"])
     }
-    figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names) + 2.5, 3.6))
+    figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names) + 1.8, 3.6))
     for ax, curve in zip(axes, names):
         for variant, runs in found["runs"].items():
             steps, mean, low, high = band(runs, curve)
