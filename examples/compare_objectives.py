@@ -42,8 +42,8 @@ from minigrpo.compare import (
 )
 from minigrpo.flags import OneLineErrors, from_args
 
-# The full budget is the default run's; the quick one finishes the default list x 3 seeds in about 30
-# minutes on 2 cores (benchmarks/README.md says from what it was estimated). --steps, --eval_every,
+# The full budget is the default run's; the quick one finishes the default list x 3 seeds within 30
+# minutes on 2 cores (benchmarks/README.md has the run). --steps, --eval_every,
 # --eval_count and --check_count override either.
 FULL = dict(steps=600, eval_every=50, eval_count=200, check_count=500)
 QUICK = dict(steps=50, eval_every=10, eval_count=200, check_count=200)
