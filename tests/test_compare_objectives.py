@@ -251,6 +251,9 @@ def test_the_fit_recovers_known_curves():
     assert (
         fit_sigmoid([0, 10, 20], [0.3, 0.4, 0.5], 0.3) is None
     )  # two points past step 0: A, B, C_mid unknown
+    # a curve still climbing at step 600, 0.375 -> 0.61, whose own sigmoid tends to 1.4: A is held at 1
+    climbing = fit_sigmoid(steps, sigmoid(steps, 1.4, 1.0, 2000.0, 0.375), 0.375)
+    assert climbing.A == 1.0 and climbing.rms < 0.005
 
 
 def fake_run(folder, asymptote: float, start: float = 0.375) -> None:

@@ -5,9 +5,10 @@
 
 fitted by least squares: its asymptote A (where the run would end), its efficiency B (how steeply it gets
 there), its midpoint C_mid (the steps to half the gain), and the fit's RMS error. R0 is the accuracy at
-step 0, held fixed as ScaleRL holds it. Departure: ScaleRL fits against GPU-hours; this fits against steps
-(every run of a comparison has the same batch). A grid over (B, C_mid) with A in closed form starts
-Levenberg-Marquardt, in numpy (no scipy). It knows numbers, not runs.
+step 0, held fixed as ScaleRL holds it, and A at most 1: a curve still climbing at its last step would
+otherwise extrapolate to an accuracy above 100%. Departure: ScaleRL fits against GPU-hours; this fits
+against steps (every run of a comparison has the same batch). A grid over (B, C_mid) with A in closed
+form starts Levenberg-Marquardt, in numpy (no scipy). It knows numbers, not runs.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def fit_sigmoid(steps, accuracy, R0: float) -> SigmoidFit | None:
     if len(C) < 3:
         return None
     bounds = np.log([C.min() / 10, C.max() * 10])  # C_mid's range: beyond it A is not told apart
-    theta = _grid_start(C, R - R0, bounds)
-    theta = _levenberg_marquardt(C, R - R0, theta, bounds)
+    ceiling = 1.0 - R0  # A - R0 at most: A is an accuracy
+    theta = _grid_start(C, R - R0, bounds, ceiling)
+    theta = _levenberg_marquardt(C, R - R0, theta, bounds, ceiling)
     A_gain, log_B, log_mid = theta
     residuals = R0 + A_gain * _share(C, log_B, log_mid) - R
     return SigmoidFit(
@@ -61,22 +63,23 @@ def _share(C: np.ndarray, log_B: float, log_mid: float) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(np.exp(log_B) * (log_mid - np.log(C))))
 
 
-def _grid_start(C: np.ndarray, gain: np.ndarray, bounds) -> np.ndarray:
-    """(A - R0, log B, log C_mid) of the best point of a grid, A - R0 in closed form for each (B, C_mid)."""
+def _grid_start(C: np.ndarray, gain: np.ndarray, bounds, ceiling: float) -> np.ndarray:
+    """(A - R0, log B, log C_mid) of the best point of a grid, A - R0 in closed form for each (B, C_mid)
+    (the least-squares value, or the ceiling where that lies above it: the error is a parabola in it)."""
     best, start = np.inf, None
     for log_B in np.linspace(np.log(0.2), np.log(10.0), 40):
         for log_mid in np.linspace(bounds[0], bounds[1], 60):
             s = _share(C, log_B, log_mid)
-            A_gain = float(s @ gain / (s @ s))
+            A_gain = min(float(s @ gain / (s @ s)), ceiling)
             error = float(np.sum((A_gain * s - gain) ** 2))
             if error < best:
                 best, start = error, np.array([A_gain, log_B, log_mid])
     return start
 
 
-def _levenberg_marquardt(C, gain, theta, bounds, iterations: int = 200) -> np.ndarray:
+def _levenberg_marquardt(C, gain, theta, bounds, ceiling: float, iterations: int = 200) -> np.ndarray:
     """Refine (A - R0, log B, log C_mid) by damped Gauss-Newton steps on the analytic Jacobian; C_mid stays
-    inside `bounds`."""
+    inside `bounds`, A - R0 at most `ceiling`."""
     damping = 1e-3
 
     def error(t) -> float:
@@ -94,6 +97,7 @@ def _levenberg_marquardt(C, gain, theta, bounds, iterations: int = 200) -> np.nd
         normal = jacobian.T @ jacobian
         step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -jacobian.T @ residual)
         trial = theta + step
+        trial[0] = min(trial[0], ceiling)
         trial[2] = np.clip(trial[2], *bounds)
         trial_error = error(trial)
         if trial_error < current:
