@@ -18,9 +18,8 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # a variant's name is its f
 @dataclass(frozen=True)
 class Variant:
     name: str  # its folder under the output directory, and its row in the table
-    flags: tuple[
-        str, ...
-    ]  # train_math.py flags it sets on top of the default job ("--loss_type", "dapo", ...)
+    # train_math.py flags it sets on top of the default job ("--loss_type", "dapo", ...)
+    flags: tuple[str, ...]
 
     @property
     def command_text(self) -> str:
