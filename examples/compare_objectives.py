@@ -26,11 +26,11 @@ import train_math  # the trainer's own parser checks every variant's flags
 
 from minigrpo import GRPOConfig, TrainConfig
 from minigrpo.compare import (
-    BASELINE,
     DEFAULT_VARIANTS,
     Budget,
     Comparison,
     Plan,
+    baseline_of,
     check_variants,
     choose,
     claim,
@@ -123,7 +123,7 @@ def main() -> None:
         Comparison(plan, out, jobs=args.jobs, threads=threads).run()
     except (ValueError, OSError) as error:
         sys.exit(f"compare_objectives.py: {error}")
-    found = results(out, plan, BASELINE)
+    found = results(out, plan, baseline_of(list(plan.variants)))
     write_results(out, found)
     drawn = write_report(out, found)
     print(open(os.path.join(out, "table.md"), encoding="utf-8").read())

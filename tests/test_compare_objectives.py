@@ -21,6 +21,7 @@ from minigrpo.compare import (
     Comparison,
     Plan,
     Variant,
+    baseline_of,
     choose,
     fit_sigmoid,
     mean_interval,
@@ -254,6 +255,8 @@ def test_the_fit_recovers_known_curves():
     # a curve still climbing at step 600, 0.375 -> 0.61, whose own sigmoid tends to 1.4: A is held at 1
     climbing = fit_sigmoid(steps, sigmoid(steps, 1.4, 1.0, 2000.0, 0.375), 0.375)
     assert climbing.A == 1.0 and climbing.rms < 0.005
+    flat = fit_sigmoid(steps, [0.375] + [0.39, 0.392] * 12, 0.375)  # up at once, then flat: B held at 20
+    assert flat.B == pytest.approx(20.0) and flat.A == pytest.approx(0.391, abs=1e-3)
 
 
 def fake_run(folder, asymptote: float, start: float = 0.375) -> None:
@@ -330,6 +333,8 @@ def test_variants_from_a_file_and_the_command_line(tmp_path):
     )
     assert [v.name for v in choose([], [Variant("mine", ())])][-2:] == ["adaptive_entropy", "mine"]
     assert choose(["rloo", "grpo"], []) == [DEFAULT_VARIANTS[8], DEFAULT_VARIANTS[0]]
+    assert baseline_of(choose(["rloo", "grpo"], [])) == "grpo"  # the marks are against GRPO where it runs
+    assert baseline_of(choose(["dapo_overlong", "dapo"], [])) == "dapo_overlong"  # else the first
     bad = [
         (lambda: parse_variant("--beta 0.01"), 'must be NAME="--flag value ..."'),
         (lambda: parse_variant("a/b=--beta 1"), "the name 'a/b' must be letters, digits and _.+-"),

@@ -6,7 +6,8 @@
 fitted by least squares: its asymptote A (where the run would end), its efficiency B (how steeply it gets
 there), its midpoint C_mid (the steps to half the gain), and the fit's RMS error. R0 is the accuracy at
 step 0, held fixed as ScaleRL holds it, and A at most 1: a curve still climbing at its last step would
-otherwise extrapolate to an accuracy above 100%. Departure: ScaleRL fits against GPU-hours; this fits
+otherwise extrapolate to an accuracy above 100%. B is held in [0.1, 20]: a flat curve is fitted as well
+by any midpoint and an ever steeper step there. Departure: ScaleRL fits against GPU-hours; this fits
 against steps (every run of a comparison has the same batch). A grid over (B, C_mid) with A in closed
 form starts Levenberg-Marquardt, in numpy (no scipy). It knows numbers, not runs.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+STEEPNESS = (float(np.log(0.1)), float(np.log(20.0)))  # log B's range
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ def _levenberg_marquardt(C, gain, theta, bounds, ceiling: float, iterations: int
         step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -jacobian.T @ residual)
         trial = theta + step
         trial[0] = min(trial[0], ceiling)
+        trial[1] = np.clip(trial[1], *STEEPNESS)
         trial[2] = np.clip(trial[2], *bounds)
         trial_error = error(trial)
         if trial_error < current:

@@ -69,6 +69,12 @@ DEFAULT_VARIANTS = (
 BASELINE = "grpo"
 
 
+def baseline_of(variants: list[Variant]) -> str:
+    """The row every other is marked against: GRPO where the list has it, else the list's first variant."""
+    names = [variant.name for variant in variants]
+    return BASELINE if BASELINE in names else names[0]
+
+
 def parse_variant(text: str) -> Variant:
     """`NAME="--flag value ..."` (the quotes as a shell leaves them: NAME=--flag value ...) as a Variant; a
     ValueError says what is wrong."""
