@@ -3,6 +3,7 @@
     python examples/pretrain_tiny.py --output runs/tiny-arith
     python examples/pretrain_tiny.py --overwrite                  # replaces models/minigrpo-tiny-arith
     python examples/pretrain_tiny.py --kind calc --overwrite      # replaces models/minigrpo-tiny-calc
+    python examples/pretrain_tiny.py --kind countdown --overwrite # replaces models/minigrpo-tiny-countdown
 
 Supervised warm-up on generated worked solutions ("23*6=138;47+138=185;####185"), stopped early
 on purpose: GRPO needs a start that is right sometimes (20-50% greedy on held-out problems) and
@@ -16,6 +17,11 @@ the markers one token each). The loss skips the calculator's answers, which the 
 as GRPO's does. The model starts as an unreliable tool user that mostly computes in its head; its
 directory records its task (data kind, template, tools and their format, completion length) in
 tokenizer_config.json's "minigrpo_task", which train_math.py and eval_math.py take as defaults.
+
+--kind countdown: reach a target with + - * and each of three numbers once ("13,12,7->8"), the worked
+solution the expression that made the problem. Many answers are right, so held-out accuracy is the
+Countdown check's (verifier/countdown.py), not the answer's value. It records its task as the calc model
+does; it gives the comparison of objectives the task arXiv 2512.07611 ran dynamic sampling on.
 
 The output is written whole or not at all (save_pretrained), with pretrain.json, the run's record. It is a
 new or an empty directory, or, with --overwrite, a checkpoint (a model's files and pretrain.json, nothing
@@ -42,17 +48,22 @@ from minigrpo.rollout import Rollout, collate
 from minigrpo.run import evaluate
 from minigrpo.tasks import generate_problems, template
 from minigrpo.update import token_logprobs
+from minigrpo.verifier import RewardSpec
 
 # The embedded defaults, found from this file: the default runs work offline from any directory.
 MODELS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
-# per kind: its directory, its warm-up's length (an upper bound, and the held-out greedy accuracy that
+# per kind: its directory, how many worked solutions it learns from (countdown at difficulty 1 has under
+# 14,000 distinct train problems), its warm-up's length (an upper bound, and the held-out greedy accuracy that
 # stops it earlier), and the task it records there: option values train_math.py and eval_math.py take
 # as defaults (eval_math.py those of its own options). The calc model's greedy accuracy stays near 0
 # (its greedy completions compute the product in the head), so its warm-up stops on steps alone.
 KINDS = {
-    "arithmetic": dict(directory="minigrpo-tiny-arith", max_steps=600, stop_accuracy=0.30, task=None),
+    "arithmetic": dict(
+        directory="minigrpo-tiny-arith", train_problems=20_000, max_steps=600, stop_accuracy=0.30, task=None
+    ),
     "calc": dict(
         directory="minigrpo-tiny-calc",
+        train_problems=20_000,
         max_steps=200,
         stop_accuracy=1.0,
         task={
@@ -64,6 +75,13 @@ KINDS = {
             "max_completion_length": 64,
             "max_steps": 100,
         },
+    ),
+    "countdown": dict(
+        directory="minigrpo-tiny-countdown",
+        train_problems=10_000,
+        max_steps=600,
+        stop_accuracy=0.30,
+        task={"data": "countdown", "difficulty": 1, "template": "tiny", "max_completion_length": 40},
     ),
 }
 CALC_MARKERS = ["<calc>", "</calc>", "<out>", "</out>"]  # tools.py's compact format, one token each
@@ -127,11 +145,14 @@ EOS = "<|endoftext|>"
 TEMPLATE = template("tiny")
 
 # 1. Data: worked solutions to train on, held-out problems to decide when to stop.
-train = generate_problems(args.kind, 20_000, "train", seed=args.seed)
+train = generate_problems(args.kind, kind["train_problems"], "train", seed=args.seed)
 held_out = generate_problems(args.kind, args.eval_count, "test", seed=args.seed)
 texts = [TEMPLATE.render(p.question) + p.solution for p in train]
-markers = CALC_MARKERS if task else []
-tools = dict(tools=["calculator"], tool_format="calc") if task else {}
+calculator = bool(task and task.get("tools"))
+markers = CALC_MARKERS if calculator else []
+# the held-out evaluations' settings: the tool, and the check where many answers are right
+evaluation = dict(tools=["calculator"], tool_format="calc") if calculator else {}
+evaluation["rewards"] = [RewardSpec("countdown")] if args.kind == "countdown" else None
 max_new_tokens = task["max_completion_length"] if task else 40
 
 # 2. Tokenizer: byte-level BPE over this text, each digit its own token.
@@ -214,7 +235,7 @@ for step in range(1, args.max_steps + 1):
     if step % args.eval_every == 0:
         model.eval()
         accuracy = evaluate(
-            model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens, **tools
+            model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens, **evaluation
         ).pass_at_1
         print(
             f"step {step}: loss {loss.item():.3f}, held-out greedy accuracy {accuracy:.3f} "
@@ -234,15 +255,15 @@ sampled = evaluate(
     temperature=1.0,
     max_new_tokens=max_new_tokens,
     ks=(1, 8),
-    **tools,
+    **evaluation,
 )
-greedy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens, **tools)
+greedy = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens, **evaluation)
 print(
     f"stopped at step {step}: greedy {accuracy:.3f}, "
     f"sampled pass@1 {sampled.pass_at_1:.3f}, pass@8 {sampled.pass_at_k[8]:.3f}"
 )
 with_tools = {}
-if task:  # how much it leans on the calculator: calls per completion, and accuracy with the tool off
+if calculator:  # how much it leans on the calculator: calls per completion, and accuracy with the tool off
     without = evaluate(model, tokenizer, held_out, TEMPLATE, max_new_tokens=max_new_tokens).pass_at_1
     with_tools = {
         "tool_calls_per_completion": greedy.tool_calls_per_completion,

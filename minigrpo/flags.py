@@ -7,6 +7,7 @@ argparse and the dataclasses' source, not what a setting does.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import io
 import sys
@@ -90,8 +91,11 @@ def add_fields(
     return actions
 
 
+@functools.cache
 def field_comments(config_class) -> dict[str, str]:
-    """Each field's trailing comment in the class's source, by name: the help of its flag."""
+    """Each field's trailing comment in the class's source, by name: the help of its flag. Cached: reading
+    a class's source parses its whole module, and a process builds its parser more than once (a comparison
+    checks every variant's flags with train_math.py's own parser)."""
     comments = {}
     first_name = {}  # first_name: source row -> the first name on it
     for token in tokenize.generate_tokens(io.StringIO(inspect.getsource(config_class)).readline):

@@ -1,5 +1,6 @@
 """Smoke tests of examples/sample.py and examples/eval_math.py, run as scripts on a tiny checkpoint, and
-of examples/pretrain_tiny.py --kind calc for one step, with --overwrite over an earlier checkpoint.
+of examples/pretrain_tiny.py --kind calc for one step, with --overwrite over an earlier checkpoint, and
+--kind countdown for one step.
 
 Every run of this file is made by one fixture, each forked in turn from conftest's examples_server
 (which has paid the imports), and the tests read the finished runs.
@@ -32,6 +33,11 @@ RUNS = {
         "pretrain_tiny.py",
         "--kind calc --max_steps 1 --eval_every 1 --batch_size 4 --eval_count 1 "
         "--output {tmp}/calc --overwrite",
+    ),
+    "pretrain_countdown": (
+        "pretrain_tiny.py",
+        "--kind countdown --max_steps 1 --eval_every 1 --batch_size 4 --eval_count 1 "
+        "--output {tmp}/countdown",
     ),
     # no --model, typed in another directory than the repository's
     "embedded": ("sample.py", "--prompt 12+30 --num_samples 1 --max_new_tokens 8"),
@@ -139,3 +145,18 @@ def test_pretrain_tiny_makes_a_calc_model_that_records_its_task(runs, tmp):
     assert (task["data"], task["tools"], task["tool_format"]) == ("calc", "calculator", "calc")
     record = json.load(open(tmp / "calc" / "pretrain.json"))
     assert record["steps"] == 1 and {"tool_calls_per_completion", "greedy_accuracy_tools_off"} <= set(record)
+
+
+def test_pretrain_tiny_makes_a_countdown_model_that_records_its_task(runs, tmp):
+    """One warm-up step of the countdown model: a tokenizer that keeps the prompts' commas and arrow, no
+    calculator markers, the task recorded for train_math.py and eval_math.py, and no tool figures."""
+    out = runs["pretrain_countdown"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    _, tokenizer = minigrpo.load_pretrained(str(tmp / "countdown"))
+    assert tokenizer.decode(tokenizer.encode("13,12,7->8\n")) == "13,12,7->8\n"
+    assert tokenizer.decode(tokenizer.encode("<calc>")) != "<calc>"  # no marker, nor its letters
+    task = read_task(str(tmp / "countdown"))
+    assert task == {"data": "countdown", "difficulty": 1, "template": "tiny", "max_completion_length": 40}
+    record = json.load(open(tmp / "countdown" / "pretrain.json"))
+    assert record["steps"] == 1 and "tool_calls_per_completion" not in record
+    assert "calculator" not in out.stdout

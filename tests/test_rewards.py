@@ -96,6 +96,28 @@ def test_the_trainers_reward_stats_carry_the_timeout_frac():
     assert stats["reward/timeout_frac"] == 0.25 and stats["reward/accuracy/mean"] == 0.5
 
 
+def test_the_trainers_reward_stats_carry_the_lengths_of_right_and_of_wrong_completions():
+    """Right is the first reward above 0.5 (the held-out evaluation's rule), whatever the other rewards add;
+    a side with no completion is left out."""
+    from minigrpo.rollout import Rollout
+    from minigrpo.run import reward_stats
+
+    def rollout(length: int, accuracy: float, format_reward: float) -> Rollout:
+        rewards = {"accuracy": accuracy, "format": format_reward}
+        return Rollout([1], [2] * length, "stop", rewards=rewards, reward=accuracy + format_reward)
+
+    stats = reward_stats(
+        [rollout(3, 1.0, 0.0), rollout(5, 1.0, 1.0), rollout(10, 0.0, 1.0), rollout(7, 0.5, 1.0)]
+    )
+    assert stats["completion/length_right_mean"] == 4.0
+    assert stats["completion/length_wrong_mean"] == 8.5
+    assert stats["completion/length_mean"] == 6.25  # both sides, as before
+    all_wrong = reward_stats([rollout(4, 0.0, 1.0), rollout(6, 0.0, 0.0)])
+    assert (
+        "completion/length_right_mean" not in all_wrong and all_wrong["completion/length_wrong_mean"] == 5.0
+    )
+
+
 def test_code_reward_through_the_registry():
     completion = "```python\ndef add(a, b):\n    return a + b\n```"
     tests = [["assert add(1, 2) == 3", "assert add(2, 2) == 5"]]

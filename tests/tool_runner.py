@@ -23,6 +23,14 @@ import tokenizers  # noqa: F401  (what the tools import: pretrain_tiny trains a 
 import torch._dynamo  # noqa: F401  (the first model a process builds imports it: 0.5 s)
 
 import minigrpo.run  # noqa: F401  (the trainer, evaluation, trace and plots: the folder's door imports them)
+from minigrpo import GRPOConfig, TrainConfig
+from minigrpo.flags import field_comments
+
+for config_class in (
+    GRPOConfig,
+    TrainConfig,
+):  # train_math.py's flags' help, read from source once, not per fork
+    field_comments(config_class)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 PARALLEL = 4  # cases running at once

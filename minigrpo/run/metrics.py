@@ -234,4 +234,21 @@ def reward_stats(rollouts: list[Rollout]) -> dict[str, float]:
         components[name] = [r.rewards[name] for r in rollouts]
     timed_out = [r.timed_out for r in rollouts]
     rewards = Rewards([r.reward for r in rollouts], components, timed_out)
-    return {**rewards.stats(), **completion_stats(rollouts)}
+    return {**rewards.stats(), **completion_stats(rollouts), **right_and_wrong_lengths(rollouts)}
+
+
+def right_and_wrong_lengths(rollouts: list[Rollout]) -> dict[str, float]:
+    """The mean length of the right and of the wrong completions (Dr. GRPO's measure: GRPO's 1/|o| lets wrong
+    answers grow). Right is the first reward (the task's: accuracy, countdown) above 0.5, as the held-out
+    evaluation counts it; a side with no completion in the batch is left out, as is a run with no reward."""
+    if not rollouts[0].rewards:
+        return {}
+    task_reward = next(iter(rollouts[0].rewards))
+    right = [len(r.completion_ids) for r in rollouts if r.rewards[task_reward] > 0.5]
+    wrong = [len(r.completion_ids) for r in rollouts if r.rewards[task_reward] <= 0.5]
+    out = {}
+    if right:
+        out["completion/length_right_mean"] = sum(right) / len(right)
+    if wrong:
+        out["completion/length_wrong_mean"] = sum(wrong) / len(wrong)
+    return out
