@@ -90,7 +90,10 @@ def main(job: dict) -> None:
         if run.get("disagree"):  # each rank asks for another learning rate
             train["learning_rate"] *= 1 + int(os.environ.get("RANK", "0"))
         task = Task(ROWS, [RewardSpec("test_length")])
-        built = build_run(job["checkpoint"], task, GRPOConfig(**run["grpo"]), TrainConfig(**train))
+        grpo = dict(run["grpo"])
+        if grpo.get("teacher_model") == "TEACHER":  # test_distributed.py's teacher, made beside the policy
+            grpo["teacher_model"] = os.environ["MINIGRPO_TEST_TEACHER"]
+        built = build_run(job["checkpoint"], task, GRPOConfig(**grpo), TrainConfig(**train))
         trainer = built.trainer
         GRADIENTS.clear()
         built.train()

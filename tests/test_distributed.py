@@ -1,7 +1,7 @@
 """Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
 process and two take the same gradients and train to the same weights (DDP and FSDP2; grpo, dapo
 with global statistics and tool observations, outcome+process advantages, dynamic sampling with
-uneven ranks), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
+uneven ranks, on-policy distillation), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
 and wrong set-ups fail with one clear line.
 Every job imports minigrpo from this checkout, whatever else is installed. The jobs run one after
 another in background_work, beside the suite's other files (conftest's Background)."""
@@ -79,6 +79,21 @@ OBJECTIVES = {
         ),
         dict(batch_size=16, micro_batch_size=3),
     ),
+    # On-policy distillation's full form mixed with the verifier's advantages, under dynamic sampling's
+    # uneven ranks: every rank runs the teacher (distributed_job.py's TEACHER, another tiny policy) on
+    # the whole batch, and a rank short of micro-batches forwards padding that adds no KL.
+    "distill": (
+        dict(
+            num_generations=4,
+            max_completion_length=10,
+            teacher_model="TEACHER",
+            distillation_form="full",
+            distillation_coef=0.5,
+            dynamic_sampling=True,
+            max_sampling_rounds=2,
+        ),
+        dict(batch_size=24, micro_batch_size=3, max_steps=3),
+    ),
 }
 
 
@@ -99,6 +114,10 @@ def background_work(tmp_path_factory) -> dict:
     markers = ("<calc>", "</calc>", "<out>", "</out>")
     policy = str(tmp_path_factory.mktemp("policy"))
     checkpoint = in_a_process("helpers", "tiny_policy", policy, markers, max_position_embeddings=128)
+    teacher = str(tmp_path_factory.mktemp("teacher"))
+    ENV["MINIGRPO_TEST_TEACHER"] = in_a_process(
+        "helpers", "tiny_policy", teacher, markers, seed=1, max_position_embeddings=128
+    )
     layouts = layouts_job(checkpoint, tmp_path_factory)
     return {
         "checkpoint": checkpoint,

@@ -256,13 +256,8 @@ class Trainer:
 
     def _teacher(self):
         """(teacher, sha256 of its weights), loaded and checked against the policy (run/teacher.py), its
-        context checked for the task's prompts. One process only: under torchrun each rank would hold
-        and run the teacher on every rollout; that path is not built yet."""
-        if self.dist.world_size > 1:
-            raise ValueError(
-                "teacher_model (on-policy distillation) runs in one process: under torchrun its forward "
-                "and the full form's hidden states are not yet split over the ranks; run without torchrun"
-            )
+        context checked for the task's prompts. Under torchrun every rank holds the whole teacher, as it
+        holds the whole batch after stage 2 (see Updater.teacher_outputs)."""
         teacher, sha256 = load_teacher(self.grpo, self.config, self.model, self.tokenizer)
         check_prompts(
             self.prompt_ids,

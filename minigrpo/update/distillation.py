@@ -258,6 +258,8 @@ class FullDistillation(NoTeacher):
     def loss(self, loss, stats: dict, outputs: list, mask, num_tokens: int):
         """The micro-batch's loss plus c times its share of the step's mean KL over completion tokens;
         `distill/loss` that share (it adds up over micro-batches, as `loss` does)."""
+        if not outputs:  # the padding rollout of a rank short of micro-batches: weighs nothing, adds nothing
+            return loss, {**stats, "distill/loss": 0.0, "distill/reverse_kl_exact": 0.0}
         (kl,) = outputs  # (B, Tc); mask (B, Tc): 1 on the policy's own tokens
         term = self.coef * (kl * mask).sum() / max(float(num_tokens), 1.0)
         total = loss + term

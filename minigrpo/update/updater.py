@@ -148,7 +148,10 @@ class Updater:
     def teacher_outputs(self, rollouts: list[Rollout]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each rollout's completion under the teacher, in micro-batches as the update's and without
         gradients: its log-probs (Tc,), fp32 on the CPU, and its last hidden states (Tc, H_teacher) on
-        the device. One teacher forward per step, before stage 3 (on-policy distillation)."""
+        the device. One teacher forward per step, before stage 3 (on-policy distillation). Under torchrun
+        every rank holds the teacher and runs it on every rollout, as `reference_logprobs` does: stage 3
+        needs the whole batch's log-probs, and splitting the forward over the ranks would mean gathering
+        the full form's hidden states, (N, Tc, H_teacher) floats, over the network."""
         computed = {}
         with torch.no_grad():
             for part in self.teacher.parts(rollouts, self._micro_batches(rollouts)):
