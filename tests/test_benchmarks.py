@@ -50,6 +50,7 @@ SMALLEST = {
     "bench_update.py": ["--smoke", "--case", "default", "--paths", "full,shared,trl"],
     "bench_trl.py": ["--smoke", "--seeds", "1", "--eval_at", "1"],
     "bench_lora.py": ["--smoke"],
+    "bench_distillation.py": ["--smoke"],
     "count_ops.py": ["--rows", "2", "--steps", "2", "--prompt", "4"],
     "bench_objectives.py": ["--smoke", "--output", "objectives"],
 }
@@ -65,6 +66,7 @@ EXPECTED = {
     "bench_verifier.py": ["| all |", "median ms"],
     "bench_update.py": ["| full | 1 |", "| shared |", "| trl |"],
     "bench_lora.py": ["| lora + reference |", "| lora r16 |"],
+    "bench_distillation.py": ["| none |", "| token |", "| full |", "the whole (B, Tc, V) fp32 logits"],
     "count_ops.py": ["| per layer |", "| outside the layers |"],
     "bench_objectives.py": ["| adaptive_entropy | 1 | 0 | yes |", "adaptive entropy bonus (target 0.2)"],
     "bench_trl.py": ["| minigrpo | 1 |", "| trl | 1 |", "| trl - minigrpo | mean |", "| trl / minigrpo |"],

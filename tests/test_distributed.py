@@ -81,7 +81,8 @@ OBJECTIVES = {
     ),
     # On-policy distillation's full form mixed with the verifier's advantages, under dynamic sampling's
     # uneven ranks: every rank runs the teacher (distributed_job.py's TEACHER, another tiny policy) on
-    # the whole batch, and a rank short of micro-batches forwards padding that adds no KL.
+    # the whole batch, a rank short of micro-batches forwards padding that adds no KL, and the tool
+    # observations' tokens are context, out of the KL.
     "distill": (
         dict(
             num_generations=4,
@@ -91,6 +92,7 @@ OBJECTIVES = {
             distillation_coef=0.5,
             dynamic_sampling=True,
             max_sampling_rounds=2,
+            tools="calculator",
         ),
         dict(batch_size=24, micro_batch_size=3, max_steps=3),
     ),

@@ -108,6 +108,21 @@ def test_micro_run_with_trace_then_resume(examples_server, tmp_path):
     assert json.load(open(os.path.join(out, "initial_eval.json")))["held_out"]["eval_count"] == 4  # untouched
 
 
+def test_the_shipped_teacher_distils_into_the_embedded_default(examples_server, tmp_path):
+    """The README's demo at its smallest: models/minigrpo-tiny-arith-grpo (the default run's last
+    checkpoint) grades the embedded default's tokens, which it shares the tokenizer of."""
+    out = str(tmp_path / "run")
+    teacher = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+    teacher = os.path.join(teacher, "minigrpo-tiny-arith-grpo")
+    _, printed, _ = train_math(
+        examples_server, tmp_path, "--output_dir", out, "--teacher_model", teacher, *MICRO
+    )
+    assert "held-out greedy accuracy:" in printed and f"teacher_model={teacher}" in printed
+    steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert all(s["distill/reverse_kl"] > 0 and s["time/teacher"] > 0 for s in steps[1:])
+    assert json.load(open(os.path.join(out, "summary.json")))["steps"] == 2
+
+
 def test_qwen_path_on_a_math_jsonl_file(examples_server, checkpoint, tmp_path):
     data = tmp_path / "math.jsonl"
     rows = [
