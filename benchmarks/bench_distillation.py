@@ -5,11 +5,12 @@ student's shape, against the same update without one.
     python benchmarks/bench_distillation.py --smoke      # the smallest sizes (the suite runs this)
 
 Each set-up runs in a forked process of its own: the student (Qwen3-0.6B's shape, random weights),
-one prompt of 64 tokens and 8 completions of 128 in one micro-batch, and stage 4 as the trainer runs it
+one prompt of 64 tokens and 8 completions of 256 in one micro-batch, and stage 4 as the trainer runs it
 (update/updater.py's Updater, one AdamW step). With a teacher (another model of the same shape) the
 step first takes the teacher's outputs as the trainer's teacher stage does (Updater.teacher_outputs),
-then the form's advantages (`token`) or the reverse KL in the loss (`full`). "peak" is the process's
-peak resident memory (VmHWM) from just before the teacher's forward to the end of the update; the
+then the form's advantages (`token`) or the reverse KL in the loss (`full`). "The teacher stage's
+growth" is the process's peak resident memory (VmHWM) over that stage less what was resident before
+it; "the step's peak" is the peak from just before the teacher's forward to the end of the update. The
 student, its rollouts and, for the two teacher rows, the teacher's weights are in "resident before".
 
 What the table holds against: the teacher's weights, one (LOGPROB_CHUNK_ROWS, V) fp32 chunk of its
@@ -43,7 +44,7 @@ def sizes(smoke: bool) -> tuple[dict, int, int, int]:
     if smoke:
         shape.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
         return shape, 8, 16, 4
-    return shape, 64, 128, 8
+    return shape, 64, 256, 8
 
 
 def rollouts_of(vocab_size: int, prompt_tokens: int, completion_tokens: int, rows: int) -> list[Rollout]:
@@ -59,6 +60,12 @@ def rollouts_of(vocab_size: int, prompt_tokens: int, completion_tokens: int, row
         rollout.advantage = rng.uniform(-1, 1)
         rollouts.append(rollout)
     return rollouts
+
+
+def reset_peak() -> None:
+    """The peak resident size (VmHWM) from here on (Linux)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def step_memory(form: str, smoke: bool) -> dict:
@@ -78,11 +85,9 @@ def step_memory(form: str, smoke: bool) -> dict:
     distillation = distillation_for(grpo, teacher)
     rollouts = rollouts_of(shape["vocab_size"], prompt_tokens, completion_tokens, rows)
     dist = distributed.current(model.device)
-    updater = Updater(
-        model, None, grpo, config, dist, padding_rollout(rollouts[0].prompt_ids[0], 0), 0, teacher, distillation
-    )
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the peak from here on
+    padding = padding_rollout(rollouts[0].prompt_ids[0], 0)
+    updater = Updater(model, None, grpo, config, dist, padding, 0, teacher, distillation)
+    reset_peak()
     before = resident()[0]
     if teacher is not None:  # the trainer's teacher stage, then stage 3's mix (run/trainer.py, _teach)
         for r, (logprobs, hidden) in zip(rollouts, updater.teacher_outputs(rollouts)):
@@ -92,11 +97,14 @@ def step_memory(form: str, smoke: bool) -> dict:
         outcome, per_token, _ = distillation.advantages(rollouts, outcome, [None] * rows)
         for r, advantage, tokens in zip(rollouts, outcome, per_token):
             r.advantage, r.token_advantages = advantage, tokens
+    teacher_peak = resident()[1]
+    reset_peak()
     stats = updater(rollouts, step=1)
     parameters = sum(p.numel() for p in model.parameters())
     return {
         "before": before,
-        "peak": resident()[1],
+        "teacher_growth": teacher_peak - before,
+        "peak": max(teacher_peak, resident()[1]),
         "skipped": stats["skipped"],
         "weights": parameters * 4,  # fp32
         "chunk": LOGPROB_CHUNK_ROWS * shape["vocab_size"] * 4,
@@ -123,16 +131,20 @@ def main():
         results[form] = done["result"]
         assert results[form]["skipped"] == 0.0, f"{form}: the update was skipped"
     base = results["none"]
-    print("| teacher | resident before | peak | the step's growth (peak - before) | peak - no teacher's peak |")
-    print("|---|---|---|---|---|")
+    print(
+        "| teacher | resident before | the teacher stage's growth | the step's peak | its growth "
+        "(peak - before) | peak - no teacher's peak |"
+    )
+    print("|---|---|---|---|---|---|")
     for form, r in results.items():
         print(
-            f"| {form} | {r['before'] / GIB:.3f} GiB | {r['peak'] / GIB:.3f} GiB "
-            f"| {(r['peak'] - r['before']) / GIB:.3f} GiB | {(r['peak'] - base['peak']) / GIB:+.3f} GiB |"
+            f"| {form} | {r['before'] / GIB:.3f} GiB | {r['teacher_growth'] / GIB:.3f} GiB "
+            f"| {r['peak'] / GIB:.3f} GiB | {(r['peak'] - r['before']) / GIB:.3f} GiB "
+            f"| {(r['peak'] - base['peak']) / GIB:+.3f} GiB |"
         )
     print(
-        f"\nfor scale: the teacher's weights {base['weights'] / GIB:.3f} GiB; one ({LOGPROB_CHUNK_ROWS}, V) fp32 "
-        f"chunk of logits {base['chunk'] / GIB:.3f} GiB; the full form's kept hidden states (B, Tc, H) "
+        f"\nfor scale: the teacher's weights {base['weights'] / GIB:.3f} GiB; one ({LOGPROB_CHUNK_ROWS}, V) "
+        f"fp32 chunk of logits {base['chunk'] / GIB:.3f} GiB; the full form's kept hidden states (B, Tc, H) "
         f"{base['hidden'] / GIB:.4f} GiB; the whole (B, Tc, V) fp32 logits {base['logits'] / GIB:.3f} GiB"
     )
 

@@ -1,8 +1,8 @@
 """Data-parallel GRPO on CPU with gloo, every job launched through torchrun as a user would: one
 process and two take the same gradients and train to the same weights (DDP and FSDP2; grpo, dapo
 with global statistics and tool observations, outcome+process advantages, dynamic sampling with
-uneven ranks, on-policy distillation), resume under two ranks is exact, examples/train_math.py runs unchanged with --fsdp,
-and wrong set-ups fail with one clear line.
+uneven ranks, on-policy distillation), resume under two ranks is exact, examples/train_math.py runs
+unchanged with --fsdp, and wrong set-ups fail with one clear line.
 Every job imports minigrpo from this checkout, whatever else is installed. The jobs run one after
 another in background_work, beside the suite's other files (conftest's Background)."""
 
