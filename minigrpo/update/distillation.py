@@ -55,6 +55,10 @@ from .logprobs import (
     head_logprobs,
 )
 
+# Rows per chunk of the exact KL: it holds both models' logits of a chunk (and a temporary), so half the
+# rows of the log-probs' chunk keep its buffers near that one chunk's size.
+KL_CHUNK_ROWS = LOGPROB_CHUNK_ROWS // 2
+
 
 # -- the teacher's forward and the policy's, with the exact reverse KL ------------------------------------
 class TeacherForward(torch.nn.Module):
@@ -104,7 +108,7 @@ class DistilledLogprobs(TokenLogprobs):
             teacher_hidden.reshape(B * Tc, -1),
             self.teacher_head,
             1.0 / (temperature or 1.0),
-            LOGPROB_CHUNK_ROWS,
+            KL_CHUNK_ROWS,
         )
         return logprobs.clone(), entropies, kl.view(B, Tc)
 
@@ -130,7 +134,7 @@ class ChunkedReverseKL(torch.autograd.Function):
                 hidden[rows], weight, teacher_hidden[rows], teacher_weight, scale, dtype
             )
             difference = log_q.neg_().add_(log_p)  # (c, V): log p - log q, in log q's buffer
-            kls[rows] = (log_p.exp_() * difference).sum(-1)  # (c,)
+            kls[rows] = difference.mul_(log_p.exp_()).sum(-1)  # (c,): p (log p - log q), in place
         ctx.save_for_backward(hidden, weight, teacher_hidden, teacher_weight, kls)
         ctx.scale = scale
         ctx.chunk = chunk
@@ -169,10 +173,17 @@ def _logit_dtype(weight, teacher_weight) -> torch.dtype:
 
 
 def _log_softmaxes(hidden, weight, teacher_hidden, teacher_weight, scale: float, dtype):
-    """(log p, log q), (c, V) each: the policy's and the teacher's scaled log-softmax of one chunk."""
-    log_p = torch.nn.functional.linear(hidden, weight).to(dtype).mul_(scale)  # (c, V)
-    log_q = torch.nn.functional.linear(teacher_hidden, teacher_weight).to(dtype).mul_(scale)  # (c, V)
-    return log_p.log_softmax(-1), log_q.log_softmax(-1)
+    """(log p, log q), (c, V) each: the policy's and the teacher's scaled log-softmax of one chunk, one
+    after the other, each in its logits' own buffer: at most three (c, V) buffers at once (both, and
+    logsumexp's one temporary), where log_softmax beside the logits would hold four."""
+    return _log_softmax(hidden, weight, scale, dtype), _log_softmax(
+        teacher_hidden, teacher_weight, scale, dtype
+    )
+
+
+def _log_softmax(hidden, weight, scale: float, dtype):
+    logits = torch.nn.functional.linear(hidden, weight).to(dtype).mul_(scale)  # (c, V)
+    return logits.sub_(logits.logsumexp(-1, keepdim=True))  # (c, V), in place
 
 
 def full_vocabulary_reverse_kl(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float):
