@@ -72,7 +72,8 @@ def test_todays_checkpoint_has_the_old_files_and_the_same_state_to_read(runs):
     old_state = torch.load(old / "trainer_state.pt", weights_only=True)
     today_state = torch.load(today / "trainer_state.pt", weights_only=True)
     # a key today's trainer writes that resume reads with a default when it is missing
-    added_since = {"base_sha256"}  # a LoRA run's base pinned: None for a run trained whole
+    # a LoRA run's base pinned, a distilling run's teacher: None for a run trained whole without a teacher
+    added_since = {"base_sha256", "teacher_sha256"}
     assert structure(old_state) == {k: v for k, v in structure(today_state).items() if k not in added_since}
     assert all(today_state[key] is None for key in added_since)
     # what resume reads that no kernel computes: exact on every machine
