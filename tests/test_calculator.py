@@ -18,7 +18,7 @@ from helpers import ROOT, tiny_tokenizer
 
 import minigrpo.tools.calculator_pool as calculator_module
 import minigrpo.tools.calculator_worker as calculator_worker
-import minigrpo.verifier.arithmetic as arithmetic
+import minigrpo.verifier.answers.arithmetic as arithmetic
 from minigrpo.model import Tokenizer
 from minigrpo.tools import CalculatorError, ToolError, ToolRunner, calculator
 from minigrpo.verifier import Unsupported, bounded_work, checked_mul
@@ -369,7 +369,7 @@ def test_inner_sums_are_counted_before_the_first_term(monkeypatch):
         (r"\sum_{k=1}^9 2k", "90"),
         (r"\sum_{k=1}^{5} k!", "153"),  # a factorial of the index, computed once it has a value
         (r"\sum_{k=1}^{5} k!!", "29"),
-        ("3!!", "3"),  # the double factorial, not (3!)! (see verifier/parse.py's departures)
+        ("3!!", "3"),  # the double factorial, not (3!)! (see verifier/answers/parse.py's departures)
         ("(3!)!", "720"),
         (r"\sqrt[3]{-8}", "-2"),  # the real root of a negative number
         (r"\sqrt[3]{-9}", "-2.08008382305190"),
@@ -455,7 +455,7 @@ def test_a_call_finds_nothing_of_the_calls_before_it_in_sympys_cache():
 @pytest.mark.parametrize(
     "operation, arguments, work",
     [
-        # worked out by hand from verifier/costs.py's estimates (words: 1 + bits // 64)
+        # worked out by hand from verifier/answers/costs.py's estimates (words: 1 + bits // 64)
         ("add", (2**150, 2**100), 3 + 2),  # integers: one pass over 3 and 2 words
         ("add", (sympy.Rational(1, 3), 2**100), 6 * 2 * 2),  # a fraction: GCD_WEIGHT * 2 * 2
         ("mul", (2**150, 2**100), 3 * 2),

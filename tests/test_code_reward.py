@@ -26,9 +26,9 @@ from minigrpo.verifier import (
     extract_code,
     run_cases,
     run_tests,
-    sandbox,
 )
-from minigrpo.verifier import code as code_module
+from minigrpo.verifier.programs import code as code_module
+from minigrpo.verifier.programs.sandbox import supervisor
 
 ROOT = os.geteuid() == 0
 as_root = pytest.mark.skipif(
@@ -431,24 +431,24 @@ def test_sockets_are_refused_without_root_too():
 
 @as_root
 def test_a_failed_mount_stops_the_sandbox(monkeypatch, tmp_path):
-    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_with_failing_mount(tmp_path))
+    monkeypatch.setattr(code_module.supervisor, "__file__", sandbox_with_failing_mount(tmp_path))
     with pytest.raises(RuntimeError, match="sandbox isolation failed: .*mount .* on /var/tmp"):
         run_tests(ADD, ADD_TESTS[:1])
 
 
 def sandbox_with_failing_mount(directory):
-    """A copy of sandbox.py whose bind mount over /var/tmp fails, as it did when its source path was
+    """A copy of supervisor.py whose bind mount over /var/tmp fails, as it did when its source path was
     unreachable."""
-    source = open(code_module.sandbox.__file__).read()
+    source = open(code_module.supervisor.__file__).read()
     hooked = source.replace(
         'mounts.mount(f"/proc/self/fd/{directory}", shared,',
         'mounts.mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
     )
     assert hooked != source
-    path = directory / "sandbox.py"
+    path = directory / "supervisor.py"
     path.write_text(hooked)
-    verifier = os.path.dirname(code_module.sandbox.__file__)
-    # sandbox.py loads them from its own directory
+    verifier = os.path.dirname(code_module.supervisor.__file__)
+    # supervisor.py loads them from its own directory
     for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
@@ -608,7 +608,7 @@ def test_no_host_unix_socket_is_reachable_through_a_socketpair(datagram_server):
 # ------------------------------------------------------------ uids: locks, stragglers, a trainer that dies
 
 HOLD_A_UID = (
-    "import sys\nfrom minigrpo.verifier import code\n"
+    "import sys\nfrom minigrpo.verifier.programs import code\n"
     "with code._sandbox_uid(code.SandboxConfig()) as (uid, _):\n"
     "    print(uid, flush=True)\n    sys.stdin.read()\n"
 )
@@ -709,7 +709,7 @@ def ours(pid, supervisor_pid):
     except OSError:
         return False
     if pid == supervisor_pid:
-        return b"sandbox.py" in command
+        return b"supervisor.py" in command
     return process_table().get(pid, (0, 0))[1] >= SandboxConfig().first_uid
 
 
@@ -992,15 +992,15 @@ def test_as_a_plain_user_the_sandbox_still_has_no_network(as_a_plain_user):
 
 
 def sandbox_without_namespaces(directory):
-    """A copy of sandbox.py (and its siblings) on which the OS refuses every namespace."""
-    source = open(code_module.sandbox.__file__).read()
+    """A copy of supervisor.py (and its siblings) on which the OS refuses every namespace."""
+    source = open(code_module.supervisor.__file__).read()
     hooked = source.replace(
         "def _unshare(flags: int) -> bool:\n", "def _unshare(flags: int) -> bool:\n    return False\n"
     )
     assert hooked != source
-    path = directory / "sandbox.py"
+    path = directory / "supervisor.py"
     path.write_text(hooked)
-    verifier = os.path.dirname(code_module.sandbox.__file__)
+    verifier = os.path.dirname(code_module.supervisor.__file__)
     for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
@@ -1010,7 +1010,7 @@ def test_where_the_os_refuses_the_namespaces_no_code_runs_without_an_opt_in(
     as_a_plain_user, monkeypatch, tmp_path
 ):
     """A plain user whom the OS refuses even a user namespace: the program does not run, unless opted in."""
-    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_without_namespaces(tmp_path))
+    monkeypatch.setattr(code_module.supervisor, "__file__", sandbox_without_namespaces(tmp_path))
     marker = tmp_path / "ran"
     program = f"open({str(marker)!r}, 'w').close()\n"
     with pytest.raises(RuntimeError, match=r"SandboxConfig\(unisolated=True\) runs it anyway"):
@@ -1076,7 +1076,7 @@ print(open("/tmp/scratch").read())
 # as the one test of a run, or as each of argv[4] tests; one line per test.
 UNDER_TMP_DRIVER = """
 import contextlib, json, sys
-from minigrpo.verifier import code, run_cases
+from minigrpo.verifier.programs import code, run_cases
 if sys.argv[1] == "plain":
     code._sandbox_uid = lambda config: contextlib.nullcontext((None, None))
 program = "SECRET = " + repr(sys.argv[2]) + "\\n" + sys.argv[3]
@@ -1306,7 +1306,7 @@ def test_a_program_starts_its_own_environment_again_from_a_closed_prefix(layout,
         # clone under /tmp): a link inside the scratch tmpfs is another layout (the closing note of
         # issue 58 says what the sandbox shows there)
         here = os.path.dirname(os.path.abspath(__file__))
-        shared = any(here.startswith(d + "/") for d in sandbox.SHARED_DIRECTORIES)
+        shared = any(here.startswith(d + "/") for d in supervisor.SHARED_DIRECTORIES)
         outside = tempfile.mkdtemp(dir=os.path.expanduser("~") if shared else here)
         made_here.append(outside)
         link = os.path.join(outside, "link")
@@ -1409,21 +1409,21 @@ def test_interpreter_directories_of_one_name_under_tmp_and_var_tmp_are_both_show
 
 
 def sandbox_with_refused_read_only_mounts(directory):
-    """A copy of sandbox.py and its siblings in which mount_setattr(2) is refused (ENOSYS: a number no
+    """A copy of supervisor.py and its siblings in which mount_setattr(2) is refused (ENOSYS: a number no
     kernel gives a call)."""
-    verifier = os.path.dirname(code_module.sandbox.__file__)
-    for name in ("sandbox.py", "confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
+    verifier = os.path.dirname(code_module.supervisor.__file__)
+    for name in ("supervisor.py", "confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / name).write_text(open(os.path.join(verifier, name)).read())
     source = (directory / "mounts.py").read_text()
     hooked = source.replace("MOUNT_SETATTR = 442", "MOUNT_SETATTR = 1023")
     assert hooked != source
     (directory / "mounts.py").write_text(hooked)
-    return str(directory / "sandbox.py")
+    return str(directory / "supervisor.py")
 
 
 def test_a_refused_read_only_remount_stops_the_sandbox(as_a_plain_user, monkeypatch, tmp_path):
     """As a plain user every mount is made read-only first: where that is refused, no test runs (the
     trainer's files would be writable), and the error says why."""
-    monkeypatch.setattr(code_module.sandbox, "__file__", sandbox_with_refused_read_only_mounts(tmp_path))
+    monkeypatch.setattr(code_module.supervisor, "__file__", sandbox_with_refused_read_only_mounts(tmp_path))
     with pytest.raises(RuntimeError, match="sandbox isolation failed: .*making the mounts at / read-only"):
         run_tests(ADD, ADD_TESTS[:1])

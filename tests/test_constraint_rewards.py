@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minigrpo.verifier import RewardSpec, compute_rewards, json_rewards, length_rewards
-from minigrpo.verifier import sql as sql_module
+from minigrpo.verifier.constraints import sql as sql_module
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 FAST = 3.0  # seconds a refusal may take: far above what it needs, for a loaded machine

@@ -125,10 +125,20 @@ def reaching_in(root: str = ROOT) -> list[str]:
     out = []
     for module, path in readers.items():
         for target in sorted(imports(module, path, known, root)):
-            inner = target.count(".") >= 2 and is_folder(room(target), known)
-            if inner and room(target) != room(module):
+            outside = [
+                f for f in enclosing_folders(target, known) if module != f and not module.startswith(f + ".")
+            ]
+            if outside:
                 out.append(f"{module} imports {target}")
     return out
+
+
+def enclosing_folders(module: str, known: set[str]) -> list[str]:
+    """The folders below the package that `module` sits inside, outermost first: minigrpo.verifier and
+    minigrpo.verifier.answers for minigrpo.verifier.answers.parse (a wing is a folder with a door too)."""
+    parts = module.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(2, len(parts))]
+    return [prefix for prefix in prefixes if is_folder(prefix, known)]
 
 
 def test_the_settings_stand_on_the_ground_floor():
@@ -164,8 +174,13 @@ def test_every_folder_lists_its_public_names_and_defines_them():
                 bound.add(node.name)
             elif isinstance(node, ast.Assign):
                 bound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.Dict):  # the verifier's _ON_FIRST_USE
+            elif isinstance(node, ast.Dict):  # the math wing's ON_FIRST_USE
                 bound |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        if "__getattr__" in bound:  # a door that hands on its inner doors' names loaded on first use
+            for inner in sorted(m for m in found if m.startswith(folder + ".") and is_folder(m, set(found))):
+                for node in ast.walk(ast.parse(open(found[inner], encoding="utf-8").read())):
+                    if isinstance(node, ast.Dict):
+                        bound |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
         assert listed <= bound, f"{folder}: __all__ names {sorted(listed - bound)}, which it does not define"
 
 
@@ -220,7 +235,8 @@ def test_the_readme_table_is_the_tree_with_its_floors():
 
 def test_a_planted_inner_import_and_a_planted_cycle_fail_the_checks(tmp_path):
     """The checks above can fail: on a copy of the package, the trainer importing the engine by its
-    inner path is named, and so is a cycle made by the settings importing the trainer."""
+    inner path is named, as are the verifier's top reaching into a wing and the programs wing into its
+    sandbox, and so is a cycle made by the settings importing the trainer."""
     shutil.copytree(os.path.join(ROOT, "minigrpo"), tmp_path / "minigrpo")
     os.makedirs(tmp_path / "examples")
     trainer = tmp_path / "minigrpo" / "run" / "trainer.py"
@@ -228,6 +244,17 @@ def test_a_planted_inner_import_and_a_planted_cycle_fail_the_checks(tmp_path):
     trainer.write_text(source + "\nfrom ..rollout.engine import Engine  # noqa\n")
     assert reaching_in(str(tmp_path)) == ["minigrpo.run.trainer imports minigrpo.rollout.engine"]
     trainer.write_text(source)
+    # inside the verifier: a wing is entered through its door too (the top's rewards.py, the sandbox)
+    rewards = tmp_path / "minigrpo" / "verifier" / "rewards.py"
+    rewards_source = rewards.read_text()
+    rewards.write_text(rewards_source + "\nfrom .answers.parse import parse  # noqa\n")
+    assert reaching_in(str(tmp_path)) == ["minigrpo.verifier.rewards imports minigrpo.verifier.answers.parse"]
+    rewards.write_text(rewards_source)
+    code = tmp_path / "minigrpo" / "verifier" / "programs" / "code.py"
+    code.write_text(code.read_text() + "\nfrom .sandbox.mounts import mount  # noqa\n")
+    assert reaching_in(str(tmp_path)) == [
+        "minigrpo.verifier.programs.code imports minigrpo.verifier.programs.sandbox.mounts"
+    ]
     config = tmp_path / "minigrpo" / "config.py"
     config.write_text(config.read_text() + "\nfrom .run import Trainer  # noqa\n")
     graph = module_graph(str(tmp_path))

@@ -28,9 +28,9 @@ from minigrpo.verifier import (
     normalize,
     parse_math,
 )
-from minigrpo.verifier import worker_pool as bounded
-from minigrpo.verifier.closed_forms import sample_points
-from minigrpo.verifier.worker_pool import WorkerPool, shared_pool
+from minigrpo.verifier.answers import worker_pool as bounded
+from minigrpo.verifier.answers.closed_forms import sample_points
+from minigrpo.verifier.answers.worker_pool import WorkerPool, shared_pool
 
 SLACK = 1.0  # seconds of scheduling noise allowed on a shared 2-core machine
 
@@ -443,7 +443,7 @@ def test_a_wrong_approximation_scores_zero():
 
 
 def test_normalize_gives_the_answer_and_canonical_keeps_its_roundings():
-    from minigrpo.verifier.normalize import canonical
+    from minigrpo.verifier.answers.normalize import canonical
 
     assert normalize(r"5 \simeq 6") == "5" and canonical(r"5 \simeq 6") == r"5 \approx 6"
     assert normalize("x ≈ 5") == "x = 5" and canonical("x ≈ 5") == r"x \approx 5"

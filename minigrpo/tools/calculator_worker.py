@@ -2,7 +2,7 @@
 deterministic budget (`python -m minigrpo.tools.calculator_worker`, started by calculator_pool.py).
 
 In: an expression a completion wrote (`347*56`, `\\sum_{k=1}^{10} k^2`). Out: its exact value as text, or
-a CalculatorError saying why there is none. It reads through the verifier's parser (verifier/parse.py,
+a CalculatorError saying why there is none. It reads through the verifier's parser (verifier/answers/parse.py,
 never eval) and knows nothing of tokens, rows or the runner: calculator_pool.py starts this module as its
 worker processes, which `serve` one expression per line, and registry.py registers the result as the
 "calculator".
@@ -10,10 +10,10 @@ worker processes, which `serve` one expression per line, and registry.py registe
 The budget, so that an answer is a function of the call alone (and of no timer, nor of what the worker
 computed before: sympy's cache is emptied before each call):
   - the parser's own checks: powers, factorials and binomial coefficients estimated before they are
-    computed, exact numbers up to 400,000 bits (verifier/arithmetic.py);
+    computed, exact numbers up to 400,000 bits (verifier/answers/arithmetic.py);
   - the work of all the exact arithmetic of a call (the parser's, and that of the terms of its sums),
     each operation estimated before it is computed, at most MAX_EXACT_WORK word products
-    (verifier/costs.py: a product of m and n words costs m*n, a fraction reduced more, a root of a
+    (verifier/answers/costs.py: a product of m and n words costs m*n, a fraction reduced more, a root of a
     600-digit number a great deal);
   - sums and products are evaluated here, not by sympy, one term at a time, their cost bounded before
     any term is computed and their partial results measured as they grow, within MAX_PARTIAL_BITS. A
@@ -26,7 +26,7 @@ computed before: sympy's cache is emptied before each call):
     nested sum's terms count once per outer term). Reading a term costs SETUP_WORK each time a sum
     starts; a sum's inner sums start once per term, which is counted before its first term;
   - no function (sin, exp, log) is evaluated on a number over MAX_ARGUMENT_DIGITS digits, and no root
-    taken of an exact number over the parser's MAX_ARGUMENT_BITS (verifier/arithmetic.py);
+    taken of an exact number over the parser's MAX_ARGUMENT_BITS (verifier/answers/arithmetic.py);
   - the answer: exact up to MAX_RESULT_CHARS characters, else 15 significant digits.
 """
 
@@ -58,7 +58,7 @@ MAX_EXPRESSION_CHARS = 200  # the calculator reads expressions up to this long
 MAX_RESULT_CHARS = 60  # an exact result longer than this is given to 15 significant digits
 MAX_OPERATIONS = 500  # in all the terms of its sums and products that sympy computes (see `_operations`)
 MAX_WORK = 2_000_000  # word operations in all its sums' and products' polynomial terms (`_polynomial_work`)
-MAX_EXACT_WORK = 300_000_000  # word products of all its exact arithmetic (verifier/costs.py)
+MAX_EXACT_WORK = 300_000_000  # word products of all its exact arithmetic (verifier/answers/costs.py)
 MAX_PARTIAL_BITS = 10_000  # bits of the exact numbers in a sum's or product's partial result (~3,000 digits)
 FRACTION_WORK = 20  # a fraction added to a partial result, in word operations (`_polynomial_work`)
 SETUP_WORK = 10_000  # reading a term (sympy's together and Poly), in word operations, each time a sum starts

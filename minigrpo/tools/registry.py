@@ -16,7 +16,7 @@ Two tools are registered (`register_tool` adds yours, as `register_reward` does 
   calculator  exact arithmetic through the verifier's bounded parser, never eval (calculator_arithmetic.py:
               its budget; calculator_pool.py: the worker processes it runs in): an integer or reduced
               fraction, or 15 significant digits for an irrational value.
-  python      the code in the verifier's sandbox (verifier/code.py, all its guarantees), its stdout
+  python      the code in the verifier's sandbox (verifier/programs/code.py, all its guarantees), its stdout
               (truncated) or its error's last line.
 A tool raises ToolError for a call it cannot answer, and TimeoutError when it stops itself at its own
 time limit.

@@ -18,51 +18,52 @@
   that returns the gold query's rows on a read-only SQLite database);
 - `compute_rewards`: the named rewards a task asks for, weighted and summed; a batch reward may return
   `Scores`, which also says which rows failed closed at a time limit.
-The modules, in the order an answer flows: extract -> normalize -> parse (with atoms; arithmetic and values
-for its numbers and structures) -> equivalence (closed_forms compares numbers and expressions with variables),
-wrapped by math_reward (worker_pool: worker processes running math_worker.py); steps (with step_expression);
-format; code (code_cases, sandbox_config; sandbox, which loads confine, seccomp, cleanup, process_io and
-mounts); countdown; the constraints json_schema, length and sql (constraint_inputs: what they read alike);
-scores and rewards beside them. Nothing outside this folder imports from inside it: only the names below.
+Three wings, each behind its own door, and at the top what they share:
+- answers/: the math-answer pipeline (normalize -> parse -> equivalence, bounded in time by worker
+  processes);
+- programs/: code rewards, and programs/sandbox/, the Linux sandbox (standard library only; its door
+  holds its threat model);
+- constraints/: json, length and sql;
+- here: this door; rewards (the named rewards, weighted and summed) and scores; extract (the final
+  answer of a response), format, countdown, and steps (with step_expression) for process rewards.
+Nothing outside this folder imports from inside it: only the names below.
 """
 
-import importlib
-
-from .code import code_reward, code_rewards, extract_code, run_cases, run_tests, sandbox_stats
+from . import answers as _answers
+from .answers import (
+    TIME_LIMIT,
+    VerifierError,
+    canonical,
+    is_equivalent,
+    math_reward,
+    math_rewards,
+    normalize,
+    start_math_workers,
+)
+from .constraints import json_reward, json_rewards, length_reward, length_rewards, sql_reward, sql_rewards
 from .countdown import countdown_reward
 from .extract import extract_answer, top_level_boxes
 from .format import FormatConfig, format_reward
-from .json_schema import json_reward, json_rewards
-from .length import length_reward, length_rewards
-from .math_reward import is_equivalent, math_reward, math_rewards, start_math_workers
-from .normalize import canonical, normalize
+from .programs import (
+    CaseResult,
+    SandboxConfig,
+    code_reward,
+    code_rewards,
+    extract_code,
+    run_cases,
+    run_tests,
+    sandbox_stats,
+)
 from .rewards import REWARD_FUNCTIONS, Rewards, RewardSpec, compute_rewards, register_reward
-from .sandbox_config import CaseResult, SandboxConfig
 from .scores import Scores
-from .sql import sql_reward, sql_rewards
 from .steps import STEP_REWARDS, Step, check_steps
-from .worker_pool import TIME_LIMIT, VerifierError
-
-# public name -> (module, its name there): these modules import sympy (~0.5 s), so only on first use
-_ON_FIRST_USE = {
-    "answers_match": ("equivalence", "answers_match"),
-    "parse_math": ("parse", "parse"),
-    "Unsupported": ("values", "Unsupported"),
-    "checked_add": ("arithmetic", "add"),
-    "checked_mul": ("arithmetic", "mul"),
-    "checked_power": ("arithmetic", "power"),
-    "checked_factorial": ("arithmetic", "factorial"),
-    "checked_double_factorial": ("arithmetic", "double_factorial"),
-    "bounded_work": ("costs", "bounded_work"),
-    "checked_binomial": ("arithmetic", "binomial"),
-}
 
 
 def __getattr__(name: str):
-    if name not in _ON_FIRST_USE:
+    """The math wing's names that import sympy (~0.5 s), on first use (answers.ON_FIRST_USE)."""
+    if name not in _answers.ON_FIRST_USE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _ON_FIRST_USE[name]
-    return getattr(importlib.import_module(f".{module}", __name__), attribute)
+    return getattr(_answers, name)
 
 
 __all__ = [

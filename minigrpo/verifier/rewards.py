@@ -16,14 +16,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .code import check_tests, code_rewards
-from .constraint_inputs import is_integer, shown
+from .answers import math_rewards
+from .constraints import is_integer, json_rewards, length_rewards, shown, sql_rewards
 from .countdown import countdown_reward
 from .format import FormatConfig, format_reward
-from .json_schema import json_rewards
-from .length import length_rewards
-from .math_reward import math_rewards
-from .sql import sql_rewards
+from .programs import check_tests, code_rewards
 
 RewardFunction = Callable[..., list]
 

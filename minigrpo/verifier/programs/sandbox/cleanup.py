@@ -1,7 +1,7 @@
 """Stage 2 of the loop, verify (code): `remove_tree`, which deletes the directory tree a test left.
 
 A path in, nothing out, nothing raised for what a test made: no depth, permission or symlink stops it.
-Run by the sandbox supervisor (`sandbox.py`, which loads this file by its path) after each test and by
+Run by the sandbox supervisor (`supervisor.py`, which loads this file by its path) after each test and by
 `code.py` on the host for the sandbox directory itself. It knows directories, not tests or processes.
 """
 

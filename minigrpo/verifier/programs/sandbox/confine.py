@@ -1,11 +1,11 @@
 """Stage 2 of the loop, verify (code): the process of one test, forked by the sandbox supervisor
-(`sandbox.py`).
+(`supervisor.py`).
 
 It confines itself (process group, rlimits, a fresh session keyring and, in the supervisor's namespaces,
 a fresh IPC namespace; an unprivileged uid, no new privileges, and last the seccomp filter of `seccomp.py`,
 which the supervisor hands it), runs the program and then the test, and exits: its exit status, stdout,
 stderr and, for an assert test that ran to its end, the nonce on PROOF_FD are all it says. It knows neither
-JSON nor expected outputs nor the trainer. Standard library only: `sandbox.py` loads it by its path.
+JSON nor expected outputs nor the trainer. Standard library only: `supervisor.py` loads it by its path.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Stage 2 of the loop, verify (code): the sandbox supervisor's mounts, and what of the Python interpreter a
 sandboxed program still reaches through them.
 
-Standard library only: `sandbox.py` loads this file by its path. It knows paths and mounts, not tests.
+Standard library only: `supervisor.py` loads this file by its path. It knows paths and mounts, not tests.
 
 What of the interpreter stays reachable. A program imports what the interpreter can and may start it
 again (`subprocess.run([sys.executable, ...])`), which must find the same environment: the same sys.prefix

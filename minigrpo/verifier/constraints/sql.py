@@ -27,8 +27,8 @@ from collections import Counter
 from contextlib import closing
 from urllib.parse import quote
 
+from ..scores import Scores
 from .constraint_inputs import answer_text, shown
-from .scores import Scores
 
 SQL_TIME_LIMIT = 1.0  # wall seconds a completion's query may run; past them it scores 0
 GOLD_TIME_LIMIT = 10.0  # wall seconds a gold query may run; past them the spec is bad

@@ -8,7 +8,7 @@ running `math_worker`); this module knows which job each check is, not how a wor
 
 from __future__ import annotations
 
-from .scores import Scores
+from ..scores import Scores
 from .worker_pool import default_workers, shared_pool
 
 

@@ -2,7 +2,7 @@
 
 In: the numbers of the system calls on this machine (`confine.SYSCALLS`). Out: nothing; after
 `install_filter` the process can no longer make the calls below. It knows system calls, not tests or
-programs. Standard library only: `sandbox.py` loads it by its path and hands `install_filter` to the test's
+programs. Standard library only: `supervisor.py` loads it by its path and hands `install_filter` to the test's
 process.
 
 The seccomp filter. Refused with EPERM: socket() (no network, and no filesystem UNIX socket such as

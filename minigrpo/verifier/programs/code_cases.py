@@ -7,8 +7,8 @@ and a `CaseResult`. It knows strings and reports, not processes: running the cas
 
 from __future__ import annotations
 
-from .extract import fenced_block
-from .sandbox_config import CaseResult, SandboxConfig
+from ..extract import fenced_block
+from .sandbox import CaseResult, SandboxConfig
 
 PYTHON_FENCES = ("python", "py", "python3", "")  # info strings of the fenced blocks extract_code takes
 

@@ -72,7 +72,7 @@ class _Worker:
         self.stderr = tempfile.TemporaryFile()  # read only to explain a worker that failed to start
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "minigrpo.verifier.math_worker"],
+                [sys.executable, "-m", "minigrpo.verifier.answers.math_worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
@@ -81,7 +81,7 @@ class _Worker:
             )
         except OSError as error:  # no such interpreter, no processes left
             self.stderr.close()
-            command = f"{sys.executable} -m minigrpo.verifier.math_worker"
+            command = f"{sys.executable} -m minigrpo.verifier.answers.math_worker"
             raise VerifierError(f"a verifier worker ({command}) did not start: {error}") from None
         self.ready = False
         self.deadline = None  # when the job it holds must be done; None when idle
@@ -96,7 +96,8 @@ class _Worker:
             tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
             self.kill()
             raise VerifierError(
-                f"a verifier worker ({sys.executable} -m minigrpo.verifier.math_worker) did not start: {tail}"
+                f"a verifier worker ({sys.executable} -m minigrpo.verifier.answers.math_worker) did not "
+                f"start: {tail}"
             )
         self.ready = True
 

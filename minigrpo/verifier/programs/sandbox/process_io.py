@@ -1,8 +1,8 @@
-"""Stage 2 of the loop, verify (code): the sandbox supervisor's waits and reads (`sandbox.py`).
+"""Stage 2 of the loop, verify (code): the sandbox supervisor's waits and reads (`supervisor.py`).
 
 In: process ids, descriptors and files. Out: whether a process exited in time (left unreaped), its
 children reaped, and bytes: the job on stdin, the reply on stdout, a test's proof pipe and its output files.
-It knows processes and files, not tests or sandboxes. Standard library only: `sandbox.py` loads it by its
+It knows processes and files, not tests or sandboxes. Standard library only: `supervisor.py` loads it by its
 path.
 """
 

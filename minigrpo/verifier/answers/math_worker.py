@@ -1,5 +1,5 @@
-"""Stage 2 of the loop, reward: the math worker process, `python -m minigrpo.verifier.math_worker`, driven by
-`worker_pool`.
+"""Stage 2 of the loop, reward: the math worker process, `python -m minigrpo.verifier.answers.math_worker`,
+driven by `worker_pool`.
 
 Reads jobs from stdin and writes results to stdout, one length-prefixed pickle frame each: ("match", pred,
 gold, seconds) -> bool, ("reward", response, gold, seconds) -> float, or OUT_OF_TIME once the job has used
@@ -67,8 +67,8 @@ def run_job(job):
 
 
 def _check(op: str, first: str, gold: str):
+    from ..extract import extract_answer
     from .equivalence import answers_match
-    from .extract import extract_answer
 
     try:
         if op == "match":
@@ -86,7 +86,8 @@ def serve() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     except (ValueError, OSError):
         pass  # a lower hard limit is already in place
-    equivalence = importlib.import_module("minigrpo.verifier.equivalence")  # import sympy before saying ready
+    # import sympy before saying ready
+    equivalence = importlib.import_module("minigrpo.verifier.answers.equivalence")
     for pred, gold in WARM_UP:
         equivalence.answers_match(pred, gold)
 

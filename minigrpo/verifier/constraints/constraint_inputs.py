@@ -7,7 +7,7 @@ error message shows it. It knows strings, not which reward asks, nor tensors.
 
 from __future__ import annotations
 
-from .extract import fenced_block
+from ..extract import fenced_block
 
 
 def answer_text(completion, languages: tuple[str, ...]) -> str:

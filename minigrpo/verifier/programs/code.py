@@ -3,10 +3,11 @@
 Runs untrusted, model-generated Python in a sandbox and returns the fraction of tests it passes. It knows
 strings and processes, not tensors or the tokenizer; standard library only (POSIX; Linux for namespaces).
 
-The sandbox is `sandbox.py`, a supervisor that forks one process per test (`confine.py`: it confines
-itself, then runs the program and the test) and clears up after each (`cleanup.py`); sandbox.py's
-docstring says how a run is confined, seccomp.py's which system calls are refused. The limits are
-`SandboxConfig` (sandbox_config.py); the program and the test cases are read and judged in code_cases.py.
+The sandbox is `sandbox/supervisor.py`, a supervisor that forks one process per test (`confine.py`: it
+confines itself, then runs the program and the test) and clears up after each (`cleanup.py`); the
+sandbox folder's door (sandbox/__init__.py) says how a run is confined, seccomp.py's which system calls
+are refused. The limits are `SandboxConfig` (sandbox/sandbox_config.py); the program and the test cases
+are read and judged in code_cases.py.
 As root, what holds: no network and no host socket (socket() refused; no datagram socketpair or addressed
 send); no keyring of the trainer's; SysV IPC, host name, network and mounts of the sandbox's own, the IPC
 per test; no new namespaces, ptrace, io_uring, memfd_create or memfd_secret; a uid of its own, taken only
@@ -18,7 +19,7 @@ see the host's /proc (other processes' command lines) and /sys; an assert test t
 program returns (an `__eq__` that always returns True passes `assert f(x) == y`); a stdin/stdout test with
 a fixed input is passed by a program that prints the expected output; CPU and memory are limited per
 process, not per sandbox (no cgroup). Without root there is no uid change; a user namespace gives the same
-namespaces and tmpfs, every other mount read-only and a PID namespace with its own /proc (sandbox.py);
+namespaces and tmpfs, every other mount read-only and a PID namespace with its own /proc (sandbox/);
 where the OS refuses it, nothing runs unless SandboxConfig.unisolated says so. Every sandbox waits for the
 admission rule (Admission: CPUs and a memory budget). For hostile workloads (a public endpoint, a model
 trained to attack its grader) run the trainer's code rewards in a throw-away VM or container with no
@@ -41,11 +42,8 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import asdict
 
-from . import sandbox
-from .cleanup import remove_tree
 from .code_cases import check_tests, extract_code, judge
-from .sandbox import CLEANUP_SECONDS
-from .sandbox_config import SANDBOX_UIDS, CaseResult, SandboxConfig
+from .sandbox import CLEANUP_SECONDS, SANDBOX_UIDS, CaseResult, SandboxConfig, remove_tree, supervisor
 
 STARTUP_SECONDS = 10.0  # the trainer's backstop allows the supervisor this long to start, on top of the tests
 # one lock file per uid in use, root's: a fixed path, machine-wide whatever TMPDIR says
@@ -278,7 +276,7 @@ def _supervise(
         "LC_ALL": "C.UTF-8",
     }
     process = subprocess.Popen(
-        [sys.executable, "-I", os.path.abspath(sandbox.__file__)],
+        [sys.executable, "-I", os.path.abspath(supervisor.__file__)],
         cwd=directory,
         env=env,
         stdin=subprocess.PIPE,
