@@ -19,15 +19,16 @@ Unchanged under torchrun, data-parallel (DDP), or sharded with --fsdp (FSDP2); r
 """
 
 import argparse
-import json
 import os
 import sys
+from dataclasses import dataclass
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, TrainConfig, distributed, files
-from minigrpo.flags import JSON_OBJECTS, OneLineErrors, add_fields, from_args
+from minigrpo.flags import OneLineErrors, add_fields, from_args, option_values, read_config_file
 from minigrpo.model import read_task, tokenizer_directory
 from minigrpo.run import (
+    Run,
     Trace,
     build_run,
     evaluate_held_out,
@@ -35,7 +36,7 @@ from minigrpo.run import (
     plot_curves,
     save_initial_evaluation,
 )
-from minigrpo.tasks import TEMPLATES, load_problems, sources_of, template, to_task
+from minigrpo.tasks import TEMPLATES, Template, load_problems, sources_of, template, to_task
 from minigrpo.tools import declared_tools
 from minigrpo.update import NonFiniteWeights
 
@@ -57,6 +58,181 @@ DEFAULTS = dict(
     save_every=50,
     log_completions_every=50,
 )
+
+
+def main() -> None:
+    """The run, top to bottom: build it, evaluate, train, evaluate again, summarize."""
+    args = parse_args()
+    check_output_dir(args.output_dir)
+    built = build(args)  # the task, the trainer and the held-out problems, every setting checked
+    initial = evaluate_before(args, built)  # the starting policy's held-out accuracy, kept across --resume
+    train(args, built, initial)  # GRPO: sample, verify, advantages, update; metrics and checkpoints
+    final = held_out(args, built)  # the same evaluation after
+    summarize(args, built, initial, final)  # summary.json, curves.png and the line to compare runs by
+
+
+@dataclass
+class Built:
+    """What `build` made of the arguments, for the stages of `main`."""
+
+    grpo: GRPOConfig  # the run's GRPO settings
+    prompt: Template  # how each question is put to the model
+    rewards: list[RewardSpec]  # the task's rewards; the first is the held-out accuracy's
+    eval_problems: list  # the held-out problems
+    eval_source: str  # where they come from (--eval_data, else --data)
+    synthetic: bool  # --data is a synthetic kind, not a file
+    run: Run  # the trainer, and its resume
+
+
+def build(args: argparse.Namespace) -> Built:
+    """The task (problems, prompt format, rewards), the trainer, and the held-out problems' prompts
+    checked against the model's context, before any work; a bad setting is one line."""
+    try:
+        grpo, config = from_args(GRPOConfig, args), from_args(TrainConfig, args)  # checked before any work
+        # Task: problems, the prompt format and the rewards (the default model has no chat format).
+        tokenizer = minigrpo.Tokenizer.from_directory(tokenizer_directory(args.model))
+        prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
+        synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
+        train_problems = load_problems(
+            args.data,
+            "train",
+            count=args.train_count if synthetic else None,
+            seed=args.seed,
+            difficulty=args.difficulty,
+            note=rank_0_note,
+        )
+        eval_source = args.eval_data or args.data
+        eval_problems = load_problems(
+            eval_source,
+            "test",
+            count=args.eval_count,
+            seed=0,  # the same for every run
+            difficulty=args.difficulty,
+            note=rank_0_note,
+        )
+        rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
+        # with its own chat template, a chat prompt declares the run's tools to the model
+        tools = declared_tools(tokenizer, grpo.tool_names)
+        task = to_task(train_problems, prompt, rewards, tokenizer, tools, grpo.template_kwargs)
+        run = build_run(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
+        held_out_prompts = [
+            prompt.render(p.question, tokenizer, tools, **grpo.template_kwargs) for p in eval_problems
+        ]
+        sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
+        what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
+        # tokens a prompt may have
+        room = run.trainer.model.config.max_position_embeddings - grpo.max_completion_length
+        held_out_ids = tokenizer.encode_all(held_out_prompts, what, args.model, room, sources)
+        run.trainer.check_context(held_out_ids, what, sources)
+    except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
+        sys.exit(f"train_math.py: {error}")
+    return Built(grpo, prompt, rewards, eval_problems, eval_source, synthetic, run)
+
+
+def held_out(args: argparse.Namespace, built: Built) -> dict[str, float]:
+    """The held-out evaluation: greedy accuracy, the steps' faithfulness where they can be checked, and
+    with tools the calls per completion and the accuracy with the tools off. Under torchrun each rank
+    evaluates a block of the problems."""
+    grpo, trainer = built.grpo, built.run.trainer
+    settings = dict(max_new_tokens=args.max_completion_length, seed=args.seed)
+    tools = dict(tools=grpo.tool_names, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls)
+    problems, prompt, accuracy = built.eval_problems, built.prompt, built.rewards[:1]
+    stats = evaluate_held_out(trainer, problems, prompt, accuracy, **settings, **tools).stats()
+    if grpo.tool_names:  # how much the accuracy owes to the tools
+        off = evaluate_held_out(trainer, problems, prompt, accuracy, **settings)
+        stats["held_out/accuracy_tools_off"] = off.pass_at_1
+    return stats
+
+
+def evaluate_before(args: argparse.Namespace, built: Built) -> dict:
+    """The starting policy's held-out accuracy, measured once and kept in output_dir across --resume."""
+    grpo, trainer = built.grpo, built.run.trainer
+    if not built.synthetic and not args.eval_data:
+        trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
+    try:  # what the accuracy is measured on must stay the same from start to end, tools included
+        measured_on = {"eval_data": built.eval_source, "eval_count": len(built.eval_problems)}
+        if grpo.tool_names:
+            measured_on.update(
+                tools=grpo.tools, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls
+            )
+        initial = initial_evaluation(trainer, lambda: held_out(args, built), measured_on)
+    except (ValueError, files.DiskFull) as error:
+        sys.exit(f"train_math.py: {error}")
+    trainer.dist.print(
+        f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} "
+        f"({len(built.eval_problems)} problems)"
+    )
+    if grpo.tool_names:
+        trainer.dist.print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
+    return initial
+
+
+def train(args: argparse.Namespace, built: Built, initial: dict) -> None:
+    """GRPO's steps, held-out accuracy every --eval_every of them; broken weights are never saved, and a
+    full disk keeps nothing of the write it stopped."""
+    trainer = built.run.trainer
+    trainer.dist.print(f"objective: {trainer.describe_objective()}")
+    trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
+
+    def every_few_steps(trainer) -> dict:
+        if args.eval_every and trainer.step % args.eval_every == 0:
+            return held_out(args, built)
+        return {}
+
+    try:
+        built.run.train(
+            on_step=every_few_steps,
+            observer=trace,
+            start_stats=initial.get("initial_stats", {"eval/accuracy": initial["initial_accuracy"]}),
+        )
+    except (NonFiniteWeights, files.DiskFull) as error:
+        sys.exit(f"train_math.py: {error}")
+
+
+def summarize(args: argparse.Namespace, built: Built, initial: dict, final: dict) -> None:
+    """summary.json (the run's before and after, to compare runs by), curves.png, and the last line.
+    Under torchrun rank 0 writes; the other ranks wait for it and leave."""
+    trainer, grpo = built.run.trainer, built.grpo
+    final_accuracy = final["eval/accuracy"]
+    if not trainer.dist.is_main:
+        # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
+        distributed.finish()
+    # this process's, and the earlier ones' up to the checkpoint it resumed from
+    wall = built.run.wall_seconds()
+    summary = {
+        "initial_accuracy": initial["initial_accuracy"],
+        "final_accuracy": final_accuracy,
+        "gain": final_accuracy - initial["initial_accuracy"],
+        "steps": trainer.step,
+        "objective": trainer.describe_objective(),
+        **held_out_extras(initial.get("initial_stats", {}), final),
+        "wall_seconds": round(wall, 1),
+        "eval_problems": len(built.eval_problems),
+        "model": args.model,
+        "data": args.data,
+        "seed": args.seed,
+        "processes": trainer.dist.world_size,
+        "args": vars(args),
+    }
+    try:
+        files.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
+        # the run's total, as a record: a later --resume adds on to the checkpoint's (Run.wall_seconds)
+        save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
+    except files.DiskFull as error:
+        sys.exit(f"train_math.py: {error}")
+    plotted = plot_curves(
+        os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png")
+    )
+    if grpo.tool_names:  # before and after, as summary.json has them
+        print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
+        print(f"held-out tool use after GRPO: {tool_use(final)}")
+    print(
+        f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
+        f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
+        f"{args.output_dir}/summary.json"
+        + (", curves.png" if plotted else " (pip install matplotlib for curves.png)")
+    )
+    distributed.finish()  # torchrun: every rank leaves together; no rank aborts while Python shuts down
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
@@ -153,97 +329,6 @@ def model_task(model: str, options: dict[str, argparse.Action]) -> dict:
     return option_values(read_task(model), options, where)
 
 
-def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
-    """The values of a JSON or YAML file of option names (`options`: name -> its flag's action), each as its
-    flag would give it, checked against the flag's type, count and choices (by the action's public attributes,
-    not argparse's internals). A ValueError says what is wrong, in one line."""
-    load = json.load
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise ValueError(
-                f"reading {path} needs PyYAML (pip install pyyaml), or use a JSON file"
-            ) from None
-        load = yaml.safe_load
-    try:
-        with open(path, encoding="utf-8") as f:
-            values = load(f) or {}
-    except Exception as error:  # a missing file, bad JSON or YAML
-        raise ValueError(f"cannot read the config file {path}: {read_error(error)}") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a mapping of option names to values")
-    return option_values(values, options, path)
-
-
-def option_values(values: dict, options: dict[str, argparse.Action], where: str) -> dict:
-    """`values` (option name -> value, read from `where`), each as its flag would give it; a ValueError
-    names an unknown option or a bad value."""
-    unknown = sorted(set(values) - set(options))
-    if unknown:
-        raise ValueError(f"{where} has unknown options: {', '.join(unknown)}")
-    try:
-        return {key: file_value(options[key], value) for key, value in values.items()}
-    except ValueError as problem:
-        raise ValueError(f"{where}: {problem}") from None
-
-
-def read_error(error: Exception) -> str:
-    """What is wrong with a config file, in one line: where the JSON or YAML parser stopped, and why (PyYAML's
-    own message spans several lines, quoting the text with a caret under it)."""
-    if isinstance(error, json.JSONDecodeError):
-        return f"line {error.lineno}, column {error.colno}: {error.msg}"
-    mark = getattr(error, "problem_mark", None)  # PyYAML's MarkedYAMLError
-    if mark is None:
-        return " ".join(str(error).split())
-    where = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
-    started = getattr(error, "context_mark", None)
-    if error.context and started is not None:
-        return f"{where} ({error.context} that starts on line {started.line + 1})"
-    return f"{where} ({error.context})" if error.context else where
-
-
-WANTED = {
-    str: ("must be text", (str,)),
-    int: ("must be an integer", (str, int)),
-    float: ("must be a number", (str, int, float)),
-}
-
-
-def file_value(action: argparse.Action, value):
-    """A file's value as its flag would give it; a ValueError says what is wrong with it."""
-    if isinstance(action, argparse.BooleanOptionalAction):
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{action.dest} must be true or false, got {value!r}")
-    if action.dest in JSON_OBJECTS and isinstance(value, dict):
-        return value  # GRPOConfig takes the object as its JSON text
-    if value is None:
-        if action.default is None:
-            return value
-        raise ValueError(f"{action.dest} must not be null (leave it out for the default), got None")
-    if action.nargs is None:
-        return one_value(action, value, value)
-    if not isinstance(value, list) or len(value) != action.nargs:
-        raise ValueError(f"{action.dest} must be a list of {action.nargs} values, got {value!r}")
-    return [one_value(action, item, value) for item in value]
-
-
-def one_value(action: argparse.Action, item, value):
-    """`item` (of `value`) as the flag's type: text may stand for a number, as YAML reads 1e-5."""
-    kind = action.type or str
-    wanted, allowed = WANTED[kind]
-    try:
-        item = kind(item) if isinstance(item, allowed) and not isinstance(item, bool) else None
-    except ValueError:
-        item = None
-    if item is None:
-        raise ValueError(f"{action.dest} {wanted}, got {value!r}")
-    if action.choices is not None and item not in action.choices:
-        raise ValueError(f"{action.dest} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
-    return item
-
-
 def on_rank_0() -> bool:
     """Whether this is the process that writes and prints: the only one, or torchrun's rank 0 (RANK says so
     before the process group exists)."""
@@ -313,151 +398,10 @@ def check_output_dir(path: str) -> None:
     """Before any work: --output_dir must be a directory this process can write, or one it can create."""
     if not path:
         sys.exit("train_math.py: --output_dir is empty; give a directory, such as runs/train_math")
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if existing == os.path.abspath(path) and not os.path.isdir(existing):
-        sys.exit(f"train_math.py: --output_dir {path} is a file; it must be a directory (or not exist yet)")
-    if not os.path.isdir(existing):
-        sys.exit(f"train_math.py: --output_dir {path} cannot be created: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        sys.exit(f"train_math.py: --output_dir {path} cannot be written: no write permission in {existing}")
-    problem = files.write_probe(path) if on_rank_0() else None  # under torchrun rank 0 alone writes
+    problem = files.output_dir_problem(path, probe=on_rank_0())  # under torchrun rank 0 alone writes
     if problem:
-        sys.exit(f"train_math.py: --output_dir {path} cannot be written: {problem}")
+        sys.exit(f"train_math.py: --output_dir {path} {problem}")
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    check_output_dir(args.output_dir)
-
-    try:
-        grpo, config = from_args(GRPOConfig, args), from_args(TrainConfig, args)  # checked before any work
-        # Task: problems, the prompt format and the rewards (the default model has no chat format).
-        tokenizer = minigrpo.Tokenizer.from_directory(tokenizer_directory(args.model))
-        prompt = template(args.template or ("chat" if tokenizer.has_chat_format else "tiny"))
-        synthetic = not os.path.exists(args.data) and not args.data.startswith("hf://")
-        train_problems = load_problems(
-            args.data,
-            "train",
-            count=args.train_count if synthetic else None,
-            seed=args.seed,
-            difficulty=args.difficulty,
-            note=rank_0_note,
-        )
-        eval_source = args.eval_data or args.data
-        eval_problems = load_problems(
-            eval_source,
-            "test",
-            count=args.eval_count,
-            seed=0,  # the same for every run
-            difficulty=args.difficulty,
-            note=rank_0_note,
-        )
-        rewards = parse_rewards(args.rewards if args.rewards is not None else default_rewards(args.data))
-        # with its own chat template, a chat prompt declares the run's tools to the model
-        tools = declared_tools(tokenizer, grpo.tool_names)
-        task = to_task(train_problems, prompt, rewards, tokenizer, tools, grpo.template_kwargs)
-        run = build_run(args.model, task, grpo, config, device=args.device, dtype=args.dtype)
-        trainer = run.trainer
-        held_out = [
-            prompt.render(p.question, tokenizer, tools, **grpo.template_kwargs) for p in eval_problems
-        ]
-        sources = sources_of(eval_problems)  # a file's: "data.jsonl, line 7" names a prompt too long
-        what = "held-out prompts" if sources else f"held-out prompts ({eval_source})"
-        # tokens a prompt may have
-        room = trainer.model.config.max_position_embeddings - grpo.max_completion_length
-        held_out_ids = tokenizer.encode_all(held_out, what, args.model, room, sources)
-        trainer.check_context(held_out_ids, what, sources)
-    except (ValueError, minigrpo.CheckpointError, FileNotFoundError) as error:
-        sys.exit(f"train_math.py: {error}")
-
-    def held_out() -> dict[str, float]:  # under torchrun each rank evaluates a block of the problems
-        settings = dict(max_new_tokens=args.max_completion_length, seed=args.seed)
-        tools = dict(tools=grpo.tool_names, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls)
-        # accuracy; the steps' faithfulness where they can be checked; tool calls per completion
-        stats = evaluate_held_out(trainer, eval_problems, prompt, rewards[:1], **settings, **tools).stats()
-        if grpo.tool_names:  # how much the accuracy owes to the tools
-            off = evaluate_held_out(trainer, eval_problems, prompt, rewards[:1], **settings)
-            stats["held_out/accuracy_tools_off"] = off.pass_at_1
-        return stats
-
-    def every_few_steps(trainer) -> dict:
-        if args.eval_every and trainer.step % args.eval_every == 0:
-            return held_out()
-        return {}
-
-    # Before: held-out greedy accuracy of the starting policy, kept in output_dir across --resume.
-    main = trainer.dist.is_main
-    if not synthetic and not args.eval_data:
-        trainer.dist.print(f"note: evaluating on {args.data} itself; pass --eval_data for held-out problems")
-    try:  # what the accuracy is measured on must stay the same from start to end, tools included
-        measured_on = {"eval_data": eval_source, "eval_count": len(eval_problems)}
-        if grpo.tool_names:
-            measured_on.update(
-                tools=grpo.tools, tool_format=grpo.tool_format, max_tool_calls=grpo.max_tool_calls
-            )
-        initial = initial_evaluation(trainer, held_out, measured_on)
-    except (ValueError, files.DiskFull) as error:
-        sys.exit(f"train_math.py: {error}")
-    trainer.dist.print(
-        f"held-out greedy accuracy before GRPO: {initial['initial_accuracy']:.3f} "
-        f"({len(eval_problems)} problems)"
-    )
-    if grpo.tool_names:
-        trainer.dist.print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
-
-    # GRPO: sample, verify, advantages, update; metrics and checkpoints as it goes.
-    trainer.dist.print(f"objective: {trainer.describe_objective()}")
-    trace = Trace(html_path=os.path.join(args.output_dir, "trace.html")) if args.trace else None
-    try:  # broken weights are never saved; a full disk keeps nothing of the write it stopped
-        run.train(
-            on_step=every_few_steps,
-            observer=trace,
-            start_stats=initial.get("initial_stats", {"eval/accuracy": initial["initial_accuracy"]}),
-        )
-    except (NonFiniteWeights, files.DiskFull) as error:
-        sys.exit(f"train_math.py: {error}")
-
-    # After: the same evaluation, and a summary to compare runs by.
-    final = held_out()
-    final_accuracy = final["eval/accuracy"]
-    if not main:
-        # torchrun: waits for rank 0's summary below, then exits (see distributed.finish)
-        distributed.finish()
-    # this process's, and the earlier ones' up to the checkpoint it resumed from
-    wall = run.wall_seconds()
-    summary = {
-        "initial_accuracy": initial["initial_accuracy"],
-        "final_accuracy": final_accuracy,
-        "gain": final_accuracy - initial["initial_accuracy"],
-        "steps": trainer.step,
-        "objective": trainer.describe_objective(),
-        **held_out_extras(initial.get("initial_stats", {}), final),
-        "wall_seconds": round(wall, 1),
-        "eval_problems": len(eval_problems),
-        "model": args.model,
-        "data": args.data,
-        "seed": args.seed,
-        "processes": trainer.dist.world_size,
-        "args": vars(args),
-    }
-    try:
-        files.replace_json(os.path.join(args.output_dir, "summary.json"), summary)
-        # the run's total, as a record: a later --resume adds on to the checkpoint's (Run.wall_seconds)
-        save_initial_evaluation(args.output_dir, {**initial, "wall_seconds_before": wall})
-    except files.DiskFull as error:
-        sys.exit(f"train_math.py: {error}")
-    plotted = plot_curves(
-        os.path.join(args.output_dir, "metrics.jsonl"), os.path.join(args.output_dir, "curves.png")
-    )
-    if grpo.tool_names:  # before and after, as summary.json has them
-        print(f"held-out tool use before GRPO: {tool_use(initial.get('initial_stats', {}))}")
-        print(f"held-out tool use after GRPO: {tool_use(final)}")
-    print(
-        f"held-out greedy accuracy: {initial['initial_accuracy']:.3f} -> {final_accuracy:.3f} "
-        f"({100 * summary['gain']:+.1f} points) in {trainer.step} steps, {wall / 60:.1f} min; "
-        f"{args.output_dir}/summary.json"
-        + (", curves.png" if plotted else " (pip install matplotlib for curves.png)")
-    )
-    distributed.finish()  # torchrun: every rank leaves together; no rank aborts while Python shuts down
+    main()

@@ -5,7 +5,8 @@ In: paths and JSON-able data. Out: files replaced by rename (`replaced_whole`, `
 deletes: `remove_leftovers`), JSON objects read back (`read_json_object`), a named pipe or a directory
 where a file should be refused before it is opened (`regular_file`), a full disk as one `DiskFull` line
 naming the path and the space left, and whether a directory takes a new file (`write_probe`, which the
-tools run on their outputs before any work). It knows the file system, not what the files hold:
+tools run on their outputs before any work; `output_dir_problem`, a run's output directory checked
+whole). It knows the file system, not what the files hold:
 run/checkpoint.py, model/ (weights, tokenizer, adapter files), run/metrics.py, run/trace.py and the
 tools use it.
 """
@@ -254,6 +255,23 @@ def write_probe(path: str) -> str | None:
         return f"{step} fails ({error.strerror or error})"
     remove_empty(made[-1:] if made and made[-1] == path else [])
     return None
+
+
+def output_dir_problem(path: str, probe: bool = True) -> str | None:
+    """What stops a run from writing into the directory `path`, in the words that follow its name in a
+    one-line error, or None: it must be a directory this process can write, or one it can create, and
+    with `probe` take a new file (`write_probe`; under torchrun rank 0 alone writes, so only it probes)."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if existing == os.path.abspath(path) and not os.path.isdir(existing):
+        return "is a file; it must be a directory (or not exist yet)"
+    if not os.path.isdir(existing):
+        return f"cannot be created: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be written: no write permission in {existing}"
+    problem = write_probe(path) if probe else None
+    return f"cannot be written: {problem}" if problem else None
 
 
 def remove_empty(directories: list[str]) -> None:

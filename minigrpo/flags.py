@@ -1,6 +1,7 @@
 """Before the loop: the settings as command-line flags and config-file keys. In: a config dataclass
 (config.py). Out: one argparse flag per field, whose help is the field's comment, and the dataclass
-built back from parsed flags; and the parser every tool uses, whose errors are one line. It knows
+built back from parsed flags; the parser every tool uses, whose errors are one line; and the values of
+a JSON or YAML config file (`read_config_file`), each checked as its flag would check it. It knows
 argparse and the dataclasses' source, not what a setting does.
 """
 
@@ -10,6 +11,7 @@ import argparse
 import functools
 import inspect
 import io
+import json
 import sys
 import tokenize
 import typing
@@ -109,3 +111,95 @@ def field_comments(config_class) -> dict[str, str]:
 def from_args(config_class, args: argparse.Namespace):
     """The dataclass of parsed flags (add_fields'); its __post_init__ checks the values."""
     return config_class(**{field.name: getattr(args, field.name) for field in fields(config_class)})
+
+
+# -- a config file: the same names as the flags, checked as the flags check them ------------------------
+def read_config_file(path: str, options: dict[str, argparse.Action]) -> dict:
+    """The values of a JSON or YAML file of option names (`options`: name -> its flag's action), each as its
+    flag would give it, checked against the flag's type, count and choices (by the action's public attributes,
+    not argparse's internals). A ValueError says what is wrong, in one line."""
+    load = json.load
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(
+                f"reading {path} needs PyYAML (pip install pyyaml), or use a JSON file"
+            ) from None
+        load = yaml.safe_load
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = load(f) or {}
+    except Exception as error:  # a missing file, bad JSON or YAML
+        raise ValueError(f"cannot read the config file {path}: {_read_error(error)}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of option names to values")
+    return option_values(values, options, path)
+
+
+def option_values(values: dict, options: dict[str, argparse.Action], where: str) -> dict:
+    """`values` (option name -> value, read from `where`), each as its flag would give it; a ValueError
+    names an unknown option or a bad value."""
+    unknown = sorted(set(values) - set(options))
+    if unknown:
+        raise ValueError(f"{where} has unknown options: {', '.join(unknown)}")
+    try:
+        return {key: _file_value(options[key], value) for key, value in values.items()}
+    except ValueError as problem:
+        raise ValueError(f"{where}: {problem}") from None
+
+
+def _read_error(error: Exception) -> str:
+    """What is wrong with a config file, in one line: where the JSON or YAML parser stopped, and why (PyYAML's
+    own message spans several lines, quoting the text with a caret under it)."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"line {error.lineno}, column {error.colno}: {error.msg}"
+    mark = getattr(error, "problem_mark", None)  # PyYAML's MarkedYAMLError
+    if mark is None:
+        return " ".join(str(error).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    started = getattr(error, "context_mark", None)
+    if error.context and started is not None:
+        return f"{where} ({error.context} that starts on line {started.line + 1})"
+    return f"{where} ({error.context})" if error.context else where
+
+
+_WANTED = {
+    str: ("must be text", (str,)),
+    int: ("must be an integer", (str, int)),
+    float: ("must be a number", (str, int, float)),
+}
+
+
+def _file_value(action: argparse.Action, value):
+    """A file's value as its flag would give it; a ValueError says what is wrong with it."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{action.dest} must be true or false, got {value!r}")
+    if action.dest in JSON_OBJECTS and isinstance(value, dict):
+        return value  # GRPOConfig takes the object as its JSON text
+    if value is None:
+        if action.default is None:
+            return value
+        raise ValueError(f"{action.dest} must not be null (leave it out for the default), got None")
+    if action.nargs is None:
+        return _one_value(action, value, value)
+    if not isinstance(value, list) or len(value) != action.nargs:
+        raise ValueError(f"{action.dest} must be a list of {action.nargs} values, got {value!r}")
+    return [_one_value(action, item, value) for item in value]
+
+
+def _one_value(action: argparse.Action, item, value):
+    """`item` (of `value`) as the flag's type: text may stand for a number, as YAML reads 1e-5."""
+    kind = action.type or str
+    wanted, allowed = _WANTED[kind]
+    try:
+        item = kind(item) if isinstance(item, allowed) and not isinstance(item, bool) else None
+    except ValueError:
+        item = None
+    if item is None:
+        raise ValueError(f"{action.dest} {wanted}, got {value!r}")
+    if action.choices is not None and item not in action.choices:
+        raise ValueError(f"{action.dest} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return item
