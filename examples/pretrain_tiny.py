@@ -84,7 +84,8 @@ KINDS = {
         task={"data": "countdown", "difficulty": 1, "template": "tiny", "max_completion_length": 40},
     ),
 }
-CALC_MARKERS = ["<calc>", "</calc>", "<out>", "</out>"]  # tools.py's compact format, one token each
+# the calc tool format's markers (tools/registry.py's FORMATS), one token each
+CALC_MARKERS = ["<calc>", "</calc>", "<out>", "</out>"]
 RECORD = "pretrain.json"  # in the output, beside the checkpoint's files: the command and its figures
 parser = OneLineErrors(description=__doc__.split("\n")[0])
 parser.add_argument(

@@ -694,7 +694,7 @@ def check_report_to(report_to: str) -> None:
 
 
 def check_tool_settings(tool_format: str, max_tool_calls: int) -> None:
-    """The tool format and call limit; which tools exist is tool_registry.check_tools' to say."""
+    """The tool format and call limit; which tools exist is check_tools' to say (tools/registry.py)."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
     check_max_tool_calls(max_tool_calls)

@@ -184,7 +184,7 @@ class Run:
 
 
 def evaluate_held_out(trainer: Trainer, problems, template, rewards=None, **settings) -> Evaluation:
-    """evaluate.evaluate of the trainer's policy on held-out problems, each rank taking a block of them;
+    """evaluation.evaluate of the trainer's policy on held-out problems, each rank taking a block of them;
     every rank gets the result over all of them. Greedy results do not depend on the number of ranks;
     sampled ones (temperature > 0) do, as each rank seeds its own block."""
     mine = trainer.dist.block_of(problems)

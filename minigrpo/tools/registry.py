@@ -13,7 +13,7 @@ Two formats (`FORMATS`):
 The call's end marker must be one token of the tokenizer: the sampler watches for that id.
 
 Two tools are registered (`register_tool` adds yours, as `register_reward` does rewards):
-  calculator  exact arithmetic through the verifier's bounded parser, never eval (calculator_arithmetic.py:
+  calculator  exact arithmetic through the verifier's bounded parser, never eval (calculator_worker.py:
               its budget; calculator_pool.py: the worker processes it runs in): an integer or reduced
               fraction, or 15 significant digits for an irrational value.
   python      the code in the verifier's sandbox (verifier/programs/code.py, all its guarantees), its stdout
