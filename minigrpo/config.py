@@ -56,8 +56,7 @@ ALL_LINEAR = "all-linear"
 class SamplingConfig:
     """How completions are drawn; checked once, before any work."""
 
-    # completion budget per sample, EOS counted; or a list, one budget per prompt (for each of its samples)
-    max_new_tokens: int | list[int] = 256
+    max_new_tokens: int | list[int] = 256  # completion budget per sample, EOS counted; or one per prompt
     temperature: float = 1.0  # logits are divided by this; 0 means greedy
     top_p: float = 1.0  # nucleus: keep the most likely tokens up to this probability mass, in (0, 1]
     top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
@@ -65,9 +64,7 @@ class SamplingConfig:
     eos_token_ids: tuple[int, ...] = ()  # any of these ends a completion (and is kept in it)
     seed: int | None = None  # the same seed gives the same tokens; None draws one from torch's global RNG
     max_batch_rows: int | None = None  # rows decoding at once (bounds the KV cache); None: every row
-    # decode steps replayed from graphs: "auto" = CUDA graphs on a GPU, eager on CPU; True = graphs on CPU
-    # too (torch.compile's, seconds each to build); False = eager everywhere (the reference path)
-    compile: bool | str = "auto"
+    compile: bool | str = "auto"  # decode graphs: "auto" GPU only; True also CPU (slow to build); False eager
     check_every: int | None = None  # decode steps between host syncs; None: 1 on CPU, 8 on GPU
     compact: bool = True  # drop finished rows from the batch once they are half of it
 
@@ -126,8 +123,7 @@ class GRPOConfig:
     epsilon_high: float | None = None  # clip above 1 (DAPO's clip-higher: 0.28, GSPO: 4e-4); None: epsilon
     beta: float = 0.0  # weight of the k3 KL to the reference model; 0 keeps no reference model
     loss_type: str = "grpo"  # grpo|bnpo|dr_grpo|dapo|cispo|sapo|gmpo|dppo_tv|dppo_kl|reinforce: loss.py
-    # how rewards become advantages (update/estimators.py)
-    advantage_estimator: str = "grpo"  # grpo|rloo|reinforce_plus_plus[_baseline]|grpo_passk|passk|maxrl
+    advantage_estimator: str = "grpo"  # how rewards become advantages (update/estimators.py)
     pass_k: int = 4  # k of advantage_estimator=passk (analytic pass@k advantages), <= num_generations
     clip_ratio_c: float | None = None  # dual-clip: A < 0 loses at most c|A| (verl: 3); dppo's IS cap (20)
     sapo_temperature_pos: float = 1.0  # loss_type=sapo: the gate's temperature for positive advantages
@@ -162,9 +158,8 @@ class GRPOConfig:
     drop_zero_variance_groups: bool = False  # leave groups with equal rewards out of the update (no signal)
     overlong_buffer: int = 0  # DAPO's soft overlong penalty over the last this-many tokens; 0 = off
     overlong_penalty: float = 1.0  # reward lost at max_completion_length (linear over the buffer)
-    # on-policy distillation (update/distillation.py): a teacher grades each token the policy samples;
-    # teacher_model is named as --model is (TRL's DistillationConfig: teacher_model_name_or_path)
-    teacher_model: str = ""  # the teacher's checkpoint directory or Hub id; "": no teacher
+    # on-policy distillation (update/distillation.py): a teacher grades each token the policy samples
+    teacher_model: str = ""  # the teacher's checkpoint or Hub id, as --model (TRL's name); "": no teacher
     distillation_coef: float = 1.0  # 1: distillation alone, 0: RL alone, between: a weighted sum of the two
     distillation_form: str = "token"  # token: -(log p - log p_teacher) per token | full: reverse KL over V
 
@@ -459,8 +454,7 @@ class TrainConfig:
     stop_at_step: int = 0  # end this process after this step, checkpointed (time-boxed jobs); 0 = max_steps
     batch_size: int = 64  # completions per step: prompts per step = batch_size / num_generations
     micro_batch_size: int = 8  # completions per forward/backward; gradients accumulate over a step
-    # micro-batches of similar-length completions, each also at most micro_batch_size rows
-    micro_batch_tokens: int = 0  # if > 0: at most this many padded tokens per micro-batch
+    micro_batch_tokens: int = 0  # if > 0: similar-length completions, at most this many padded tokens a batch
     shared_prompt: bool = True  # update: each prompt runs once for its G completions (whole groups)
     learning_rate: float = 1e-6  # AdamW peak learning rate
     weight_decay: float = 0.0  # AdamW decoupled weight decay
@@ -471,22 +465,19 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # clip the gradient's global norm; 0 = no clipping
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, one forward more
     bf16: bool = True  # on GPU, run forward passes under bfloat16 autocast (CPU always fp32)
-    # one process: no effect
-    fsdp: bool = False  # under torchrun: shard policy (and reference) over the ranks with FSDP2, not DDP
+    fsdp: bool = False  # under torchrun: shard policy (and reference) by FSDP2, not DDP; alone: no effect
     seed: int = 0  # sampling, data order and micro-batch shuffles all derive from this
     save_every: int = 0  # write a checkpoint every this many steps (0: only at the end)
     save_total_limit: int = 2  # checkpoints kept (the oldest are deleted)
     resume: bool = False  # continue from the latest checkpoint in output_dir
     log_completions_every: int = 10  # print a few sampled completions every this many steps (0: never)
     progress_bar: bool = True  # a tqdm bar over steps
-    # under metrics.jsonl's names, written in output_dir
-    report_to: str = "none"  # also send each step's stats to tensorboard or wandb (offline)
+    report_to: str = "none"  # also send each step's stats to tensorboard or wandb (offline), in output_dir
     # LoRA (model/lora.py): train low-rank adapters on a frozen base instead of every weight
     lora_rank: int = 0  # r of every adapter; 0 trains every weight (full fine-tuning)
     lora_alpha: float = 32.0  # an adapter adds (lora_alpha / lora_rank) B A x; raise the learning rate ~10x
     lora_dropout: float = 0.0  # dropout on each adapter's input while training
-    # comma-separated: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "" with a rank: all
-    lora_target_modules: str = ""  # the projections of every block that get adapters, or all-linear
+    lora_target_modules: str = ""  # projections given adapters: q_proj,v_proj,... or all-linear; "": all
     use_rslora: bool = False  # scale adapters by lora_alpha / sqrt(lora_rank) (rsLoRA) instead
 
     def __post_init__(self):
