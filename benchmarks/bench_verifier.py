@@ -5,7 +5,7 @@ response, `is_equivalent` when `bare` says the prediction is already extracted),
 is measured around that call. With `--against math-verify` the `math-verify` package (a
 benchmark-only dependency: pip install "math-verify[antlr4_13_2]") scores the same cases in the
 same run. The default corpus, benchmarks/data/verifier_cases.jsonl, holds the cases of
-tests/test_verifier.py (remade by benchmarks/data/make_verifier_cases.py), so we score 100% there by
+tests/test_math_answers.py (remade by benchmarks/data/make_verifier_cases.py), so we score 100% there by
 construction; `--corpus` takes any corpus in the same schema. With `--math500`, a second check
 boxes each MATH-500 gold answer: it must match itself, and `\\boxed{123}` must match no gold but 123.
 With `--peer DIR` the cases are other projects' grading tests instead, one JSONL per source in DIR

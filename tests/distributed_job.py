@@ -12,6 +12,7 @@ import random
 import sys
 
 import torch
+from helpers import ROWS
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
@@ -19,8 +20,6 @@ from minigrpo.rollout import Samples
 from minigrpo.run import Trainer, build_run
 from minigrpo.tools import ToolCall
 from minigrpo.verifier import register_reward
-
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
 
 
 @register_reward("test_length")

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import minigrpo
+from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -33,6 +34,25 @@ CONFIGS = {
     "mha-headdim": dict(TINY, num_key_value_heads=4, head_dim=24),  # head_dim != hidden / heads
     "mqa-bias": dict(TINY, num_attention_heads=6, num_key_value_heads=1, head_dim=8, attention_bias=True),
 }
+
+
+def addition_rows(a: int = 4, b: int = 3) -> list[dict]:
+    """A task's rows: "What is x + y?" for every x < a and y < b, with the sum as the answer."""
+    return [{"prompt": f"What is {x} + {y}?", "answer": str(x + y)} for x in range(a) for y in range(b)]
+
+
+ROWS = addition_rows()  # the trainer tests' task: 12 problems
+VOWELS = "test_vowels"  # the tests' reward, registered once below
+
+
+def vowel_share(completions, **_):
+    """A reward a random policy earns unevenly, in [0, 1]: the share of a completion's characters that
+    are vowels, so every step has signal and moves the weights."""
+    return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
+
+
+if VOWELS not in REWARD_FUNCTIONS:
+    register_reward(VOWELS)(vowel_share)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+import helpers  # noqa: F401  (registers the tests' reward, helpers.VOWELS, which the runs name)
 import matplotlib
 import tool_runner  # imports torch and what the examples need; runs one as __main__ in a forked process
 import torch
@@ -24,15 +25,7 @@ import torch
 matplotlib.use("Agg")  # as plot_curves chooses it
 import matplotlib.pyplot  # noqa: E402, F401  (a finished train_math.py run plots its curves)
 
-from minigrpo.verifier import register_reward
-
 TIME_LIMIT = 120  # seconds a run may take before the server kills it and reports a time-out
-
-
-@register_reward("killed_run_vowels")
-def _vowels(completions, **_):
-    """A reward a random policy earns unevenly (the share of vowels): the steps move the weights."""
-    return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
 
 
 def _kill_at(owner, name: str, path: str, call: int = 1, after: bool = False) -> None:

@@ -1,6 +1,6 @@
 """bench_verifier's shipped corpus: remade exactly by its generator, well formed, and agreed with.
 
-The labels come from tests/test_verifier.py, which passes, so the verifier must agree with every
+The labels come from tests/test_math_answers.py, which passes, so the verifier must agree with every
 one; a disagreement means the corpus is stale (rerun benchmarks/data/make_verifier_cases.py).
 """
 
@@ -38,7 +38,7 @@ def test_every_case_has_the_schema():
         assert FIELDS <= set(case) <= FIELDS | {"bare"}, case["id"]
         assert isinstance(case["expected"], bool), case["id"]
         assert isinstance(case["gold"], str) and isinstance(case["pred"], str), case["id"]
-        assert case["source"].startswith("tests/test_verifier.py::"), case["id"]
+        assert case["source"].startswith("tests/test_math_answers.py::"), case["id"]
         assert case.get("bare", True) is True, case["id"]  # written only when true, as in the shared corpus
 
 

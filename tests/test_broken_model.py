@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import VOWELS, addition_rows, tiny_policy
 from safetensors.torch import load_file, save_file
 
 import minigrpo
@@ -30,19 +30,9 @@ from minigrpo.run import (
     write_checksums,
 )
 from minigrpo.update import NonFiniteWeights
-from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(3) for b in range(2)]
+ROWS = addition_rows(3, 2)
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
-
-def _vowels(completions, **_):
-    """A reward a random policy earns unevenly: every step has signal and moves the weights."""
-    return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
-
-
-if "test_broken_model_vowels" not in REWARD_FUNCTIONS:
-    register_reward("test_broken_model_vowels")(_vowels)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +62,7 @@ def settings(out, **overrides) -> tuple[GRPOConfig, TrainConfig]:
 
 
 def task() -> Task:
-    return Task(ROWS, [RewardSpec("test_broken_model_vowels")])
+    return Task(ROWS, [RewardSpec(VOWELS)])
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +139,7 @@ def test_train_math_says_float16_and_broken_weights_in_one_line(examples_server,
         "--template",
         "tiny",
         "--rewards",
-        "killed_run_vowels",
+        VOWELS,
         "--steps",
         "2",
         "--save_every",

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import VOWELS, tiny_policy
 from safetensors.torch import load_file
 
 import minigrpo
@@ -21,7 +21,7 @@ ARGS = [
     "--template",
     "tiny",
     "--rewards",
-    "killed_run_vowels",
+    VOWELS,
     "--steps",
     "3",
     "--save_every",

@@ -10,8 +10,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_policy, tiny_tokenizer, write_json
-from test_trainer import ROWS
+from helpers import ROWS, tiny_model, tiny_policy, tiny_tokenizer, write_json
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer

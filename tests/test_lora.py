@@ -12,7 +12,7 @@ import signal
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import ROWS, VOWELS, tiny_policy
 from safetensors.torch import load_file, save_file
 from test_crash_safety import ARGS as CRASH_ARGS
 
@@ -35,19 +35,8 @@ from minigrpo.model import (
 )
 from minigrpo.rollout import generate
 from minigrpo.run import CHECKPOINTS, Trace, build_run, latest_checkpoint, load_state
-from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def _vowels(completions, **_):
-    """A reward a random policy earns unevenly: the share of vowels."""
-    return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
-
-
-if "test_lora_vowels" not in REWARD_FUNCTIONS:
-    register_reward("test_lora_vowels")(_vowels)
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +257,7 @@ def lora_trainer(model_path: str, tmp_path, grpo=None, dtype=None, **train):
     return Trainer(
         model,
         tokenizer,
-        Task(ROWS, [RewardSpec("test_lora_vowels")]),
+        Task(ROWS, [RewardSpec(VOWELS)]),
         grpo,
         TrainConfig(**{**settings, **train}),
     )
@@ -354,7 +343,7 @@ def test_adapters_put_on_in_memory_name_the_run_s_model_and_are_refused_under_fs
     base, tmp_path
 ):
     grpo = GRPOConfig(num_generations=4, max_completion_length=8)
-    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    task = Task(ROWS, [RewardSpec(VOWELS)])
     settings = dict(output_dir=str(tmp_path / "run"), batch_size=8, micro_batch_size=4, progress_bar=False)
     model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
     model.name_or_path = ""  # as a model built in memory, its adapters on
@@ -548,7 +537,7 @@ def test_the_empty_values_of_those_settings_load_as_peft_loads_them(base, tmp_pa
 
 def test_a_resume_refuses_a_base_whose_weights_changed_in_place(base, tmp_path):
     copy = shutil.copytree(base, tmp_path / "base")  # changed below: not the module's base
-    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    task = Task(ROWS, [RewardSpec(VOWELS)])
     grpo = GRPOConfig(num_generations=2, max_completion_length=4)
     settings = dict(output_dir=str(tmp_path / "run"), batch_size=4, micro_batch_size=4, lora_rank=2)
     settings.update(progress_bar=False, log_completions_every=0)
@@ -681,7 +670,7 @@ def test_adapters_that_cannot_be_are_refused_when_described(fields, message):
 
 
 def test_a_resume_refuses_other_adapters_than_its_checkpoint_s_in_one_line(base, tmp_path):
-    task = Task(ROWS, [RewardSpec("test_lora_vowels")])
+    task = Task(ROWS, [RewardSpec(VOWELS)])
     grpo = GRPOConfig(num_generations=2, max_completion_length=4)
     settings = dict(output_dir=str(tmp_path / "run"), batch_size=4, micro_batch_size=4, lora_rank=2)
     settings.update(

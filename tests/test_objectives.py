@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import ROWS, VOWELS, tiny_policy
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
@@ -17,22 +17,14 @@ from minigrpo.update import EntropyCoefficient, grpo_loss, objective_from, objec
 from minigrpo.update.estimators import estimator_for, kl_shaped_returns, passk, whiten_over_tokens
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
-
-
-def _vowel_share(completions, **_):
-    """A reward a random model earns unevenly, in [0, 1]: the share of characters that are vowels."""
-    return [sum(c in "aeiou" for c in text) / max(len(text), 1) for text in completions]
-
 
 def _has_vowel_x(completions, **_):
     """A 0/1 reward for pass@k: 1 if the completion holds an 'x' or an 'e'."""
     return [float("x" in text or "e" in text) for text in completions]
 
 
-for _name, _fn in (("objectives_vowels", _vowel_share), ("objectives_binary", _has_vowel_x)):
-    if _name not in REWARD_FUNCTIONS:
-        register_reward(_name)(_fn)
+if "objectives_binary" not in REWARD_FUNCTIONS:
+    register_reward("objectives_binary")(_has_vowel_x)
 
 # Every new choice, as the GRPOConfig fields that select it (with num_iterations 2 the ratio moves from 1 in
 # the second pass, so the clips, gates and masks act).
@@ -74,7 +66,7 @@ def checkpoint(tmp_path_factory):
     return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
 
 
-def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", train_settings=None, **settings):
+def make_trainer(checkpoint, tmp_path, reward=VOWELS, train_settings=None, **settings):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, num_iterations=2, **settings)
     train_settings = {"micro_batch_size": 3, **(train_settings or {})}
@@ -92,7 +84,7 @@ def make_trainer(checkpoint, tmp_path, reward="objectives_vowels", train_setting
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_each_option_trains_and_is_named(checkpoint, tmp_path, option):
-    reward = "objectives_binary" if option == "passk" else "objectives_vowels"
+    reward = "objectives_binary" if option == "passk" else VOWELS
     trainer = make_trainer(checkpoint, tmp_path, reward, **OPTIONS[option])
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     lines = []

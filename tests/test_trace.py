@@ -8,13 +8,12 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from helpers import tiny_model, tiny_tokenizer
+from helpers import ROWS, tiny_model, tiny_tokenizer
 
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.run import Trace, render_html
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
 G = 4
 GREEN, RED = "rgba(0, 170, 60,", "rgba(220, 30, 30,"
 

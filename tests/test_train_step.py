@@ -17,13 +17,12 @@ import statistics
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer
+from helpers import ROWS, tiny_model, tiny_tokenizer
 
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.rollout import Samples
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
 G, MAX_LEN = 4, 8
 # Per prompt of the step (in sampling order): each completion's length and reward. A length of
 # MAX_LEN is cut there ("length", no EOS); shorter ones end in EOS. The third group is flat. For

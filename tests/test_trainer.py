@@ -9,15 +9,13 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import ROWS, tiny_policy
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.run import Run, initial_evaluation, latest_checkpoint, load_state
 from minigrpo.tasks import PromptStream
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
-
-ROWS = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(4) for b in range(3)]
 
 
 def _count_x(completions, **_):

@@ -1,4 +1,4 @@
-"""Writes verifier_cases.jsonl, bench_verifier's default corpus, from the cases in tests/test_verifier.py.
+"""Writes verifier_cases.jsonl, bench_verifier's default corpus, from the cases in tests/test_math_answers.py.
 
 Every label is one that a passing test asserts, so minigrpo scores 100% here by construction: the
 corpus gives a clean clone a benchmark that runs (latency, timeouts), not an accuracy claim. For
@@ -23,10 +23,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
 
-import test_verifier as tv  # noqa: E402  (needs tests/ on the path)
+import test_math_answers as tv  # noqa: E402  (needs tests/ on the path)
 
 OUT = os.path.join(HERE, "verifier_cases.jsonl")
-SOURCE = "tests/test_verifier.py::"
+SOURCE = "tests/test_math_answers.py::"
 
 
 MAX_CHARS = 20_000  # longest hostile input kept in the corpus

@@ -1,4 +1,4 @@
-"""Stage 4's log-probs (token_logprobs.py): each completion token's log-prob and entropy from a
+"""Stage 4's log-probs (update/logprobs.py): each completion token's log-prob and entropy from a
 padded batch equal those of its row run alone, at the sampling temperature, and the chunked LM
 head and the shared-prompt forward equal the full-vocabulary path, gradients included."""
 
