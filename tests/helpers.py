@@ -54,6 +54,31 @@ def vowel_share(completions, **_):
 if VOWELS not in REWARD_FUNCTIONS:
     register_reward(VOWELS)(vowel_share)
 
+# The tiny run of examples/train_math.py: two steps of 2 prompts x 2 completions of at most 6 tokens,
+# a checkpoint each step, 20 training and 2 held-out problems (seconds).
+TINY_RUN = dict(
+    steps=2,
+    template="tiny",
+    save_every=1,
+    num_generations=2,
+    batch_size=4,
+    micro_batch_size=2,
+    max_completion_length=6,
+    train_count=20,
+    eval_count=2,
+)
+
+
+def tiny_run(**flags) -> list[str]:
+    """train_math.py's arguments for TINY_RUN with `flags` over it, --steps first (True: a bare flag such
+    as --fsdp; None: the flag left out)."""
+    args = []
+    for name, value in {**TINY_RUN, **flags}.items():
+        if value is not None:
+            args += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    return args
+
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer, tree
+from helpers import tiny_model, tiny_run, tiny_tokenizer, tree
 
 import minigrpo
 from minigrpo import files
@@ -886,28 +886,7 @@ def test_wall_seconds_add_up_the_processes_of_a_killed_run(examples_server, tmp_
     and summary.json's wall_seconds still holds the killed process's time (kept in the checkpoint), not only
     its own."""
     out = tmp_path / "run"
-    args = [
-        "--template",
-        "tiny",
-        "--train_count",
-        "20",
-        "--eval_count",
-        "2",
-        "--steps",
-        "2",
-        "--save_every",
-        "1",
-        "--num_generations",
-        "2",
-        "--batch_size",
-        "4",
-        "--micro_batch_size",
-        "2",
-        "--max_completion_length",
-        "6",
-        "--output_dir",
-        str(out),
-    ]
+    args = [*tiny_run(), "--output_dir", str(out)]
     code = examples_server.train_math(
         args, "save 2: renamed into place, its directory not fsynced", str(tmp_path), "killed"
     )

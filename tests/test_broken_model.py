@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import VOWELS, addition_rows, tiny_policy
+from helpers import VOWELS, addition_rows, tiny_policy, tiny_run
 from safetensors.torch import load_file, save_file
 
 import minigrpo
@@ -133,31 +133,8 @@ def test_the_check_tells_huge_finite_weights_from_nan_and_inf(policy, tmp_path):
 def test_train_math_says_float16_and_broken_weights_in_one_line(examples_server, policy, tmp_path):
     """The command line: --dtype float16 is one line before any work; a step that breaks the weights
     is one line naming the step, exit 1, and no checkpoint of it."""
-    args = [
-        "--model",
-        policy,
-        "--template",
-        "tiny",
-        "--rewards",
-        VOWELS,
-        "--steps",
-        "2",
-        "--save_every",
-        "1",
-        "--num_generations",
-        "2",
-        "--batch_size",
-        "4",
-        "--micro_batch_size",
-        "4",
-        "--max_completion_length",
-        "6",
-        "--train_count",
-        "6",
-        "--eval_count",
-        "2",
-        "--no-progress_bar",
-    ]
+    run = tiny_run(rewards=VOWELS, micro_batch_size=4, train_count=6)
+    args = ["--model", policy, *run, "--no-progress_bar"]
     fp16 = [*args, "--output_dir", str(tmp_path / "fp16"), "--dtype", "float16"]
     code = examples_server.train_math(fp16, None, str(tmp_path), "fp16")
     err = (tmp_path / "fp16.err").read_text()

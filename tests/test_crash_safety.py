@@ -11,36 +11,13 @@ import signal
 
 import pytest
 import torch
-from helpers import VOWELS, tiny_policy
+from helpers import VOWELS, tiny_policy, tiny_run
 from safetensors.torch import load_file
 
 import minigrpo
 from minigrpo.run import CHECKPOINTS, STATE_FILE, latest_intact_checkpoint, load_state
 
-ARGS = [
-    "--template",
-    "tiny",
-    "--rewards",
-    VOWELS,
-    "--steps",
-    "3",
-    "--save_every",
-    "1",  # 2 checkpoints kept
-    "--num_generations",
-    "2",
-    "--batch_size",
-    "4",
-    "--micro_batch_size",
-    "2",
-    "--max_completion_length",
-    "6",
-    "--train_count",
-    "20",
-    "--eval_count",
-    "2",
-    "--eval_every",
-    "1",
-]
+ARGS = tiny_run(rewards=VOWELS, steps=3, eval_every=1)  # a checkpoint each step, 2 of them kept
 
 # Each case: one killed run after another (the first fresh, the others --resume), each with what
 # its kill leaves: the entries of the checkpoints directory with their number of files, and the

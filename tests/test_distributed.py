@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import in_a_process
+from helpers import in_a_process, tiny_run
 
 import minigrpo
 from minigrpo import distributed
@@ -421,33 +421,8 @@ def test_resume_under_two_ranks_is_exact(layouts, two_nodes):
 def fsdp_job(checkpoint: str, base: Path) -> tuple[subprocess.CompletedProcess, Path]:
     """examples/train_math.py under torchrun with --fsdp, two ranks: the result and its output_dir."""
     out = base / "run"
-    result = torchrun(
-        2,
-        "examples/train_math.py",
-        "--model",
-        checkpoint,
-        "--template",
-        "tiny",
-        "--output_dir",
-        str(out),
-        "--fsdp",
-        "--steps",
-        "2",
-        "--num_generations",
-        "2",
-        "--batch_size",
-        "8",
-        "--micro_batch_size",
-        "2",
-        "--max_completion_length",
-        "6",
-        "--eval_count",
-        "6",
-        "--train_count",
-        "20",
-        "--eval_every",
-        "1",
-    )
+    flags = tiny_run(output_dir=out, fsdp=True, batch_size=8, eval_count=6, eval_every=1, save_every=None)
+    result = torchrun(2, "examples/train_math.py", "--model", checkpoint, *flags)
     return result, out
 
 

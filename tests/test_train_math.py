@@ -14,33 +14,14 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import tiny_policy, tiny_run
 
 import minigrpo
 from minigrpo.model import read_task
 from minigrpo.run import evaluate, latest_checkpoint
 from minigrpo.tasks import load_problems, template
 
-SMALL = [
-    "--steps",
-    "2",
-    "--num_generations",
-    "2",
-    "--batch_size",
-    "4",
-    "--micro_batch_size",
-    "2",
-    "--max_completion_length",
-    "6",
-    "--eval_count",
-    "4",
-    "--train_count",
-    "20",
-    "--eval_every",
-    "1",
-    "--save_every",
-    "1",
-]
+SMALL = tiny_run(template=None, eval_count=4, eval_every=1)  # the template: the model's
 # The embedded default (no --model) gets some arithmetic right in 32 tokens: its groups have signal.
 MICRO = [*SMALL, "--max_completion_length", "32", "--template", "tiny"]
 
