@@ -38,17 +38,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SHAPES, machine_line, transformers_twin  # noqa: E402
 
 import minigrpo  # noqa: E402
-from minigrpo.rollout import (  # noqa: E402
-    Rollout,
-    collate,
+from minigrpo.rollout import Rollout, collate  # noqa: E402
+from minigrpo.update import (  # noqa: E402
+    full_vocabulary_logprobs,
     group_batches,
+    grpo_loss,  # noqa: E402
     micro_batches,
     padding_fraction,
     token_budget_batches,
-)
-from minigrpo.update import (  # noqa: E402
-    full_vocabulary_logprobs,
-    grpo_loss,  # noqa: E402
     token_logprobs,
 )
 

@@ -456,7 +456,8 @@ def test_token_budget_and_shared_prompt_steps_equal_one_whole_batch(
 
 
 def test_shared_prompt_batches_hold_whole_groups_and_count_a_prompt_once():
-    from minigrpo.rollout import Rollout, group_batches, padding_fraction
+    from minigrpo.rollout import Rollout
+    from minigrpo.update import group_batches, padding_fraction
 
     lengths = [(5, 3), (5, 9), (2, 1), (2, 2), (7, 4), (7, 4)]  # three groups of 2: (prompt, completion)
     # a group weighs its prompt plus G x its longest completion: 5 + 2 * 9 = 23, 2 + 2 * 2 = 6, 7 + 2 * 4 =
@@ -474,7 +475,7 @@ def test_shared_prompt_batches_hold_whole_groups_and_count_a_prompt_once():
 
 
 def test_token_budget_batches_cover_every_rollout_within_the_budget():
-    from minigrpo.rollout import token_budget_batches
+    from minigrpo.update import token_budget_batches
 
     lengths = [(5, 3), (2, 12), (5, 12), (1, 1), (4, 7), (3, 3), (30, 40), (2, 2)]  # (prompt, completion)
     batches = token_budget_batches(

@@ -8,7 +8,7 @@ buffer that every later stage reads.
 - the loop's one hook (decode_hook.py), which tool calls use (tool_turns.py: a row pauses at a call and
   takes the answer as forced tokens);
 - the rollout buffer (buffer.py): `Rollout`, made from `Samples` by `from_samples`; `StepRollouts`;
-  collation and the update's micro-batches.
+  collation into padded tensors (how the update cuts them into micro-batches is update/'s).
 It knows token ids, not text: the tools' runner and the model come in as arguments. Nothing outside
 this folder imports from inside it: only the names below.
 """
@@ -20,13 +20,9 @@ from .buffer import (
     collate,
     completion_stats,
     from_samples,
-    group_batches,
     loss_positions,
-    micro_batches,
-    padding_fraction,
     padding_rollout,
     split_logprobs,
-    token_budget_batches,
 )
 from .decode_graphs import release
 from .engine import Engine, Samples
@@ -45,14 +41,10 @@ __all__ = [
     "draw_counters",
     "from_samples",
     "generate",
-    "group_batches",
     "loss_positions",
-    "micro_batches",
-    "padding_fraction",
     "padding_rollout",
     "release",
     "row_keys",
     "split_logprobs",
-    "token_budget_batches",
     "uniform",
 ]

@@ -40,17 +40,18 @@ from .logprobs import (
     token_logprobs,
 )
 from .loss import Objective, grpo_loss, k3, objective_from, objective_loss, sampler_mismatch
+from .micro_batching import group_batches, micro_batches, padding_fraction, token_budget_batches
 from .updater import NonFiniteWeights, Updater
 
 __all__ = [
-    "LOGPROB_CHUNK_ROWS",
     "BaseLogprobs",
     "ChunkedReverseKL",
     "DistilledLogprobs",
     "EPS",
     "EntropyCoefficient",
-    "Objective",
+    "LOGPROB_CHUNK_ROWS",
     "NonFiniteWeights",
+    "Objective",
     "SamplingCopy",
     "TeacherForward",
     "TokenLogprobs",
@@ -62,15 +63,19 @@ __all__ = [
     "full_vocabulary_logprobs",
     "full_vocabulary_reverse_kl",
     "group_advantages",
+    "group_batches",
     "grpo_loss",
     "k3",
     "kl_shaped_returns",
+    "micro_batches",
     "objective_from",
     "objective_loss",
+    "padding_fraction",
     "process_advantages",
     "sampler_mismatch",
     "teacher_stats",
     "token_advantages",
+    "token_budget_batches",
     "token_distillation_advantages",
     "token_logprobs",
     "zero_variance_groups",

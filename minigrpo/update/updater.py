@@ -27,16 +27,13 @@ from ..config import GRPOConfig, TrainConfig
 from ..rollout import (
     Rollout,
     collate,
-    group_batches,
-    micro_batches,
-    padding_fraction,
     split_logprobs,
-    token_budget_batches,
 )
 from .distillation import NoTeacher, TeacherForward
 from .entropy import EntropyCoefficient
 from .logprobs import TokenLogprobs
 from .loss import objective_from, objective_loss, sampler_mismatch
+from .micro_batching import group_batches, micro_batches, padding_fraction, token_budget_batches
 
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
