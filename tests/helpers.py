@@ -54,6 +54,16 @@ def vowel_share(completions, **_):
 if VOWELS not in REWARD_FUNCTIONS:
     register_reward(VOWELS)(vowel_share)
 
+
+def tiny_train_config(output_dir, /, **settings) -> minigrpo.TrainConfig:
+    """The tests' TrainConfig: quiet (no bar, no completions printed), 2 steps of 8 completions in
+    micro-batches of 4, a learning rate of 1e-2 so that a step visibly moves a tiny model; `settings`
+    over it (an output_dir among them too)."""
+    base = dict(max_steps=2, batch_size=8, micro_batch_size=4, learning_rate=1e-2)
+    quiet = dict(progress_bar=False, log_completions_every=0)
+    return minigrpo.TrainConfig(**{"output_dir": str(output_dir), **base, **quiet, **settings})
+
+
 # The tiny run of examples/train_math.py: two steps of 2 prompts x 2 completions of at most 6 tokens,
 # a checkpoint each step, 20 training and 2 held-out problems (seconds).
 TINY_RUN = dict(

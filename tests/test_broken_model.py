@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import VOWELS, addition_rows, tiny_policy, tiny_run
+from helpers import VOWELS, addition_rows, tiny_policy, tiny_run, tiny_train_config
 from safetensors.torch import load_file, save_file
 
 import minigrpo
@@ -47,18 +47,9 @@ def other_policy(tmp_path_factory):
 
 def settings(out, **overrides) -> tuple[GRPOConfig, TrainConfig]:
     grpo = GRPOConfig(num_generations=2, max_completion_length=6)
-    config = dict(
-        output_dir=str(out),
-        max_steps=2,
-        batch_size=4,
-        micro_batch_size=4,
-        learning_rate=1e-2,
-        save_every=1,
-        save_total_limit=3,
-        progress_bar=False,
-        log_completions_every=0,
+    return grpo, tiny_train_config(
+        out, **{"batch_size": 4, "save_every": 1, "save_total_limit": 3, **overrides}
     )
-    return grpo, TrainConfig(**{**config, **overrides})
 
 
 def task() -> Task:

@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 import torch
-from helpers import ROWS, tiny_model, tiny_policy, tiny_tokenizer, write_json
+from helpers import ROWS, tiny_model, tiny_policy, tiny_tokenizer, tiny_train_config, write_json
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo import GRPOConfig, RewardSpec, Task, Trainer
 from minigrpo.model import Adapters, add_adapters
 from minigrpo.rollout import Rollout, collate
 from minigrpo.run import Run, Trace, console_line, latest_checkpoint, load_state
@@ -46,25 +46,10 @@ def policies(tmp_path_factory):
     return student, str(teacher), root
 
 
-def settings(output_dir, **train):
-    return TrainConfig(
-        **{
-            "output_dir": str(output_dir),
-            "max_steps": 2,
-            "batch_size": 8,
-            "micro_batch_size": 4,
-            "learning_rate": 1e-2,
-            "progress_bar": False,
-            "log_completions_every": 0,
-            **train,
-        }
-    )
-
-
 def make(student, output_dir, grpo, **train) -> Trainer:
     model, tokenizer = minigrpo.load_pretrained(student)
     task = Task(ROWS, [RewardSpec("test_count_x")])
-    return Trainer(model, tokenizer, task, grpo, settings(output_dir, **train), model_path=student)
+    return Trainer(model, tokenizer, task, grpo, tiny_train_config(output_dir, **train), model_path=student)
 
 
 def distilling(teacher, **options) -> GRPOConfig:
@@ -286,7 +271,7 @@ def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies
     straight.train_step()
     straight.train_step()
     Run(make(student, tmp_path / "stopped", grpo, stop_at_step=1)).train()
-    resumed = build_run(student, task, grpo, settings(tmp_path / "stopped", resume=True)).trainer
+    resumed = build_run(student, task, grpo, tiny_train_config(tmp_path / "stopped", resume=True)).trainer
     resumed.train_step()
     assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in straight.model.state_dict().items())
     saved = load_state(latest_checkpoint(str(tmp_path / "stopped")))  # the teacher's weights named, not held
@@ -300,7 +285,10 @@ def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies
     )
     with pytest.raises(ValueError, match="distilled from a teacher whose weights have changed") as error:
         build_run(
-            student, task, replace_teacher(grpo, str(changed)), settings(tmp_path / "stopped", resume=True)
+            student,
+            task,
+            replace_teacher(grpo, str(changed)),
+            tiny_train_config(tmp_path / "stopped", resume=True),
         )
     assert "\n" not in str(error.value)
 

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 import torch
-from helpers import ROWS, VOWELS, tiny_policy
+from helpers import ROWS, VOWELS, tiny_policy, tiny_train_config
 from safetensors.torch import load_file, save_file
 from test_crash_safety import ARGS as CRASH_ARGS
 
@@ -243,24 +243,9 @@ def test_dropout_drops_an_adapter_s_input_while_training_and_never_in_eval(base)
 
 def lora_trainer(model_path: str, tmp_path, grpo=None, dtype=None, **train):
     model, tokenizer = minigrpo.load_pretrained(model_path, dtype=dtype)
-    settings = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=2,
-        batch_size=8,
-        micro_batch_size=4,
-        learning_rate=1e-2,
-        lora_rank=4,
-        progress_bar=False,
-        log_completions_every=0,
-    )
     grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=8, beta=0.1)
-    return Trainer(
-        model,
-        tokenizer,
-        Task(ROWS, [RewardSpec(VOWELS)]),
-        grpo,
-        TrainConfig(**{**settings, **train}),
-    )
+    config = tiny_train_config(tmp_path / "run", **{"lora_rank": 4, **train})
+    return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(VOWELS)]), grpo, config)
 
 
 def test_the_reference_is_the_base_with_adapters_off_and_only_adapters_reach_adamw(base, tmp_path):

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from helpers import ROWS, VOWELS, tiny_policy
+from helpers import ROWS, VOWELS, tiny_policy, tiny_train_config
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo import GRPOConfig, RewardSpec, Task, Trainer
 from minigrpo.rollout import Rollout
 from minigrpo.run import Trace
 from minigrpo.update import EntropyCoefficient, grpo_loss, objective_from, objective_loss
@@ -69,15 +69,8 @@ def checkpoint(tmp_path_factory):
 def make_trainer(checkpoint, tmp_path, reward=VOWELS, train_settings=None, **settings):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, num_iterations=2, **settings)
-    train_settings = {"micro_batch_size": 3, **(train_settings or {})}
-    train = TrainConfig(
-        output_dir=str(tmp_path / "run"),
-        max_steps=3,
-        batch_size=8,
-        learning_rate=1e-2,
-        progress_bar=False,
-        log_completions_every=0,
-        **train_settings,
+    train = tiny_train_config(
+        tmp_path / "run", **{"max_steps": 3, "micro_batch_size": 3, **(train_settings or {})}
     )
     return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, train)
 

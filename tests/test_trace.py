@@ -8,9 +8,9 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from helpers import ROWS, tiny_model, tiny_tokenizer
+from helpers import ROWS, tiny_model, tiny_tokenizer, tiny_train_config
 
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
+from minigrpo import GRPOConfig, RewardSpec, Task, Trainer
 from minigrpo.run import Trace, render_html
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
@@ -67,22 +67,14 @@ def traced(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("trace")
     tokenizer = tiny_tokenizer(str(tmp_path / "tokenizer"))
     model = tiny_model(vocab_size=tokenizer.vocab_size, max_position_embeddings=64)
-    settings = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=1,
-        batch_size=2 * G,
-        micro_batch_size=G,
-        learning_rate=1e-2,
-        progress_bar=False,
-        log_completions_every=0,
-    )
+    config = tiny_train_config(tmp_path / "run", max_steps=1, batch_size=2 * G, micro_batch_size=G)
     task = Task(ROWS, [RewardSpec("test_trace_vowels"), RewardSpec("test_trace_length", weight=0.5)])
     trainer = Trainer(
         model,
         tokenizer,
         task,
         GRPOConfig(num_generations=G, max_completion_length=10),
-        TrainConfig(**settings),
+        config,
     )
     printed = []
     trace = Trace(write=printed.append, html_path=str(tmp_path / "trace.html"))

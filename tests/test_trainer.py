@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from helpers import ROWS, tiny_policy
+from helpers import ROWS, tiny_policy, tiny_train_config
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
@@ -49,18 +49,8 @@ def checkpoint(tmp_path_factory):
 def make_trainer(checkpoint, tmp_path, reward="test_count_x", grpo=None, **train):
     model, tokenizer = minigrpo.load_pretrained(checkpoint)
     grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=12)
-    settings = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=1,
-        batch_size=8,
-        micro_batch_size=3,
-        learning_rate=1e-2,
-        progress_bar=False,
-        log_completions_every=0,
-    )
-    return Trainer(
-        model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, TrainConfig(**{**settings, **train})
-    )
+    config = tiny_train_config(tmp_path / "run", **{"max_steps": 1, "micro_batch_size": 3, **train})
+    return Trainer(model, tokenizer, Task(ROWS, [RewardSpec(reward)]), grpo, config)
 
 
 def weights(model):
