@@ -1,5 +1,5 @@
-"""Stage 2 of the loop, process supervision from the checker: each step the policy wrote, checked
-exactly, rewarded on the token where it ends, then the answer step.
+"""Stage 2 of the loop, process supervision: the checker's step rewards. Each step the policy wrote,
+checked exactly, rewarded on the token where it ends, then the answer step.
 
 In: scored rollouts and the text of each one's problem. Out: each rollout's `StepRewards`; `step_stats`
 summarises a step's rollouts for the logger. A tool's output holds no step (`_observation_spans`).

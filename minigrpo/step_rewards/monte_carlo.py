@@ -1,5 +1,5 @@
-"""Stage 2 of the loop, process supervision by Monte-Carlo values (Math-Shepherd): a step's reward is the
-mean outcome reward of continuations sampled from the end of that step.
+"""Stage 2 of the loop, process supervision: Monte-Carlo values (Math-Shepherd). A step's reward is
+the mean outcome reward of continuations sampled from the end of that step.
 
 In: the policy, scored rollouts with the steps `checked_step_rewards` found, the task's rows and
 rewards, the sampler's settings. Out: each rollout's `StepRewards`, valued, with the continuations

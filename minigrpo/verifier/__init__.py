@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: verifiable rewards from strings, with no torch anywhere.
+"""Stage 2 of the loop, verify: verifiable rewards from strings, with no torch anywhere.
 
 - math: `extract_answer` (final answer of a response), `is_equivalent` (two answers, bounded in
   time by worker processes), `math_reward` / `math_rewards` (a response against a gold answer);

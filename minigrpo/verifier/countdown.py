@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the Countdown game's check, where many answers are right.
+"""Stage 2 of the loop, verify: the Countdown game's check, where many answers are right.
 
 In: a response, the numbers it was given and the target. Out: 1.0 when the response's final
 answer is an expression that uses each given number exactly once and equals the target, else

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: find the final answer in a model's response.
+"""Stage 2 of the loop, verify: find the final answer in a model's response.
 
 In: the full response text. Out: the answer as written (a LaTeX or plain-text string), or None.
 It knows text conventions (boxes, answer tags, GSM8K's ####, "the answer is"), not mathematics:

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the format reward, scored apart from correctness.
+"""Stage 2 of the loop, verify: the format reward, scored apart from correctness.
 
 In: a response string. Out: 1.0 when it has the shape a reasoning model is asked for, else 0.0:
 one <think>...</think> block first, then a short final part with exactly one complete, non-empty

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: named reward functions, weighted and summed.
+"""Stage 2 of the loop, verify: named reward functions, weighted and summed.
 
 In: the completions of one batch as strings, the task's columns for the same rows (a gold
 `answer`, code `tests`, ...) and the reward specs a task names, e.g. accuracy 1.0 + format 0.1.

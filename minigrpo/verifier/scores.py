@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: `Scores`, the value a batch reward function returns.
+"""Stage 2 of the loop, verify: `Scores`, the value a batch reward function returns.
 
 A plain list of floats, one per row, that also says which rows failed closed at a time limit
 (`timed_out`), for `compute_rewards` to count. It knows nothing of what was scored.

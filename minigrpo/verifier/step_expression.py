@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: arithmetic as a completion writes it, read into tokens and evaluated exactly.
+"""Stage 2 of the loop, verify: arithmetic as a completion writes it, read into tokens and evaluated exactly.
 
 In: text and the tokens of an expression. Out: tokens (`tokenize`), the operator or number a token stands
 for, and the exact value of an expression's tokens as a Fraction (`read_expression`: a small

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the arithmetic steps of a completion, each checked exactly.
+"""Stage 2 of the loop, verify: the arithmetic steps of a completion, each checked exactly.
 
 In: a completion, the spans of it that its author did not write (a tool's output), and the problem text it
 answers. Out: its `expression = number` steps in order, each with offsets, exact correctness (the left

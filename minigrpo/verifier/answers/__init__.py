@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the math-answer wing: whether a response's final answer equals the
+"""Stage 2 of the loop, verify: the math-answer wing: whether a response's final answer equals the
 gold one, bounded in time.
 
 In: answers or responses, and gold answers, as strings. Out: True or False (`is_equivalent`), 1.0 or 0.0

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: arithmetic on parsed values, refused when the result would be huge.
+"""Stage 2 of the loop, verify: arithmetic on parsed values, refused when the result would be huge.
 
 Every operation `parse` performs goes through these functions. Powers, factorials and binomial
 coefficients are refused from an estimate of their size before anything is computed (9^{9^{9^9}},

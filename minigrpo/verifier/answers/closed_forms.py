@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: whether two sympy values are equal, for `equivalence`.
+"""Stage 2 of the loop, verify: whether two sympy values are equal, for `equivalence`.
 
 In: two numbers without variables (closed forms) or two expressions with variables, as sympy
 objects. Out: True or False, the same every time. Exact algebra decides first; evaluation at a

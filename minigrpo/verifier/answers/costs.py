@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the work of `arithmetic`'s exact operations, and a bound on it for a caller
+"""Stage 2 of the loop, verify: the work of `arithmetic`'s exact operations, and a bound on it for a caller
 that needs one (the calculator tool, whose answers must not depend on a timer).
 
 In: the operands of an operation, before it is computed. Out: an upper estimate of its work in word

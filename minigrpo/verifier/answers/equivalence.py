@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: decide whether a predicted answer equals the gold answer.
+"""Stage 2 of the loop, verify: decide whether a predicted answer equals the gold answer.
 
 In: two extracted answers as strings. Out: True or False, the same every time. This is the
 unguarded reference: it can take long on hostile input, so callers use `math_reward`, which runs

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the math verifier's checks, each bounded in time.
+"""Stage 2 of the loop, verify: the math verifier's checks, each bounded in time.
 
 In: (answer, gold) or (response, gold) strings. Out: whether two answers are equal (`is_equivalent`) or a
 0/1 reward per pair (`math_reward`, `math_rewards`), never an exception about the answer: a check that runs

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the math worker process, `python -m minigrpo.verifier.answers.math_worker`,
+"""Stage 2 of the loop, verify: the math worker process, `python -m minigrpo.verifier.answers.math_worker`,
 driven by `worker_pool`.
 
 Reads jobs from stdin and writes results to stdout, one length-prefixed pickle frame each: ("match", pred,

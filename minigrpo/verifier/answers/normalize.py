@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: rewrite an extracted answer into one canonical spelling.
+"""Stage 2 of the loop, verify: rewrite an extracted answer into one canonical spelling.
 
 In: an answer string as the model or the dataset wrote it (LaTeX or plain text). Out: the same
 answer with presentation stripped: delimiters, \\left/\\right, spacing commands, \\dfrac and

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: read a normalised answer into a mathematical value.
+"""Stage 2 of the loop, verify: read a normalised answer into a mathematical value.
 
 In: a string from `normalize.canonical`. Out: `Parsed(value, decimals)`, where the value is a sympy
 expression or matrix, or one of the structures in `values` (Tuple, Set, Interval, Union, Relation,

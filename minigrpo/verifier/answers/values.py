@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the values an answer can have, once read by `parse`.
+"""Stage 2 of the loop, verify: the values an answer can have, once read by `parse`.
 
 A scalar, vector or matrix is a sympy object; everything else is one of the small frozen
 structures below, compared by `equivalence`. Nothing here computes.

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the worker processes that bound every math check in time.
+"""Stage 2 of the loop, verify: the worker processes that bound every math check in time.
 
 In: jobs for `math_worker.py`, ("match", answer, gold) or ("reward", response, gold). Out: each job's result,
 or `failed` for one that ran past its deadline, got no worker in time or crashed: never an exception about

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: the constraints wing, registered as the rewards "json", "length" and
+"""Stage 2 of the loop, verify: the constraints wing, registered as the rewards "json", "length" and
 "sql".
 
 In: completions and, per row or as options, what each checks against. Out: one float per completion:

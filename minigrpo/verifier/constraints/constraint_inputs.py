@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: what the constraint rewards (json, length, sql) read alike.
+"""Stage 2 of the loop, verify: what the constraint rewards (json, length, sql) read alike.
 
 In: a completion's text, or a value from a row or an option. Out: the completion's answer text (its last
 fenced block in a language, else all of it), whether a value is a JSON number or integer, and a value as an

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: json - the completion's JSON parses and fits a JSON-Schema subset.
+"""Stage 2 of the loop, verify: json - the completion's JSON parses and fits a JSON-Schema subset.
 
 In: a completion's text and the row's `schema` (a dict, a JSON string of one, or None: parse only).
 Out: 1.0 or 0.0 per completion; a completion never raises, whatever it holds (hostile text scores 0.0), and

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: length - 1.0 inside a band [low, high], falling linearly to 0.0 outside.
+"""Stage 2 of the loop, verify: length - 1.0 inside a band [low, high], falling linearly to 0.0 outside.
 
 In: completions, a unit, the band (options, or per row the `min_length` / `max_length` columns) and, for unit
 "tokens", the `completion_tokens` column the trainer supplies. Out: one float in [0, 1] per completion; a bad

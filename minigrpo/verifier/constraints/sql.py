@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, reward: sql - the completion's query returns the gold query's rows on SQLite.
+"""Stage 2 of the loop, verify: sql - the completion's query returns the gold query's rows on SQLite.
 
 In: a completion's text (its last ```sql or bare ``` block, else the whole text) and the row's `database` path
 and `gold_sql`. Out: `Scores`, 1.0 or 0.0 per completion and which ones ran out of time; a completion never

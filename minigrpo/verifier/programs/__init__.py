@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the programs wing: run generated Python against test cases in a
+"""Stage 2 of the loop, verify: the programs wing: run generated Python against test cases in a
 sandbox, and score it.
 
 In: a completion (its program: `extract_code`) and its test cases (`check_tests` checks a user's list

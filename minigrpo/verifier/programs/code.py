@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): strings in (a completion, its test cases), a float reward out.
+"""Stage 2 of the loop, verify: strings in (a completion, its test cases), a float reward out.
 
 Runs untrusted, model-generated Python in a sandbox and returns the fraction of tests it passes. It knows
 strings and processes, not tensors or the tokenizer; standard library only (POSIX; Linux for namespaces).

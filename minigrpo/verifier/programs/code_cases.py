@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): a code reward's test cases, read from the spec, judged from a report.
+"""Stage 2 of the loop, verify: a code reward's test cases, read from the spec, judged from a report.
 
 In: a completion (`extract_code`: its program), a test list (`check_tests`: a user's mistake is a
 ValueError) and, after the run, the sandbox's report on one case (`judge`). Out: the program, case dicts

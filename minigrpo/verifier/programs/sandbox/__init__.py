@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the Linux sandbox every program of a code reward runs in.
+"""Stage 2 of the loop, verify: the Linux sandbox every program of a code reward runs in.
 
 The rule of this folder: standard library only, and nothing of minigrpo. `supervisor.py` runs as
 `python -I supervisor.py` (isolated mode puts no package on the path) and loads its siblings by their

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): `remove_tree`, which deletes the directory tree a test left.
+"""Stage 2 of the loop, verify: `remove_tree`, which deletes the directory tree a test left.
 
 A path in, nothing out, nothing raised for what a test made: no depth, permission or symlink stops it.
 Run by the sandbox supervisor (`supervisor.py`, which loads this file by its path) after each test and by

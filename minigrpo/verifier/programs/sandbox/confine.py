@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the process of one test, forked by the sandbox supervisor
+"""Stage 2 of the loop, verify: the process of one test, forked by the sandbox supervisor
 (`supervisor.py`).
 
 It confines itself (process group, rlimits, a fresh session keyring and, in the supervisor's namespaces,

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the sandbox supervisor's mounts, and what of the Python interpreter a
+"""Stage 2 of the loop, verify: the sandbox supervisor's mounts, and what of the Python interpreter a
 sandboxed program still reaches through them.
 
 Standard library only: `supervisor.py` loads this file by its path. It knows paths and mounts, not tests.

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the sandbox supervisor's waits and reads (`supervisor.py`).
+"""Stage 2 of the loop, verify: the sandbox supervisor's waits and reads (`supervisor.py`).
 
 In: process ids, descriptors and files. Out: whether a process exited in time (left unreaped), its
 children reaped, and bytes: the job on stdin, the reply on stdout, a test's proof pipe and its output files.

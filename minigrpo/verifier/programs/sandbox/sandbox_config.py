@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the limits of every sandbox run, and what one test did there.
+"""Stage 2 of the loop, verify: the limits of every sandbox run, and what one test did there.
 
 In: the settings a user gives (`SandboxConfig`, checked once, before any work). Out: `CaseResult`, one per
 test, as `run_cases` returns it. Standard library only; it knows limits and results, not processes.

@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the seccomp filter a test's process installs last (`confine.py`).
+"""Stage 2 of the loop, verify: the seccomp filter a test's process installs last (`confine.py`).
 
 In: the numbers of the system calls on this machine (`confine.SYSCALLS`). Out: nothing; after
 `install_filter` the process can no longer make the calls below. It knows system calls, not tests or

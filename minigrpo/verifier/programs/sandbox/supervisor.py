@@ -1,4 +1,4 @@
-"""Stage 2 of the loop, verify (code): the sandbox supervisor, run as `python -I supervisor.py` by
+"""Stage 2 of the loop, verify: the sandbox supervisor, run as `python -I supervisor.py` by
 `programs/code.py`.
 
 Standard library only and importing nothing of minigrpo (isolated mode puts no package on the path):
