@@ -96,19 +96,19 @@ def evaluate(
     scores = compute_rewards(texts, columns, task.rewards).total
     results = []
     for i, p in enumerate(problems):
-        mine = slice(i * samples, (i + 1) * samples)
+        problem_rows = slice(i * samples, (i + 1) * samples)
         results.append(
             {
                 "question": p.question,
                 "answer": p.answer,
-                "completions": texts[mine],
-                "correct": [s > 0.5 for s in scores[mine]],
+                "completions": texts[problem_rows],
+                "correct": [s > 0.5 for s in scores[problem_rows]],
                 # per completion, each step's (right, relevant): see verifier/steps.py
                 "steps": [
                     _step_marks(tokenizer, out.tokens[j], marks[j], texts[j], p.question)
-                    for j in range(mine.start, mine.stop)
+                    for j in range(problem_rows.start, problem_rows.stop)
                 ],
-                "tool_calls": calls[mine],  # per completion; None without tools
+                "tool_calls": calls[problem_rows],  # per completion; None without tools
             }
         )
     return summarize(results, samples, ks)

@@ -78,17 +78,21 @@ def weights_digest(model) -> str:
 def tokenizer_difference(student, teacher) -> str | None:
     """What differs between the student's and the teacher's tokenizers (model.Tokenizer), in a few words:
     the vocabulary's size, its first token that differs, or the chat template; None if nothing does."""
-    mine = student.backend.get_vocab(with_added_tokens=True)  # token -> id
-    theirs = teacher.backend.get_vocab(with_added_tokens=True)
-    if len(mine) != len(theirs):
-        return f"its vocabulary has {len(theirs)} tokens, the student's {len(mine)}"
-    if mine != theirs:
-        my_tokens = {i: token for token, i in mine.items()}
-        their_tokens = {i: token for token, i in theirs.items()}
+    student_vocab = student.backend.get_vocab(with_added_tokens=True)  # token -> id
+    teacher_vocab = teacher.backend.get_vocab(with_added_tokens=True)
+    if len(student_vocab) != len(teacher_vocab):
+        return f"its vocabulary has {len(teacher_vocab)} tokens, the student's {len(student_vocab)}"
+    if student_vocab != teacher_vocab:
+        student_tokens = {i: token for token, i in student_vocab.items()}
+        teacher_tokens = {i: token for token, i in teacher_vocab.items()}
         first = min(
-            i for i in my_tokens.keys() | their_tokens.keys() if my_tokens.get(i) != their_tokens.get(i)
+            i
+            for i in student_tokens.keys() | teacher_tokens.keys()
+            if student_tokens.get(i) != teacher_tokens.get(i)
         )
-        return f"its token {first} is {their_tokens.get(first)!r}, the student's {my_tokens.get(first)!r}"
+        return (
+            f"its token {first} is {teacher_tokens.get(first)!r}, the student's {student_tokens.get(first)!r}"
+        )
     if _template_source(student) != _template_source(teacher):
         return "its chat template differs from the student's"
     return None

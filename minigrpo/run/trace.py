@@ -123,8 +123,8 @@ class Trace:
             generated = r.generated or [True] * len(r.completion_ids)
             # (text, log p before, log p after, the policy's own: False for an observation, not trained)
             shown["tokens"] = [
-                (trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]), mine)
-                for t, (token, mine) in enumerate(zip(r.completion_ids, generated))
+                (trainer.tokenizer.decode([token]), float(self.before[i, t]), float(after[i, t]), trained)
+                for t, (token, trained) in enumerate(zip(r.completion_ids, generated))
             ]
         self.record["stats"] = dict(stats)
         w = self._writer(trainer)
@@ -253,9 +253,10 @@ def _most_moved(tokens: list[tuple[str, float, float, bool]]) -> list[str]:
 def _teacher_cells(tokenizer, r, policy_logprobs: torch.Tensor) -> list[str]:
     """Cells of the MAX_TOKENS_SHOWN policy tokens whose log-prob under the policy (before the update)
     is farthest from the teacher's, in order: position:token, both log-probs."""
-    mine = [t for t, trained in enumerate(r.generated or [True] * len(r.completion_ids)) if trained]
-    gaps = {t: float(policy_logprobs[t] - r.teacher_logprobs[t]) for t in mine}
-    shown = sorted(sorted(mine, key=lambda t: -abs(gaps[t]))[:MAX_TOKENS_SHOWN])
+    generated = r.generated or [True] * len(r.completion_ids)
+    positions = [t for t, trained in enumerate(generated) if trained]  # the policy's own tokens
+    gaps = {t: float(policy_logprobs[t] - r.teacher_logprobs[t]) for t in positions}
+    shown = sorted(sorted(positions, key=lambda t: -abs(gaps[t]))[:MAX_TOKENS_SHOWN])
     return [
         f"{t}:{tokenizer.decode([r.completion_ids[t]])!r} "
         f"{float(policy_logprobs[t]):.2f}/{float(r.teacher_logprobs[t]):.2f}"
@@ -277,11 +278,11 @@ def _steps_html(steps: list[dict]) -> str:
 
 
 def _token_html(
-    text: str, before: float, after: float, mine: bool, scale: float, teacher: float | None = None
+    text: str, before: float, after: float, trained: bool, scale: float, teacher: float | None = None
 ) -> str:
     """One token: coloured by its change, or greyed when it is a tool's observation (not trained); its
     numbers, a teacher's log-prob too, in its title."""
-    if not mine:
+    if not trained:
         return f"<span class='tok obs' title='tool observation: not trained'>{html.escape(text)}</span>"
     taught = "" if teacher is None else f", teacher log p {teacher:.6f}"
     return (
@@ -309,7 +310,7 @@ def render_html(record: dict) -> str:
     e = html.escape
     step = record["step"]
     completions = record["completions"]
-    scale = max((abs(a - b) for c in completions for _, b, a, mine in c["tokens"] if mine), default=0.0)
+    scale = max((abs(a - b) for c in completions for _, b, a, trained in c["tokens"] if trained), default=0.0)
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>minigrpo trace, step {step}</title>",
         f"<style>{CSS}</style></head><body><h1>Step {step}: one group's journey</h1>",
@@ -326,8 +327,8 @@ def render_html(record: dict) -> str:
     ]
     for i, c in enumerate(completions):
         rewards = ", ".join(f"{k} {v:g}" for k, v in c["rewards"].items())
-        before = sum(b for _, b, _, mine in c["tokens"] if mine)
-        after = sum(a for _, _, a, mine in c["tokens"] if mine)
+        before = sum(b for _, b, _, trained in c["tokens"] if trained)
+        after = sum(a for _, _, a, trained in c["tokens"] if trained)
         teacher = c.get("teacher_logprobs") or [None] * len(c["tokens"])  # a teacher's, per token
         spans = "".join(_token_html(*token, scale, taught) for token, taught in zip(c["tokens"], teacher))
         parts.append(

@@ -157,10 +157,10 @@ class Trainer:
                 f"model's context is {context} tokens"
             )
         _check_entropy_target(grpo, model.config.vocab_size)
-        room = context - grpo.max_completion_length  # tokens a prompt may have
+        prompt_budget = context - grpo.max_completion_length  # tokens a prompt may have
         prompts = [self._text(row["prompt"]) for row in task.rows]
         self.prompt_ids = tokenizer.encode_all(
-            prompts, "task's prompts", model_path or "the policy", room, task.sources
+            prompts, "task's prompts", model_path or "the policy", prompt_budget, task.sources
         )
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
@@ -319,18 +319,18 @@ class Trainer:
         batch = StepRollouts(self.grpo.num_generations, self.config.batch_size, self.drops_flat_groups)
         for round_ in range(self.sampling_rounds):
             indices = self.stream.next(batch.missing_groups())  # the next prompts of the task
-            mine = self.dist.block_of(indices)  # this rank's block of them (one process: all)
+            rank_prompts = self.dist.block_of(indices)  # this rank's block of them (one process: all)
             with clock("sample"):
-                rollouts, warmup = self.sample(mine, round_)  # 1. sample G completions per prompt
+                rollouts, warmup = self.sample(rank_prompts, round_)  # 1. sample G completions per prompt
             if warmup:  # graphs captured in this step's sampling: logged by the steps that capture any
                 clock.add("warmup", warmup)
             with clock("verify"):
-                self.verify(rollouts, mine)  # 2. verify: every reward of the task
+                self.verify(rollouts, rank_prompts)  # 2. verify: every reward of the task
             rollouts = self.dist.gather_joined(rollouts)  # every rank's, in prompt order
             rewards = torch.tensor([r.reward for r in rollouts])  # (N,)
             # (N / G,) the groups whose rewards are all equal: no signal
-            flat = zero_variance_groups(rewards, self.grpo.num_generations).tolist()
-            batch.add(rollouts, flat)
+            no_signal = zero_variance_groups(rewards, self.grpo.num_generations).tolist()
+            batch.add(rollouts, no_signal)
             if batch.full():
                 break
         taught = self.teach(batch.trained, clock)  # the teacher's log-probs (on-policy distillation)
@@ -481,8 +481,8 @@ class Trainer:
             tokens = torch.zeros(len(r.completion_ids), dtype=torch.float32)  # (Tc,)
             tokens[loss_positions(r)] = values.float()
             per_token.append(tokens)
-        flat = torch.cat(kls)
-        return per_token, {"kl": float(flat.mean()) if flat.numel() else 0.0}
+        all_kls = torch.cat(kls)
+        return per_token, {"kl": float(all_kls.mean()) if all_kls.numel() else 0.0}
 
     # -- 5. metrics -----------------------------------------------------------------------------
     def metrics(self, batch: StepRollouts, update: dict[str, float], clock: Clock) -> dict[str, float]:
@@ -543,10 +543,10 @@ class Trainer:
             sources,
         )
 
-    def resume_at(self, step: int, optimizer_state: dict, data: dict) -> None:
+    def resume_at(self, step: int, optimizer_state: dict, stream_state: dict) -> None:
         """Go on from a checkpoint's step: its AdamW state (under this run's AdamW settings; the
         learning rate is set per step) and its place in the prompt stream."""
-        self.go_back(step, data)
+        self.go_back(step, stream_state)
         self.updated_step = step
         self.policy.load_optimizer_state(self.optimizer, optimizer_state)
         for group in self.optimizer.param_groups:
@@ -556,11 +556,11 @@ class Trainer:
                 weight_decay=self.config.weight_decay,
             )
 
-    def go_back(self, step: int, data: dict) -> None:
+    def go_back(self, step: int, stream_state: dict) -> None:
         """Back to the end of step `step`, the prompt stream at `data`, after a failure in stages 1-3 of
         the step after it (whose weights are still those of `step`)."""
         self.step = step
-        self.stream.load_state(data)
+        self.stream.load_state(stream_state)
 
     def _text(self, prompt) -> str:
         """A row's prompt as text: a conversation (a list of messages, earlier assistant turns and tool
