@@ -20,7 +20,7 @@ import sys
 
 MEMORY_LIMIT_BYTES = 4 << 30  # a check that needs more fails (as not equal) instead of swapping
 # run once before the worker says it is ready, outside any deadline: sympy's first polynomial, root and
-# decimal cost ~0.1 s
+# decimal are slow, and no check's deadline should pay for them
 WARM_UP = [("(x+1)^2", "x^2+2x+1"), (r"\frac{\sqrt{2}}{2}", r"\sin(\pi/4)"), ("0.3333333", r"\frac13")]
 OUT_OF_TIME = "out of time"  # the answer to a job its timer stopped (compared with ==: it is unpickled)
 

@@ -51,11 +51,11 @@ from .math_worker import OUT_OF_TIME, read_frame, write_frame
 
 TIME_LIMIT = 1.0  # seconds of wall time a single check may take, end to end, waiting for a worker included
 WORK_LIMIT = 0.8  # seconds a worker may spend on one check (a batch's slow rows share what is left)
-SHORT_LIMIT = 0.02  # seconds of CPU every row of a batch gets first; the labelled corpus' p99 is ~9 ms
+SHORT_LIMIT = 0.02  # seconds of CPU every row of a batch gets first, above the corpus' p99 (bench_verifier)
 KILL_GRACE = 0.1  # seconds past its own timer before a worker is killed (it stops itself unless in C code)
 WALL_PER_CPU = 2  # wall seconds a job may take per second of its CPU timer: a busy machine shares the CPU
 STARTUP_LIMIT = 60.0  # seconds a new worker may take to import sympy before that is an error
-MAX_WORKERS = 16  # workers alive at most in one process; each holds sympy (~55 MB)
+MAX_WORKERS = 16  # workers alive at most in one process; each holds a sympy of its own
 POLL_SECONDS = 0.01  # how often a call with checks in flight looks for a free worker for the next one
 
 
