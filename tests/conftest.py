@@ -132,3 +132,14 @@ def tiny_disk(tmp_path):
     for path in mounted:
         # lazy: an open file cannot keep it mounted
         subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+# ---------------------------------------------------------------- one tiny checkpoint for the session
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    """The tiny policy (helpers.tiny_policy, a 96-token context) that the trainer, objectives and LoRA
+    tests load, built once: they read it and write their runs elsewhere; a test that changes a
+    checkpoint makes its own."""
+    from helpers import tiny_policy
+
+    return tiny_policy(str(tmp_path_factory.mktemp("tiny-checkpoint")), max_position_embeddings=96)

@@ -40,8 +40,8 @@ ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return tiny_policy(str(tmp_path_factory.mktemp("base")), max_position_embeddings=96)
+def base(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def adapted(base: str, adapters: Adapters, seed: int = 0, scale: float = 0.1):

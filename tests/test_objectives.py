@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import ROWS, VOWELS, tiny_policy, tiny_train_config
+from helpers import ROWS, VOWELS, tiny_train_config
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, Trainer
@@ -62,8 +62,8 @@ OWN_STATS = {
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def make_trainer(checkpoint, tmp_path, reward=VOWELS, train_settings=None, **settings):

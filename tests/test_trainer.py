@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from helpers import ROWS, tiny_policy, tiny_train_config
+from helpers import ROWS, tiny_train_config
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
@@ -42,8 +42,8 @@ for _name, _fn in (
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return tiny_policy(str(tmp_path_factory.mktemp("policy")), max_position_embeddings=96)
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 def make_trainer(checkpoint, tmp_path, reward="test_count_x", grpo=None, **train):
