@@ -21,6 +21,7 @@ import sys
 import time
 
 import minigrpo  # its names, and torch with them, are imported on first use
+from minigrpo import files
 from minigrpo.flags import OneLineErrors
 from minigrpo.model import read_task
 from minigrpo.tasks import TEMPLATES, load_problems, sources_of, template
@@ -95,20 +96,9 @@ tools = [name.strip() for name in args.tools.split(",") if name.strip() not in (
 
 def check_output(path: str) -> None:
     """Before any work: --output must be a file this process can write, or one it can create."""
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if existing == os.path.abspath(path):
-        if os.path.isdir(path):
-            fail(
-                f"--output {path} is a directory; give a file, such as {os.path.join(path, 'results.jsonl')}"
-            )
-        if not os.access(path, os.W_OK):
-            fail(f"--output {path} cannot be written: no write permission")
-    elif not os.path.isdir(existing):
-        fail(f"--output {path} cannot be created: {existing} is a file")
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        fail(f"--output {path} cannot be created: no write permission in {existing}")
+    problem = files.output_file_problem(path)
+    if problem:
+        fail(f"--output {path} {problem}")
 
 
 # 1. settings: greedy is one sample at temperature 0

@@ -6,7 +6,7 @@ deletes: `remove_leftovers`), JSON objects read back (`read_json_object`), a nam
 where a file should be refused before it is opened (`regular_file`), a full disk as one `DiskFull` line
 naming the path and the space left, and whether a directory takes a new file (`write_probe`, which the
 tools run on their outputs before any work; `output_dir_problem`, a run's output directory checked
-whole). It knows the file system, not what the files hold:
+whole; `output_file_problem`, a tool's output file). It knows the file system, not what the files hold:
 run/checkpoint.py, model/ (weights, tokenizer, adapter files), run/metrics.py, run/trace.py and the
 tools use it.
 """
@@ -272,6 +272,25 @@ def output_dir_problem(path: str, probe: bool = True) -> str | None:
         return f"cannot be written: no write permission in {existing}"
     problem = write_probe(path) if probe else None
     return f"cannot be written: {problem}" if problem else None
+
+
+def output_file_problem(path: str) -> str | None:
+    """What stops a tool from writing the file `path`, in the words that follow its name in a one-line
+    error, or None: it must be a file this process can write, or one it can create."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if existing == os.path.abspath(path):
+        if os.path.isdir(path):
+            return f"is a directory; give a file, such as {os.path.join(path, 'results.jsonl')}"
+        if not os.access(path, os.W_OK):
+            return "cannot be written: no write permission"
+        return None
+    if not os.path.isdir(existing):
+        return f"cannot be created: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be created: no write permission in {existing}"
+    return None
 
 
 def remove_empty(directories: list[str]) -> None:
