@@ -9,11 +9,11 @@ import os
 
 import pytest
 import torch
-from helpers import fixed_logits_model, tiny_model
+from helpers import fixed_logits_model, tiny_model, tiny_train_config
 from reference_sampler import naive_generate_with_tools
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, TrainConfig
+from minigrpo import GRPOConfig, RewardSpec
 from minigrpo.rollout import Rollout, collate
 from minigrpo.run import latest_checkpoint
 from minigrpo.tasks import generate_problems, template, to_task
@@ -284,16 +284,8 @@ def test_a_run_with_tool_calls_resumes_exactly(tmp_path):
     grpo = GRPOConfig(num_generations=4, max_completion_length=64, tools="calculator")
 
     def run(out, stop_at_step, resume=False):
-        config = TrainConfig(
-            output_dir=str(out),
-            max_steps=3,
-            stop_at_step=stop_at_step,
-            batch_size=8,
-            learning_rate=1e-3,
-            resume=resume,
-            progress_bar=False,
-            log_completions_every=0,
-        )
+        settings = dict(max_steps=3, micro_batch_size=8, learning_rate=1e-3)
+        config = tiny_train_config(out, stop_at_step=stop_at_step, resume=resume, **settings)
         minigrpo.train(model, task, grpo, config)
         with open(out / "metrics.jsonl") as f:
             metrics = [json.loads(line) for line in f]

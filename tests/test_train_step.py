@@ -17,7 +17,7 @@ import statistics
 
 import pytest
 import torch
-from helpers import ROWS, tiny_model, tiny_tokenizer
+from helpers import ROWS, tiny_model, tiny_tokenizer, tiny_train_config
 
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
 from minigrpo.rollout import Samples
@@ -94,21 +94,10 @@ def tiny_policy_model(tokenizer) -> torch.nn.Module:
 def make_trainer(tokenizer, tmp_path, grpo: GRPOConfig, observations: bool = False, model=None, **train):
     """A trainer of `model` (by default tiny_policy_model in fp64) whose stage 1 is a FixedSampler."""
     model = model if model is not None else tiny_policy_model(tokenizer).double()
-    settings = dict(
-        output_dir=str(tmp_path / "run"),
-        max_steps=10,
-        batch_size=len(LENGTHS) * G,
-        micro_batch_size=G,
-        progress_bar=False,
-        log_completions_every=0,
-    )
-    trainer = Trainer(
-        model,
-        tokenizer,
-        Task(ROWS, [RewardSpec("test_leading_digit")]),
-        grpo,
-        TrainConfig(**{**settings, **train}),
-    )
+    # the learning rate these tests were written with: TrainConfig's default, not the builder's
+    settings = {"max_steps": 10, "batch_size": len(LENGTHS) * G, "micro_batch_size": G, "learning_rate": 1e-6}
+    config = tiny_train_config(tmp_path / "run", **{**settings, **train})
+    trainer = Trainer(model, tokenizer, Task(ROWS, [RewardSpec("test_leading_digit")]), grpo, config)
     sampler = FixedSampler(trainer, observations)
     trainer._sample = sampler  # the seam: stage 1 only; stages 2-4 run as in training
     return trainer, sampler
