@@ -253,7 +253,8 @@ def make_optimizer(weights: dict, s: Settings) -> torch.optim.AdamW:
 
 def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, step, s: Settings):
     """One GRPO step on P prompts (token ids) with their gold answers: the stages in order; its stats."""
-    G, eos = s.num_generations, tokenizer.token_to_id("<|endoftext|>")
+    G = s.num_generations
+    eos = tokenizer.token_to_id("<|endoftext|>")
     # Stage 1, sample: G completions per prompt from the current policy (pi_theta_old of this step).
     step_seed = random.Random(f"{s.seed}-{step}-0").getrandbits(62)  # the library's: seed, step, round 0
     keys = row_keys(step_seed, len(prompts) * G, "cpu")  # (N,): a random stream per completion
@@ -262,8 +263,12 @@ def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, 
         completions += sample_group(weights, config, prompt, s, eos, keys[p * G : (p + 1) * G])
     prompt_of = [prompt for prompt in prompts for _ in range(G)]  # (N) each completion's prompt
     # Stage 2, verify: each completion's text (its EOS left out) against its prompt's gold answer.
-    texts = [tokenizer.decode(c[:-1] if c[-1] == eos else c, skip_special_tokens=False) for c in completions]
-    rewards = torch.tensor(math_rewards(texts, [gold for gold in golds for _ in range(G)]))  # (N,) float32
+    texts = []
+    for completion in completions:
+        ids = completion[:-1] if completion[-1] == eos else completion
+        texts.append(tokenizer.decode(ids, skip_special_tokens=False))
+    gold_of = [gold for gold in golds for _ in range(G)]  # (N) each completion's gold answer
+    rewards = torch.tensor(math_rewards(texts, gold_of))  # (N,) float32
     # Stage 3, advantages: each completion against the others of its group.
     advantages = group_advantages(rewards, G)  # (N,)
     # Stage 4, update: the log-probs the ratio and the KL compare against, then mu AdamW steps.
@@ -284,9 +289,13 @@ def grpo_step(weights, config, reference, optimizer, tokenizer, prompts, golds, 
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(list(weights.values()), s.max_grad_norm)
         optimizer.step()
-    length = sum(map(len, completions)) / len(completions)
-    stats = {"reward": float(rewards.mean()), "loss": loss.item(), "grad_norm": float(grad_norm)}
-    return {**stats, "lr": optimizer.param_groups[0]["lr"], "length": length}
+    return {
+        "reward": float(rewards.mean()),
+        "loss": loss.item(),
+        "grad_norm": float(grad_norm),
+        "lr": optimizer.param_groups[0]["lr"],
+        "length": sum(map(len, completions)) / len(completions),
+    }
 
 
 # ---- Evaluation: greedy accuracy on held-out problems --------------------------------------------
