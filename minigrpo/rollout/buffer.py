@@ -179,7 +179,8 @@ def collate(rollouts: list[Rollout], pad_id: int, device) -> Batch:
         sampler_logprobs=_pad([r.sampler_logprobs for r in rollouts], completion_width, device),
         old_logprobs=_pad([r.old_logprobs for r in rollouts], completion_width, device),
         ref_logprobs=_pad([r.ref_logprobs for r in rollouts], completion_width, device),
-        teacher_hidden=_pad_hidden([r.teacher_hidden for r in rollouts], completion_width),
+        # (B, Tc, H_teacher) in its own dtype, on the device it was computed on
+        teacher_hidden=_pad([r.teacher_hidden for r in rollouts], completion_width, dtype=None),
     )
 
 
@@ -194,23 +195,16 @@ def _token_advantages(rollouts: list[Rollout], width: int) -> torch.Tensor:
     return out
 
 
-def _pad(rows: list, width: int, device) -> torch.Tensor | None:
+def _pad(rows: list, width: int, device=None, dtype=torch.float32) -> torch.Tensor | None:
+    """(B, width, ...) of rows (Tc_i, ...), zero on padding, made where the rows are and moved to
+    `device` (None: left there); in `dtype` (None: the rows' own). None if any row has none."""
     if any(r is None for r in rows):
         return None
-    out = torch.zeros(len(rows), width, dtype=torch.float32)  # (B, Tc)
+    like = rows[0]
+    out = torch.zeros(len(rows), width, *like.shape[1:], dtype=dtype or like.dtype, device=like.device)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
-    return out.to(device)
-
-
-def _pad_hidden(rows: list, width: int) -> torch.Tensor | None:
-    """(B, width, H) of (Tc_i, H) rows, zero on padding, on the rows' device; None if any row has none."""
-    if not rows or any(r is None for r in rows):
-        return None
-    out = rows[0].new_zeros(len(rows), width, rows[0].shape[-1])  # (B, Tc, H)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+    return out if device is None else out.to(device)
 
 
 def completion_stats(rollouts: list[Rollout]) -> dict[str, float]:

@@ -49,8 +49,8 @@ from ..model import logit_dtype
 from ..rollout import Rollout, loss_positions
 from .logprobs import (
     LOGPROB_CHUNK_ROWS,
+    HeadGradients,
     TokenLogprobs,
-    add_head_gradient,
     completion_hidden_states,
     head_logprobs,
 )
@@ -144,10 +144,7 @@ class ChunkedReverseKL(torch.autograd.Function):
     def backward(ctx, grad_kls):
         hidden, weight, teacher_hidden, teacher_weight, kls = ctx.saved_tensors
         dtype = _logit_dtype(weight, teacher_weight)
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)  # (V, H)
+        gradients = HeadGradients(ctx, hidden, weight, dtype)
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             log_p, log_q = _log_softmaxes(
@@ -157,14 +154,9 @@ class ChunkedReverseKL(torch.autograd.Function):
             grad_z.mul_(log_p.exp_()).mul_(grad_kls[rows, None].to(dtype) * ctx.scale)
             grad_z = grad_z.to(weight.dtype)
             del log_p
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_z @ weight  # (c, H)
-            if grad_weight is not None:
-                add_head_gradient(grad_weight, grad_z, hidden[rows])
+            gradients.add(rows, grad_z, hidden[rows])
             del grad_z  # before the next chunk's buffers are made
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return *gradients.result(), None, None, None, None
 
 
 def _logit_dtype(weight, teacher_weight) -> torch.dtype:

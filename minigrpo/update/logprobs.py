@@ -112,11 +112,8 @@ class ChunkedLogprobs(torch.autograd.Function):
         hidden, weight, targets, normalisers, entropies = ctx.saved_tensors
         if grad_logprobs is None:
             grad_logprobs = torch.zeros_like(normalisers)
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         dtype = logit_dtype(weight.dtype)
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)  # (V, H)
+        gradients = HeadGradients(ctx, hidden, weight, dtype)
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             # grad_z: (c, V)
@@ -135,14 +132,33 @@ class ChunkedLogprobs(torch.autograd.Function):
                 )
                 grad_z = grad_z.add_(entropy_grad.to(grad_z.dtype))
                 del entropy_grad
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad_z @ weight  # (c, H)
-            if grad_weight is not None:
-                add_head_gradient(grad_weight, grad_z, hidden[rows])
+            gradients.add(rows, grad_z, hidden[rows])
             del grad_z  # before the next chunk's buffer is made
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return *gradients.result(), None, None, None
+
+
+class HeadGradients:
+    """The gradients a chunked LM head's backward fills a chunk at a time (ChunkedLogprobs, and
+    distillation.py's ChunkedReverseKL): the hidden states' (N, H) when autograd asks for them, and the
+    head's (V, H) when it is trained, summed in `dtype` (fp32, or fp64) and handed back in the head's."""
+
+    def __init__(self, ctx, hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype):
+        self.head = weight  # (V, H)
+        self.hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None  # (N, H)
+        self.weight = None  # (V, H), in `dtype`
+        if ctx.needs_input_grad[1]:
+            self.weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+
+    def add(self, rows: slice, grad_z: torch.Tensor, hidden: torch.Tensor) -> None:
+        """One chunk's share, from the gradient of its logits grad_z (c, V) and its hidden states (c, H)."""
+        if self.hidden is not None:
+            self.hidden[rows] = grad_z @ self.head  # (c, H)
+        if self.weight is not None:
+            add_head_gradient(self.weight, grad_z, hidden)
+
+    def result(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the hidden states' gradient, the head's in its own dtype), None where none was asked for."""
+        return self.hidden, None if self.weight is None else self.weight.to(self.head.dtype)
 
 
 def add_head_gradient(grad_weight, grad_z, hidden) -> None:
