@@ -6,6 +6,7 @@ left behind by a move is what this catches; docs/walkthrough.md's own test holds
 the same rule, line by line."""
 
 import ast
+import functools
 import glob
 import os
 import re
@@ -19,12 +20,14 @@ ELSEWHERE = {"core_algos.py"}
 EXTENSIONS = {"py", "html", "jsonl", "md", "jinja", "json", "png", "txt", "safetensors", "pt", "yaml"}
 
 
+@functools.cache
 def repository_files() -> list[str]:
     """Every .py file's path from the repository's root, with '/' between folders."""
     paths = glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
     return [os.path.relpath(path, ROOT).replace(os.sep, "/") for path in paths]
 
 
+@functools.cache
 def package_prose() -> dict[str, str]:
     """file -> its prose: a module's docstrings and comments; the README's and docs/' whole text."""
     prose = {}
@@ -41,6 +44,7 @@ def package_prose() -> dict[str, str]:
     return prose
 
 
+@functools.cache
 def module_definitions() -> dict[str, set[str]]:
     """A module's short name (a file's, or a folder's for its door) -> the names its files define or
     import, over every module of the package of that short name."""
