@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from helpers import tiny_run
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -53,6 +54,7 @@ SMALLEST = {
     "bench_distillation.py": ["--smoke"],
     "count_ops.py": ["--rows", "2", "--steps", "2", "--prompt", "4"],
     "bench_objectives.py": ["--smoke", "--output", "objectives"],
+    "walk_step.py": ["--json", "walk.json", "--", *tiny_run(steps=1, output_dir="walk")],
 }
 EXPECTED = {
     "bench_sampler.py": [
@@ -69,6 +71,7 @@ EXPECTED = {
     "bench_distillation.py": ["| none |", "| token |", "| full |", "the whole (B, Tc, V) fp32 logits"],
     "count_ops.py": ["| per layer |", "| outside the layers |"],
     "bench_objectives.py": ["| adaptive_entropy | 1 | 0 | yes |", "adaptive entropy bonus (target 0.2)"],
+    "walk_step.py": ["one step of examples/train_math.py:", "| run/ |", "| update/ |"],
     "bench_trl.py": ["| minigrpo | 1 |", "| trl | 1 |", "| trl - minigrpo | mean |", "| trl / minigrpo |"],
 }
 
