@@ -2,7 +2,7 @@
 
 In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
 TrainConfig. Out: the policy trained by one step at a time, and each step's stats. It knows the
-order of the stages, not how any stage works, nor how a run starts, resumes, logs or saves (training.py).
+order of the stages, not how any stage works, nor how a run starts, resumes, logs or saves (driver.py).
 One step, `Trainer.train_step`:
 
   1. sample      P prompts x G completions (rollout/, generate)           -> rollout buffer
@@ -19,7 +19,7 @@ One step, `Trainer.train_step`:
   4. update      old / reference log-probs, then num_iterations passes, each over shuffled
                  micro-batches with gradient accumulation, gradient clipping and one AdamW step
                  (update/updater.py)
-  5. metrics     the step's stats for the logger (training.py logs them and saves checkpoints)
+  5. metrics     the step's stats for the logger (driver.py logs them and saves checkpoints)
 
 The stages a run takes are chosen once, when the trainer is built (`_choose_stages`): whether tools
 run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (the estimator;
@@ -110,7 +110,7 @@ from .teacher import load_teacher
 
 
 class Trainer:
-    """GRPO on one task: `train_step` is one step of the README's diagram (training.py drives the steps)."""
+    """GRPO on one task: `train_step` is one step of the README's diagram (driver.py drives the steps)."""
 
     def __init__(
         self,
