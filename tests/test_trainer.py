@@ -796,3 +796,22 @@ def test_completions_that_fill_the_whole_context_leave_no_room_for_a_prompt(chec
             make_trainer(
                 checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=length)
             )
+
+
+def test_gradient_checkpointing_is_the_model_s_own_as_it_was_built_and_the_trainer_only_checks_it(
+    checkpoint, tmp_path
+):
+    """load_pretrained builds the model to recompute its blocks in backward (build_run passes
+    TrainConfig.gradient_checkpointing); the trainer never switches it, and refuses a model built
+    against its TrainConfig."""
+    task = Task(ROWS, [RewardSpec("test_count_x")])
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12)
+    config = TrainConfig(
+        output_dir=str(tmp_path / "run"), batch_size=8, progress_bar=False, gradient_checkpointing=True
+    )
+    assert minigrpo.run.build_run(checkpoint, task, grpo, config).trainer.model.gradient_checkpointing
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    assert not model.gradient_checkpointing
+    with pytest.raises(ValueError, match="gradient_checkpointing is True, but the policy was built with"):
+        Trainer(model, tokenizer, task, grpo, config)
+    assert not model.gradient_checkpointing

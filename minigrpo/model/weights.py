@@ -82,29 +82,38 @@ def to_hf_state_dict(model: Qwen3, weights: dict | None = None) -> dict[str, tor
 
 
 # --- loading --------------------------------------------------------------------------------------
-def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision: str | None = None):
+def load_pretrained(
+    path_or_repo_id: str,
+    *,
+    dtype=None,
+    device="cpu",
+    revision: str | None = None,
+    gradient_checkpointing: bool = False,
+):
     """(model, tokenizer) from a local Hugging Face directory or a Hub repo id such as 'Qwen/Qwen3-0.6B'.
 
     dtype defaults to float32 on CPU and bfloat16 on GPU. tokenizer is None when the directory has
-    no tokenizer.json.
+    no tokenizer.json. gradient_checkpointing: the model recomputes each block in backward while it
+    trains (TrainConfig.gradient_checkpointing; the trainer checks that the two agree).
     """
     device = parse_device(device)
     dtype = _parse_dtype(dtype, device)
     directory = resolve_checkpoint(path_or_repo_id, revision=revision)
     if is_adapter_directory(directory):
-        return _load_adapted(directory, dtype, device)
+        return _load_adapted(directory, dtype, device, gradient_checkpointing)
     config = read_config(directory)
     tokenizer = read_tokenizer(directory)  # before the weights: a bad tokenizer file fails fast
     with torch.device("meta"):  # no memory, no random init: the weights come from the files
         model = Qwen3(config).to(dtype)
     model = model.to_empty(device=device)
+    model.gradient_checkpointing = gradient_checkpointing
     _load_weights(model, directory)
     model.name_or_path = os.path.abspath(directory) if os.path.isdir(path_or_repo_id) else path_or_repo_id
     model.eval()
     return model, tokenizer
 
 
-def _load_adapted(directory: str, dtype, device):
+def _load_adapted(directory: str, dtype, device, gradient_checkpointing: bool):
     """(base model with the directory's PEFT adapters on it, tokenizer): the base is the adapter's
     base_model_name_or_path, the tokenizer the directory's own if it has one, else the base's."""
     _, base = read_adapter_config(directory)  # checked before the base is read
@@ -117,7 +126,9 @@ def _load_adapted(directory: str, dtype, device):
         raise CheckpointError(
             f"{directory}: its base {base} is itself an adapter directory; minigrpo does not stack adapters"
         )
-    model, tokenizer = load_pretrained(base, dtype=dtype, device=device)
+    model, tokenizer = load_pretrained(
+        base, dtype=dtype, device=device, gradient_checkpointing=gradient_checkpointing
+    )
     load_adapter(model, directory)
     model.eval()
     return model, read_tokenizer(directory) or tokenizer
@@ -442,12 +453,14 @@ def write_files(
     *,
     max_shard_bytes: int = 4 * 2**30,
     weights: dict | None = None,
+    base: str | None = None,
 ) -> None:
     """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
     weights: the model's state dict, if not its own (a sharded model's, gathered). A model with LoRA
-    adapters is written as its adapters alone, in PEFT's files, naming its base."""
+    adapters is written as its adapters alone, in PEFT's files, naming `base` as their base (by default
+    the model's name_or_path, the files it was loaded from)."""
     if model.adapters is not None:
-        write_adapter(model, directory)
+        write_adapter(model, directory, model.name_or_path if base is None else base)
     else:
         _write_weights(model, directory, max_shard_bytes, weights)
         write_json(

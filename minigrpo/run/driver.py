@@ -62,7 +62,12 @@ def build_run(
         resume.check_same_start(saved["model_path"], model_path, resume_from, dist.print)
         resume.check_same_adapters(saved["configs"], config, resume_from)
     device = dist.device  # each rank's own GPU under torchrun
-    model, tokenizer = load_pretrained(resume_from or model_path, dtype=dtype, device=device)
+    model, tokenizer = load_pretrained(
+        resume_from or model_path,
+        dtype=dtype,
+        device=device,
+        gradient_checkpointing=config.gradient_checkpointing,
+    )
     if tokenizer is None:
         raise ValueError(
             f"{resume_from or model_path} has no tokenizer.json: the trainer needs one to decode completions"
@@ -75,8 +80,8 @@ def build_run(
     )
     if saved is None:
         return Run(trainer)
-    resume.check_same_base(saved.get("base_sha256"), trainer, resume_from)
-    resume.check_same_teacher(saved.get("teacher_sha256"), trainer, resume_from)
+    resume.check_same_base(saved.get("base_sha256"), trainer.plan, resume_from)
+    resume.check_same_teacher(saved.get("teacher_sha256"), trainer.plan, grpo.teacher_model, resume_from)
     for note in resume.changed_settings(saved["configs"], as_dict(grpo, config)):
         dist.print(note)
     wall_seconds_before = checkpoint.restore(trainer, saved)
@@ -154,6 +159,7 @@ class Run:
                 state,
                 trainer.config.save_total_limit,
                 weights=weights,
+                base=trainer.plan.base_path,
             )
         return trainer.dist.broadcast(path)  # no rank goes on before the checkpoint is complete
 

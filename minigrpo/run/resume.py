@@ -3,9 +3,10 @@ it continues (the same starting model, the same adapters on the same base, the s
 note for each setting it changed.
 
 In: TrainConfig (output_dir, resume), the model a run names, a checkpoint's trainer_state.pt as
-checkpoint.load_state reads it, and the trainer built to resume it. Out: the checkpoint's directory or
-None, a one-line ValueError for a resume that would train something else, and the notes. It knows what
-a checkpoint records, not how a step runs; driver.py calls it before and after it builds the Trainer.
+checkpoint.load_state reads it, and the plan of the trainer built to resume it (plan.py). Out: the
+checkpoint's directory or None, a one-line ValueError for a resume that would train something else,
+and the notes. It knows what a checkpoint records, not how a step runs; driver.py calls it before it
+builds the Trainer, and after, against what the Trainer's plan decided.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from .. import distributed
 from ..config import TrainConfig, parse_lora_targets
 from . import checkpoint
-from .trainer import Trainer
+from .plan import TrainingPlan
 
 STATE_KEYS = checkpoint.STATE_KEYS  # what a resume reads: a checkpoint that lacks one is damaged
 
@@ -93,27 +94,29 @@ def check_same_adapters(saved: dict, config: TrainConfig, resume_from: str) -> N
             )
 
 
-def check_same_base(recorded: str | None, trainer: Trainer, resume_from: str) -> None:
+def check_same_base(recorded: str | None, plan: TrainingPlan, resume_from: str) -> None:
     """A LoRA checkpoint's adapters continue on the base whose weights' sha256 it recorded: a base
     changed in place since (trained on, converted, another revision of a Hub id) would take them on
     silently. A checkpoint that records none (trained whole, or older) is not checked."""
-    if recorded is not None and trainer.base_sha256 != recorded:
+    if recorded is not None and plan.base_sha256 != recorded:
         raise ValueError(
-            f"{resume_from} trained adapters on {trainer.model.name_or_path}, whose weights have changed "
+            f"{resume_from} trained adapters on {plan.base_path}, whose weights have changed "
             "since (their sha256 differs from the one the checkpoint records): put the base back as it "
             "was, or start a new output_dir"
         )
 
 
-def check_same_teacher(recorded: str | None, trainer: Trainer, resume_from: str) -> None:
+def check_same_teacher(
+    recorded: str | None, plan: TrainingPlan, teacher_model: str, resume_from: str
+) -> None:
     """A distilling run resumes with the teacher it was distilled from: the teacher is reloaded from
     teacher_model, never saved, so its weights' sha256 must be the one the checkpoint records. A run
     that had no teacher, or a resume without one, is a change of settings, said by changed_settings."""
-    current = trainer.teacher_sha256
+    current = plan.teacher_sha256
     if recorded is not None and current is not None and current != recorded:
         raise ValueError(
             f"{resume_from} was distilled from a teacher whose weights have changed since: "
-            f"{trainer.grpo.teacher_model} is not that teacher (the sha256 of its weights as loaded, in "
+            f"{teacher_model} is not that teacher (the sha256 of its weights as loaded, in "
             "this run's dtype, differs from the one the checkpoint records); resume with the same teacher "
             "and dtype, or start a new output_dir"
         )
