@@ -62,7 +62,7 @@ def update_memory(setup: str, rank: int, smoke: bool, checkpointing: bool) -> di
     if lora:
         add_adapters(model, Adapters(rank=rank, alpha=32, targets=LORA_TARGETS), seed=0)
     reference = None
-    if with_reference:  # as the trainer chooses it (run/trainer.py, Trainer._reference)
+    if with_reference:  # as the trainer chooses it (run/plan.py, _reference)
         reference = BaseLogprobs(model) if lora else TokenLogprobs(frozen_copy(model))
     rng = random.Random(0)
     V = shape["vocab_size"]

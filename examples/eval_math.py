@@ -75,7 +75,7 @@ def fail(message):
 
 
 def task_defaults() -> dict:
-    """This script's defaults from the model's recorded task (minigrpo.model.weights.read_task)."""
+    """This script's defaults from the model's recorded task (minigrpo.model.tokenizer.read_task)."""
     try:
         task = read_task(parser.parse_args().model)
     except ValueError as error:

@@ -323,7 +323,7 @@ def check_counts(args: argparse.Namespace) -> None:
 
 
 def model_task(model: str, options: dict[str, argparse.Action]) -> dict:
-    """The task a local checkpoint says it was made for (weights.read_task: pretrain_tiny.py writes it and
+    """The task a local checkpoint says it was made for (tokenizer.read_task: pretrain_tiny.py writes it and
     every checkpoint of the model carries it), as option values; {} for none."""
     where = f"{os.path.join(model, 'tokenizer_config.json')}: minigrpo_task"
     return option_values(read_task(model), options, where)

@@ -593,7 +593,7 @@ def checkpoints(tmp) -> dict:
         "config_null": lambda d: (d / "config.json").write_text("null"),
         "config_list": lambda d: (d / "config.json").write_text("[1, 2]"),
         "bad_tokenizer": lambda d: (d / "tokenizer.json").write_text("{not json"),
-        # the task a checkpoint records (weights.read_task): not a mapping, or options no script has
+        # the task a checkpoint records (tokenizer.read_task): not a mapping, or options no script has
         "task_list": lambda d: _record_task(d, [1, 2]),
         "task_unknown": lambda d: _record_task(d, {"data": "arithmetic", "epochs": 3}),
     }

@@ -172,7 +172,7 @@ def test_a_bad_config_file_is_one_line_naming_the_problem(tmp_path, values, mess
 
 
 def test_a_models_recorded_task_sits_between_the_defaults_and_a_config_file(tmp_path):
-    """models/minigrpo-tiny-calc records its task (weights.read_task): it replaces train_math's defaults
+    """models/minigrpo-tiny-calc records its task (tokenizer.read_task): it replaces train_math's defaults
     whether the model is named on the command line or in a config file, and a config file's values and
     the command line's flags beat it."""
     calc = os.path.join(ROOT, "models", "minigrpo-tiny-calc")

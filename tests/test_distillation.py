@@ -18,9 +18,9 @@ from minigrpo.model import Adapters, add_adapters
 from minigrpo.rollout import Rollout, collate
 from minigrpo.run import Run, Trace, console_line, latest_checkpoint, load_state
 from minigrpo.run import teacher as teacher_module
+from minigrpo.run.driver import build_run
 from minigrpo.run.teacher import weights_digest
 from minigrpo.run.trace import MAX_TOKENS_SHOWN
-from minigrpo.run.training import build_run
 from minigrpo.update import (
     ChunkedReverseKL,
     DistilledLogprobs,

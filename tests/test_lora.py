@@ -333,7 +333,9 @@ def test_adapters_put_on_in_memory_name_the_run_s_model_and_are_refused_under_fs
     model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
     model.name_or_path = ""  # as a model built in memory, its adapters on
     trainer = Trainer(model, tokenizer, task, grpo, TrainConfig(**settings), model_path=base)
-    assert trainer.model.name_or_path == base and trainer.base_sha256 is None  # its checkpoints name it
+    saved = minigrpo.run.Run(trainer).save()  # its checkpoints name it, the model left as it came
+    assert read_adapter_config(saved)[1] == base and trainer.base_sha256 is None
+    assert trainer.model.name_or_path == ""
     model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
     one_process = Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings))
     assert one_process.adapters is not None  # fsdp is a setting of several ranks: one trains as it is

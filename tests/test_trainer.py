@@ -176,7 +176,7 @@ def test_resume_restores_the_rng_states_it_saved_and_samples_the_straight_runs_b
     saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
     torch.manual_seed(1), random.seed(1), np.random.seed(1)  # what else the process drew since
     task = Task(ROWS, [RewardSpec("test_count_x")])
-    resumed = minigrpo.run.training.build_run(
+    resumed = minigrpo.run.driver.build_run(
         checkpoint, task, grpo, TrainConfig(**train, output_dir=str(tmp_path / "stopped"), resume=True)
     ).trainer
     assert (
@@ -481,7 +481,7 @@ def test_token_budget_batches_cover_every_rollout_within_the_budget():
 def test_the_stage_functions_are_public():
     assert minigrpo.grpo_loss is minigrpo.update.loss.grpo_loss
     assert minigrpo.group_advantages is minigrpo.update.advantages.group_advantages
-    assert minigrpo.train is minigrpo.run.training.train
+    assert minigrpo.train is minigrpo.run.driver.train
 
 
 def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_path):
@@ -491,7 +491,7 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(checkpoint, tmp_
     )
     config = TrainConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=8, progress_bar=False)
     with pytest.raises(ValueError, match="already holds checkpoints of an earlier run .* resume it"):
-        minigrpo.run.training.build_run(
+        minigrpo.run.driver.build_run(
             checkpoint,
             Task(ROWS, [RewardSpec("test_count_x")]),
             GRPOConfig(num_generations=4, max_completion_length=12),
@@ -796,3 +796,22 @@ def test_completions_that_fill_the_whole_context_leave_no_room_for_a_prompt(chec
             make_trainer(
                 checkpoint, tmp_path, grpo=GRPOConfig(num_generations=4, max_completion_length=length)
             )
+
+
+def test_gradient_checkpointing_is_the_model_s_own_as_it_was_built_and_the_trainer_only_checks_it(
+    checkpoint, tmp_path
+):
+    """load_pretrained builds the model to recompute its blocks in backward (build_run passes
+    TrainConfig.gradient_checkpointing); the trainer never switches it, and refuses a model built
+    against its TrainConfig."""
+    task = Task(ROWS, [RewardSpec("test_count_x")])
+    grpo = GRPOConfig(num_generations=4, max_completion_length=12)
+    config = TrainConfig(
+        output_dir=str(tmp_path / "run"), batch_size=8, progress_bar=False, gradient_checkpointing=True
+    )
+    assert minigrpo.run.build_run(checkpoint, task, grpo, config).trainer.model.gradient_checkpointing
+    model, tokenizer = minigrpo.load_pretrained(checkpoint)
+    assert not model.gradient_checkpointing
+    with pytest.raises(ValueError, match="gradient_checkpointing is True, but the policy was built with"):
+        Trainer(model, tokenizer, task, grpo, config)
+    assert not model.gradient_checkpointing

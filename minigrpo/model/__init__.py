@@ -7,9 +7,12 @@ layout.
 - `Tokenizer`: text <-> token ids, EOS and padding (tokenizer.py), and the checkpoint's own chat
   template rendered as transformers renders it (chat_template.py: `ChatTemplate`, `check_tool_schemas`),
   in a sandbox that bounds what a render may spend (template_sandbox.py);
-- `load_pretrained`, `save_pretrained`, `download`: checkpoints on disk and on the Hub (weights.py), each
-  problem a `CheckpointError` naming the file or tensor; a PEFT adapter directory loads as its base with
-  the adapters on (adapter_files.py); `output_problem`: what stops a tool from saving into a directory;
+- `load_pretrained`, `save_pretrained`: checkpoints in Hugging Face layout, loaded, checked and saved
+  (weights.py), each problem a `CheckpointError` naming the file or tensor; a PEFT adapter directory
+  loads as its base with the adapters on (adapter_files.py); `output_problem`: what stops a tool from
+  saving into a directory; `resolve_checkpoint`, `download`: a checkpoint's files found locally or
+  fetched from the Hub (hub.py); `parse_device`: a device checked against this machine (devices.py);
+  `read_task`: the task the example scripts recorded in a tokenizer's config (tokenizer.py);
 - `Adapters`, `add_adapters`, `adapters_off`, `merged`: LoRA adapters on the projections, switched off
   for the base, or merged into plain weights (lora.py).
 It knows tensors, files and names, not the loop that trains the model. The stages use the model through
@@ -18,6 +21,8 @@ these names; nothing outside this folder imports from inside it.
 
 from .adapter_files import is_adapter_directory, load_adapter, read_adapter_config
 from .chat_template import ChatTemplate, check_tool_schemas
+from .devices import parse_device
+from .hub import CHECKPOINT_FILES, CheckpointError, download, resolve_checkpoint, tokenizer_directory
 from .kv_cache import KVCache
 from .layers import logit_dtype
 from .lora import (
@@ -33,23 +38,16 @@ from .lora import (
     trainable_parameters,
 )
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, read_task
 from .weights import (
-    CHECKPOINT_FILES,
-    CheckpointError,
     check_tensors,
-    download,
     hf_name,
     load_pretrained,
     output_problem,
-    parse_device,
     read_config,
-    read_task,
     read_tokenizer,
-    resolve_checkpoint,
     save_pretrained,
     to_hf_state_dict,
-    tokenizer_directory,
     weights_sha256,
     write_files,
 )

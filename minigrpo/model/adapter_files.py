@@ -62,9 +62,9 @@ def is_adapter_directory(directory: str) -> bool:
     return adapter and not os.path.exists(os.path.join(directory, "config.json"))
 
 
-def write_adapter(model, directory: str) -> None:
+def write_adapter(model, directory: str, base: str) -> None:
     """The model's adapters as PEFT's two files in an existing directory (not atomically: callers write
-    into a temporary directory and rename it). The base is the model's name_or_path."""
+    into a temporary directory and rename it), naming `base` as their base ("": none)."""
     adapters = model.adapters
     tensors = {PEFT_PREFIX + name: t.detach().cpu().contiguous() for name, t in adapter_state(model).items()}
     save_file(tensors, os.path.join(directory, ADAPTER_WEIGHTS), metadata={"format": "pt"})
@@ -73,7 +73,7 @@ def write_adapter(model, directory: str) -> None:
         {
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
-            "base_model_name_or_path": model.name_or_path or None,
+            "base_model_name_or_path": base or None,
             "r": adapters.rank,
             "lora_alpha": adapters.alpha,
             "lora_dropout": adapters.dropout,

@@ -5,7 +5,9 @@ It adds what a checkpoint's side files say: EOS and padding ids (generation_conf
 tokenizer_config.json) and the checkpoint's own chat template (chat_template.py: tokenizer_config.json's
 `chat_template`, or chat_template.jinja beside it, which wins), kept as it came when the tokenizer is
 saved. A tokenizer with ChatML tokens and no template (the embedded models) gets Qwen3's ChatML written
-by hand, a fallback that declares no tools. It knows strings and ids, not tensors or models.
+by hand, a fallback that declares no tools. The example scripts record the task a checkpoint was
+made for in its tokenizer_config.json, which every checkpoint saved from it keeps (`read_task`). It
+knows strings and ids, not tensors or models.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from collections import Counter
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ..files import read_json_object, regular_file, write_json
+from .adapter_files import is_adapter_directory
 from .chat_template import SPECIAL_TOKENS, ChatTemplate, choose, read_template_file
+from .hub import CheckpointError, present, read_json, tokenizer_directory
 
 TEMPLATE_FILE = "chat_template.jinja"  # newer checkpoints keep their template here; it wins over the config's
 
@@ -261,3 +265,20 @@ class Tokenizer:
 
 def _read_json_if_exists(path: str) -> dict:
     return read_json_object(path, "the tokenizer's settings") if regular_file(path) else {}
+
+
+def read_task(directory: str) -> dict:
+    """The task a local checkpoint was made for, {} if it names none: tokenizer_config.json's
+    "minigrpo_task" (option names of the example scripts to their values, e.g. data, template,
+    tools). It travels with the tokenizer's config, so every checkpoint saved from the model keeps it
+    (an adapter directory without one: its base's).
+    A Hub id or a directory without the file gives {}; a malformed entry is a CheckpointError."""
+    if os.path.isdir(directory) and is_adapter_directory(directory):
+        directory = tokenizer_directory(directory)  # the base's settings, if the adapter has none
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not present(path):
+        return {}
+    task = read_json(path, "the tokenizer's settings").get("minigrpo_task", {})
+    if not isinstance(task, dict):
+        raise CheckpointError(f"{path}: minigrpo_task must map option names to values, got {task!r:.80}")
+    return task

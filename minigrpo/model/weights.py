@@ -1,12 +1,13 @@
 """Before and after the loop, the policy's weights in Hugging Face layout, as transformers and the Hub
-keep them.
+keep them: loaded, checked and saved.
 
 (Training checkpoints, which add the optimizer and the run's position to these files, are run/checkpoint.py.)
 
-In: a local directory or a Hub repo id. Out: a Qwen3 model and its Tokenizer (and back to disk).
-Weights move through safetensors only, never pickle. Every problem with the files is raised as a
-CheckpointError that names the file or tensor at fault; a save never leaves a half-written directory.
-It knows files, names and shapes, not training.
+In: a local directory or a Hub repo id (hub.py finds its files; devices.py parses the device and
+dtype). Out: a Qwen3 model and its Tokenizer (and back to disk), and what stops a tool from saving
+into a directory. Weights move through safetensors only, never pickle. Every problem with the files
+is raised as a CheckpointError that names the file or tensor at fault; a save never leaves a
+half-written directory. It knows files, names and shapes, not training.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from safetensors.torch import save_file
 from ..files import (
     directory_beside,
     disk_full_named,
-    read_json_object,
-    regular_file,
     remove_leftovers,
     replace_dir,
     write_json,
@@ -32,29 +31,17 @@ from ..files import (
 )
 from .adapter_files import (
     ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
     check_adapter_files,
     is_adapter_directory,
     load_adapter,
     read_adapter_config,
     write_adapter,
 )
+from .devices import parse_device, parse_dtype
+from .hub import INDEX_FILE, SINGLE_FILE, CheckpointError, present, read_json, resolve_checkpoint
 from .qwen3 import ConfigError, Qwen3, Qwen3Config
 from .tokenizer import Tokenizer
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-# the files a checkpoint needs, the only ones fetched from the Hub
-CHECKPOINT_FILES = [
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "*.safetensors",
-    INDEX_FILE,
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-]
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")  # tensors some checkpoints carry that hold nothing we need
 # The files of a Hugging Face checkpoint, as save_pretrained writes them for a model without adapters: all
 # that a tool's output directory may hold when the tool replaces it (output_problem).
@@ -62,10 +49,6 @@ SAVED_FILE = re.compile(
     r"(generation_)?config\.json|tokenizer(_config)?\.json|chat_template\.jinja"
     r"|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
 )
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or written; the message names the file or tensor."""
 
 
 # --- name mapping ---------------------------------------------------------------------------------
@@ -82,29 +65,38 @@ def to_hf_state_dict(model: Qwen3, weights: dict | None = None) -> dict[str, tor
 
 
 # --- loading --------------------------------------------------------------------------------------
-def load_pretrained(path_or_repo_id: str, *, dtype=None, device="cpu", revision: str | None = None):
+def load_pretrained(
+    path_or_repo_id: str,
+    *,
+    dtype=None,
+    device="cpu",
+    revision: str | None = None,
+    gradient_checkpointing: bool = False,
+):
     """(model, tokenizer) from a local Hugging Face directory or a Hub repo id such as 'Qwen/Qwen3-0.6B'.
 
     dtype defaults to float32 on CPU and bfloat16 on GPU. tokenizer is None when the directory has
-    no tokenizer.json.
+    no tokenizer.json. gradient_checkpointing: the model recomputes each block in backward while it
+    trains (TrainConfig.gradient_checkpointing; the trainer checks that the two agree).
     """
     device = parse_device(device)
-    dtype = _parse_dtype(dtype, device)
+    dtype = parse_dtype(dtype, device)
     directory = resolve_checkpoint(path_or_repo_id, revision=revision)
     if is_adapter_directory(directory):
-        return _load_adapted(directory, dtype, device)
+        return _load_adapted(directory, dtype, device, gradient_checkpointing)
     config = read_config(directory)
     tokenizer = read_tokenizer(directory)  # before the weights: a bad tokenizer file fails fast
     with torch.device("meta"):  # no memory, no random init: the weights come from the files
         model = Qwen3(config).to(dtype)
     model = model.to_empty(device=device)
+    model.gradient_checkpointing = gradient_checkpointing
     _load_weights(model, directory)
     model.name_or_path = os.path.abspath(directory) if os.path.isdir(path_or_repo_id) else path_or_repo_id
     model.eval()
     return model, tokenizer
 
 
-def _load_adapted(directory: str, dtype, device):
+def _load_adapted(directory: str, dtype, device, gradient_checkpointing: bool):
     """(base model with the directory's PEFT adapters on it, tokenizer): the base is the adapter's
     base_model_name_or_path, the tokenizer the directory's own if it has one, else the base's."""
     _, base = read_adapter_config(directory)  # checked before the base is read
@@ -117,71 +109,19 @@ def _load_adapted(directory: str, dtype, device):
         raise CheckpointError(
             f"{directory}: its base {base} is itself an adapter directory; minigrpo does not stack adapters"
         )
-    model, tokenizer = load_pretrained(base, dtype=dtype, device=device)
+    model, tokenizer = load_pretrained(
+        base, dtype=dtype, device=device, gradient_checkpointing=gradient_checkpointing
+    )
     load_adapter(model, directory)
     model.eval()
     return model, read_tokenizer(directory) or tokenizer
 
 
-def parse_device(device) -> torch.device:
-    """torch.device(device), or a ValueError saying why not: torch does not know the device, or this
-    machine does not have it. load_pretrained and run.build_run check every device here, first."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N (GPU N) or mps") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {device!r} asks for a GPU, but torch sees none here (a CPU build of torch, or no "
-            "driver); use cpu"
-        )
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"device {device!r} asks for GPU {parsed.index}, but torch sees {torch.cuda.device_count()} "
-            f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})"
-        )
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(
-            f"device {device!r} asks for Apple's GPU (MPS), which torch does not see here; use cpu"
-        )
-    return parsed
-
-
-def resolve_checkpoint(path_or_repo_id: str, revision: str | None = None) -> str:
-    """A local directory as is, or a Hub repo id downloaded (only the files we need) to the HF cache."""
-    if os.path.isdir(path_or_repo_id):
-        return path_or_repo_id
-    if os.path.exists(path_or_repo_id):
-        raise CheckpointError(
-            f"{path_or_repo_id} is a file; a checkpoint is a directory with config.json and *.safetensors"
-        )
-    looks_local = os.path.isdir(path_or_repo_id.split("/")[0])  # "models/x" when ./models exists
-    if looks_local or not re.fullmatch(r"[\w.-]+/[\w.-]+", path_or_repo_id):
-        raise CheckpointError(f"no such checkpoint directory: {path_or_repo_id}")
-    return download(path_or_repo_id, revision=revision)
-
-
-def download(repo_id: str, local_dir: str | None = None, revision: str | None = None) -> str:
-    """Fetch a checkpoint's files from the Hugging Face Hub; returns the local directory."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(
-            repo_id, revision=revision, local_dir=local_dir, allow_patterns=CHECKPOINT_FILES
-        )
-    except Exception as e:  # offline, unknown repo, gated repo, network error: all end here
-        raise CheckpointError(
-            f"could not fetch {repo_id!r} from the Hugging Face Hub "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            "Check the repo id and your network, or pass a local directory (see models/README.md)."
-        ) from None
-
-
 def read_config(directory: str) -> Qwen3Config:
     path = os.path.join(directory, "config.json")
-    if not _present(path):
+    if not present(path):
         raise CheckpointError(f"{directory} has no config.json: not a Hugging Face checkpoint directory")
-    settings = _read_json(path, "the model's settings")
+    settings = read_json(path, "the model's settings")
     try:
         return Qwen3Config.from_dict(settings)
     except (ConfigError, TypeError) as e:
@@ -190,7 +130,7 @@ def read_config(directory: str) -> Qwen3Config:
 
 def read_tokenizer(directory: str) -> Tokenizer | None:
     """The directory's Tokenizer, None without a tokenizer.json, a CheckpointError for a bad one."""
-    if not _present(os.path.join(directory, "tokenizer.json")):
+    if not present(os.path.join(directory, "tokenizer.json")):
         return None
     try:
         return Tokenizer.from_directory(directory)
@@ -202,12 +142,12 @@ def weight_files(directory: str) -> dict[str, str]:
     """Map each tensor name to the safetensors file (full path) that holds it."""
     index_path = os.path.join(directory, INDEX_FILE)
     single_path = os.path.join(directory, SINGLE_FILE)
-    if _present(index_path):
-        weight_map = _read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
+    if present(index_path):
+        weight_map = read_json(index_path, "a weight_map of tensor names to files").get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index_path} has no weight_map of tensor names to files")
         return {name: os.path.join(directory, file) for name, file in weight_map.items()}
-    if _present(single_path):
+    if present(single_path):
         with _open_safetensors(single_path) as f:
             return {name: single_path for name in f.keys()}
     pickled = [f for f in os.listdir(directory) if f.endswith((".bin", ".pt", ".pth"))]
@@ -297,7 +237,7 @@ def _read_tensor(handles: dict, path: str, name: str) -> torch.Tensor:
 
 def _open_safetensors_listed(path: str):
     """_open_safetensors of a file the weight map names, which may not exist."""
-    if not _present(path):
+    if not present(path):
         raise CheckpointError(f"weight file {path} (listed in {INDEX_FILE}) does not exist")
     return _open_safetensors(path)
 
@@ -313,71 +253,8 @@ def _open_safetensors(path: str):
         ) from None
 
 
-def tokenizer_directory(path_or_repo_id: str) -> str:
-    """Where a checkpoint's tokenizer files are: its own directory, or for an adapter directory without
-    them (PEFT writes none), its base's."""
-    directory = resolve_checkpoint(path_or_repo_id)
-    if not is_adapter_directory(directory) or _present(os.path.join(directory, "tokenizer.json")):
-        return directory
-    _, base = read_adapter_config(directory)
-    if not base:
-        raise CheckpointError(f"{directory} has no tokenizer.json, and its adapter_config.json names no base")
-    return resolve_checkpoint(base)
-
-
-def read_task(directory: str) -> dict:
-    """The task a local checkpoint was made for, {} if it names none: tokenizer_config.json's
-    "minigrpo_task" (option names of the example scripts to their values, e.g. data, template,
-    tools). It travels with the tokenizer's config, so every checkpoint saved from the model keeps it
-    (an adapter directory without one: its base's).
-    A Hub id or a directory without the file gives {}; a malformed entry is a CheckpointError."""
-    if os.path.isdir(directory) and is_adapter_directory(directory):
-        directory = tokenizer_directory(directory)  # the base's settings, if the adapter has none
-    path = os.path.join(directory, "tokenizer_config.json")
-    if not _present(path):
-        return {}
-    task = _read_json(path, "the tokenizer's settings").get("minigrpo_task", {})
-    if not isinstance(task, dict):
-        raise CheckpointError(f"{path}: minigrpo_task must map option names to values, got {task!r:.80}")
-    return task
-
-
-def _present(path: str) -> bool:
-    """Whether the file is there (files.regular_file): a named pipe or a directory in its place is a
-    CheckpointError naming it, never opened (a pipe's read would wait for a writer for ever)."""
-    try:
-        return regular_file(path)
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-
-
-def _read_json(path: str, holding: str) -> dict:
-    try:
-        return read_json_object(path, holding)
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-
-
 def _first_names(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
-
-
-def _parse_dtype(dtype, device: torch.device) -> torch.dtype:
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
-    return names[dtype]
 
 
 # --- saving ---------------------------------------------------------------------------------------
@@ -442,12 +319,14 @@ def write_files(
     *,
     max_shard_bytes: int = 4 * 2**30,
     weights: dict | None = None,
+    base: str | None = None,
 ) -> None:
     """The Hugging Face files of model (and tokenizer) written into an existing directory, not atomically.
     weights: the model's state dict, if not its own (a sharded model's, gathered). A model with LoRA
-    adapters is written as its adapters alone, in PEFT's files, naming its base."""
+    adapters is written as its adapters alone, in PEFT's files, naming `base` as their base (by default
+    the model's name_or_path, the files it was loaded from)."""
     if model.adapters is not None:
-        write_adapter(model, directory)
+        write_adapter(model, directory, model.name_or_path if base is None else base)
     else:
         _write_weights(model, directory, max_shard_bytes, weights)
         write_json(

@@ -2,11 +2,12 @@
 behind (metrics, checkpoints, evaluations, the trace, curves).
 
 - `Trainer` (trainer.py): one GRPO step, the stages in order, chosen once when it is built;
-- `train`, `build_run`, `Run` (training.py): a run started fresh or resumed, driven to its end,
-  logged and saved, with held-out evaluations beside it;
+- `train`, `build_run`, `Run` (driver.py): a run started fresh or resumed, driven to its end,
+  logged and saved; where a resume goes on from, and its checks (resume.py);
 - checkpoints (checkpoint.py): `save_checkpoint`, `load_state`, the format of trainer_state.pt;
 - `MetricsLogger` (metrics.py): metrics.jsonl, the console line, TensorBoard, wandb; `Clock`;
-- `evaluate` (evaluation.py): held-out accuracy, pass@k, majority@k, steps' faithfulness;
+- `evaluate` (evaluation.py): held-out accuracy, pass@k, majority@k, steps' faithfulness; during a
+  run, `evaluate_held_out` across its ranks and the starting policy's score (`initial_evaluation`);
 - `Trace` (trace.py): one group's journey through every stage, as text and as trace.html;
 - `plot_curves` (plots.py): curves from metrics.jsonl.
 This is the one folder that combines the stages. Nothing outside it imports from inside it: only the
@@ -25,12 +26,12 @@ from .checkpoint import (
     save_initial_evaluation,
     write_checksums,
 )
-from .evaluation import Evaluation, evaluate, pass_at_k, summarize
+from .driver import Run, build_run, train
+from .evaluation import Evaluation, evaluate, evaluate_held_out, initial_evaluation, pass_at_k, summarize
 from .metrics import Clock, MetricsLogger, console_line, reward_stats
 from .plots import plot_curves
 from .trace import Trace, render_html
 from .trainer import Trainer
-from .training import Run, build_run, evaluate_held_out, initial_evaluation, train
 
 __all__ = [
     "CHECKPOINTS",

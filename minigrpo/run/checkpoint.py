@@ -48,17 +48,26 @@ STATE_KEYS = ("step", "optimizer", "data", "rng", "model_path", "configs")
 
 
 def save_checkpoint(
-    output_dir: str, step: int, model, tokenizer, state: dict, keep: int, *, weights: dict | None = None
+    output_dir: str,
+    step: int,
+    model,
+    tokenizer,
+    state: dict,
+    keep: int,
+    *,
+    weights: dict | None = None,
+    base: str | None = None,
 ) -> str:
     """Write checkpoint `step` atomically, keep the newest `keep`; returns its directory. `weights`:
-    the model's whole state dict, when the model itself holds only a shard of it (FSDP2)."""
+    the model's whole state dict, when the model itself holds only a shard of it (FSDP2); `base`: the
+    base an adapted model's adapters name (by default its name_or_path, weights.write_files)."""
     parent = os.path.join(output_dir, CHECKPOINTS)
     final = os.path.join(parent, f"step-{step:06d}")
     with disk_full_named(final):
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".tmp-step-", dir=parent)
         try:
-            write_files(model, tokenizer, tmp, weights=weights)
+            write_files(model, tokenizer, tmp, weights=weights, base=base)
             with open(os.path.join(tmp, STATE_FILE), "wb") as f:  # a Python file: a full disk raises ENOSPC
                 torch.save(state, f)
             write_checksums(tmp)  # last: it covers every file above
@@ -254,8 +263,8 @@ def trainer_state(trainer, wall_seconds: float) -> dict:
         "data": trainer.stream.state(),
         "rng": trainer.dist.gather(rng_states()),  # one per rank
         "model_path": trainer.model_path,
-        "base_sha256": trainer.base_sha256,  # a LoRA run's base's weights (None: trained whole)
-        "teacher_sha256": trainer.teacher_sha256,  # the teacher's weights (None: no teacher)
+        "base_sha256": trainer.plan.base_sha256,  # a LoRA run's base's weights (None: trained whole)
+        "teacher_sha256": trainer.plan.teacher_sha256,  # the teacher's weights (None: no teacher)
         "configs": as_dict(trainer.grpo, trainer.config),
         "wall_seconds": wall_seconds,
     }

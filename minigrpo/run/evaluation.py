@@ -6,7 +6,9 @@ results and pass@1 (greedy or sampled), pass@k (the unbiased estimator of Chen e
 n samples) and majority-vote@k; for completions with checkable arithmetic steps, how faithful they
 are: the share of steps that are right, and the share of right answers reached through a wrong or
 irrelevant step; with tools, how many calls a completion makes. It uses the batched sampler (and a
-tools.ToolRunner) and the verifier, and trains nothing.
+tools.ToolRunner) and the verifier, and trains nothing. During a run, a Trainer's policy is evaluated
+with its ranks sharing the problems (`evaluate_held_out`), and the starting policy's score is measured
+once per output_dir and kept in its initial_eval.json (`initial_evaluation`, through checkpoint.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..step_rewards import policy_steps
 from ..tasks import Problem, Template, to_task
 from ..tools import ToolRunner, declared_tools
 from ..verifier import RewardSpec, compute_rewards, extract_answer, normalize
+from . import checkpoint
 
 
 @dataclass
@@ -186,3 +189,52 @@ def _majority_correct(result: dict) -> float:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+# -- during a run: its trainer's policy, and the starting policy's score kept in output_dir ---------
+def evaluate_held_out(trainer, problems, template, rewards=None, **settings) -> Evaluation:
+    """`evaluate` of a Trainer's policy on held-out problems, each rank taking a block of them;
+    every rank gets the result over all of them. Greedy results do not depend on the number of ranks;
+    sampled ones (temperature > 0) do, as each rank seeds its own block."""
+    mine = trainer.dist.block_of(problems)
+    trainer.model.eval()
+    with trainer.policy.gathered():
+        results = evaluate(trainer.model, trainer.tokenizer, mine, template, rewards, **settings).results
+    return summarize(trainer.dist.gather_joined(results), settings.get("samples", 1), settings.get("ks", ()))
+
+
+def initial_evaluation(trainer, measure, measured_on: dict) -> dict:
+    """The starting policy's score, measured once per output_dir: a fresh run calls measure(), which
+    returns held-out stats ({"eval/accuracy": ..., and others such as "held_out/step_accuracy"}), and
+    keeps {"initial_accuracy", "initial_stats", "wall_seconds_before", "held_out": measured_on} in
+    initial_eval.json; a resumed run reads it back (its policy is no longer the starting one). Every
+    rank calls it (measure() is an evaluation they run together)."""
+    config = trainer.config
+    dist = trainer.dist
+    saved = {}
+    if config.resume and dist.is_main:
+        saved = checkpoint.read_initial_evaluation(config.output_dir)
+    saved = dist.broadcast(saved)  # every rank takes the same branch below
+    if saved.get("held_out") == measured_on:
+        return saved
+    if trainer.step > 0:  # the starting policy is gone: measuring now would compare the run with itself
+        was = _described(saved["held_out"]) if saved.get("held_out") else "problems not recorded"
+        raise ValueError(
+            f"this run's accuracy before GRPO was measured on {was}, not on "
+            f"{_described(measured_on)}: resume with the same held-out problems and tools (or start "
+            "a new output_dir), so that before and after measure the same thing"
+        )
+    stats = measure()
+    initial = {
+        "initial_accuracy": stats["eval/accuracy"],
+        "initial_stats": stats,
+        "wall_seconds_before": 0.0,
+        "held_out": measured_on,
+    }
+    if dist.is_main:
+        checkpoint.save_initial_evaluation(config.output_dir, initial)
+    return initial
+
+
+def _described(settings: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in settings.items())

@@ -2,7 +2,7 @@
 
 In: a policy (Qwen3 + tokenizer), a Task (prompts, gold columns, rewards), GRPOConfig and
 TrainConfig. Out: the policy trained by one step at a time, and each step's stats. It knows the
-order of the stages, not how any stage works, nor how a run starts, resumes, logs or saves (training.py).
+order of the stages, not how any stage works, nor how a run starts, resumes, logs or saves (driver.py).
 One step, `Trainer.train_step`:
 
   1. sample      P prompts x G completions (rollout/, generate)           -> rollout buffer
@@ -19,17 +19,18 @@ One step, `Trainer.train_step`:
   4. update      old / reference log-probs, then num_iterations passes, each over shuffled
                  micro-batches with gradient accumulation, gradient clipping and one AdamW step
                  (update/updater.py)
-  5. metrics     the step's stats for the logger (training.py logs them and saves checkpoints)
+  5. metrics     the step's stats for the logger (driver.py logs them and saves checkpoints)
 
-The stages a run takes are chosen once, when the trainer is built (`_choose_stages`): whether tools
-run, which step rewards (none, the checker's, Monte-Carlo values), which advantages (the estimator;
-per completion, per token, or both), which stats; the objective is the updater's, chosen when it is
-built (update/loss.py's Objective), and what a teacher adds (update/distillation.py: nothing, the
-token form's advantages or the full form's reverse KL in the loss; run/teacher.py loads it). What is
-trained is chosen then too (`_adapters`): every weight, or LoRA adapters on a frozen base
-(model/lora.py), whose KL reference is the base with the adapters off (`_reference`); a teacher is
-always a model of its own. A stage returns what it computes; the trainer writes it into the rollouts,
-in one place per stage.
+The stages a run takes are chosen once, when the trainer is built, by plan.py's `plan_training`,
+which returns what it decided (a `TrainingPlan`): whether tools run, which step rewards (none, the
+checker's, Monte-Carlo values), which advantages (the estimator; per completion, per token, or both),
+which stats, and what a teacher adds (update/distillation.py: nothing, the token form's advantages or
+the full form's reverse KL in the loss; run/teacher.py loads it); `_bind_stages` turns the choices
+that run on the trainer's state into its methods. What is trained is decided then too: every weight,
+or LoRA adapters on a frozen base (model/lora.py), whose KL reference is the base with the adapters
+off; a teacher is always a model of its own. The objective is the updater's, chosen when it is built
+(update/loss.py's Objective). A stage returns what it computes; the trainer writes it into the
+rollouts, in one place per stage.
 
 Dynamic sampling repeats stages 1-2 on new prompts while groups with no signal leave the batch
 short, up to max_sampling_rounds. A group has no signal when its outcome rewards are all equal,
@@ -59,7 +60,6 @@ the completions differ with the number of ranks, since each rank seeds its own s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import random
@@ -69,15 +69,7 @@ import torch
 
 from .. import distributed
 from ..config import GRPOConfig, TrainConfig, as_dict
-from ..model import (
-    Adapters,
-    adapters_of,
-    add_adapters,
-    check_rank,
-    set_dropout,
-    trainable_parameters,
-    weights_sha256,
-)
+from ..model import Adapters, trainable_parameters
 from ..rollout import (
     Rollout,
     Samples,
@@ -88,29 +80,24 @@ from ..rollout import (
     loss_positions,
     padding_rollout,
 )
-from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards, step_stats
+from ..step_rewards import StepRewards, checked_step_rewards, monte_carlo_step_rewards
 from ..tasks import PromptStream, Task
-from ..tools import ToolRunner, declared_tools, tool_stats
+from ..tools import declared_tools
 from ..update import (
-    BaseLogprobs,
     SamplingCopy,
-    TokenLogprobs,
     Updater,
-    distillation_for,
-    estimator_for,
-    frozen_copy,
     kl_shaped_returns,
     teacher_stats,
     token_advantages,
     zero_variance_groups,
 )
 from ..verifier import compute_rewards, sandbox_stats
-from .metrics import Clock, reward_stats
-from .teacher import load_teacher
+from .metrics import Clock
+from .plan import plan_training
 
 
 class Trainer:
-    """GRPO on one task: `train_step` is one step of the README's diagram (training.py drives the steps)."""
+    """GRPO on one task: `train_step` is one step of the README's diagram (driver.py drives the steps)."""
 
     def __init__(
         self,
@@ -124,12 +111,6 @@ class Trainer:
         reference=None,
         dist: distributed.Dist | None = None,
     ):
-        if model.dtype == torch.float16:  # AdamW's eps (1e-8) is 0 in float16: a step divides by zero
-            raise ValueError(
-                "the policy's weights are float16, which AdamW cannot train (its eps of 1e-8 "
-                "rounds to 0 and the first step turns most weights into NaN or inf); use "
-                "bfloat16 or float32"
-            )
         self.dist = dist or distributed.current(model.device)  # one process, or this rank of a torchrun job
         config.check_against(grpo, self.dist.world_size)
         if self.dist.world_size > 1:  # (the digest reads every row: not for one process)
@@ -165,150 +146,80 @@ class Trainer:
         self.check_context(self.prompt_ids, "task's prompts", task.sources)
         self.eos_ids = tuple(tokenizer.eos_token_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        start = reference if reference is not None else model  # the model the run started from
-        start_adapted = adapters_of(start) is not None  # before this run puts any on
-        loaded_from = model.name_or_path  # the files of the model (of the base, under adapters), or ""
-        # the LoRA adapters trained (the rest of the model frozen), or None: every weight is trained
-        self.adapters = self._adapters(model)
-        # the sha256 of the base's weights under the adapters, which checkpoints record and a resume
-        # compares (a base changed in place would take the adapters on); None trained whole or in memory
-        self.base_sha256 = None
-        if self.adapters is not None and loaded_from:
-            self.base_sha256 = weights_sha256(loaded_from)
+        # what trains, against what, and the stages a step takes: decided once (plan.py)
+        self.plan = plan_training(
+            model,
+            tokenizer,
+            grpo,
+            config,
+            start=reference if reference is not None else model,
+            model_path=model_path,
+            dist=self.dist,
+            prompt_ids=self.prompt_ids,
+            sources=task.sources,
+        )
         self.trainable_parameters = trainable_parameters(model)
         # stage 1's own copy of the policy in another precision (sampling_dtype), as another engine's
         self.sampling_copy = SamplingCopy(model, grpo.sampling_dtype)
-        self.reference = None  # a frozen copy of the starting policy, when the KL needs one
-        reference_logprobs = None  # the KL's reference log-probs: of that copy, or of the adapters' base
-        if grpo.beta > 0:
-            reference_logprobs = self._reference(model, start, start_adapted)
-        self.teacher = None  # on-policy distillation's frozen teacher, beside the policy (never saved)
-        self.teacher_sha256 = None  # its weights' sha256, which checkpoints record and a resume compares
-        if grpo.teacher_model:
-            self.teacher, self.teacher_sha256 = self._teacher()
-        # what the teacher adds to stages 3 and 4 (update/distillation.py), chosen once
-        self.distillation = distillation_for(grpo, self.teacher)
         self.updater = Updater(
             model,
-            reference_logprobs,
+            self.plan.reference_logprobs,
             grpo,
             config,
             self.dist,
             padding_rollout(self.prompt_ids[0][0], self.pad_id),
             self.pad_id,
-            self.teacher,
-            self.distillation,
+            self.plan.teacher,
+            self.plan.distillation,
         )
         self.policy = self.updater.policy  # sampling and checkpoints use it and the optimizer
         self.optimizer = self.updater.optimizer
         self.stream = PromptStream(len(task.rows), config.seed)
         self.step = 0
         self.updated_step = 0  # the step whose update the weights hold; None while an update runs
-        model.gradient_checkpointing = config.gradient_checkpointing
-        self._choose_stages()
+        self._bind_stages()
 
-    def _adapters(self, model) -> Adapters | None:
-        """The LoRA adapters this run trains: fresh ones (lora_rank > 0, A drawn from the seed), or those
-        the model was loaded with (a PEFT adapter directory, a LoRA run's checkpoint), continued; None
-        for full fine-tuning. Chosen once: every stage then sees a model with or without adapters."""
-        config = self.config
-        wanted = None
-        if config.lora_rank:
-            wanted = Adapters(
-                rank=config.lora_rank,
-                alpha=config.lora_alpha,
-                targets=config.lora_targets,
-                dropout=config.lora_dropout,
-                rslora=config.use_rslora,
-            )
-        loaded = adapters_of(model)
-        if loaded is not None and wanted is not None and replace(loaded, dropout=wanted.dropout) != wanted:
-            raise ValueError(
-                f"the model already has LoRA adapters (r={loaded.rank}, alpha={loaded.alpha}, targets "
-                f"{','.join(loaded.targets)}), which lora_rank={wanted.rank}, lora_alpha={wanted.alpha}, "
-                f"lora_target_modules={','.join(wanted.targets)} do not describe: leave the lora flags out "
-                "to continue them, or start from their base"
-            )
-        if loaded is None and wanted is not None:
-            check_rank(model, wanted, "lora_rank")  # the flag named, before any adapter is allocated
-            add_adapters(model, wanted, seed=config.seed)
-        elif loaded is not None:  # continued: with this run's dropout, not the file's
-            set_dropout(model, config.lora_dropout)
-        if loaded is not None and not model.name_or_path:  # its checkpoints name their base
-            model.name_or_path = self.model_path
-        adapters = adapters_of(model)
-        if adapters is not None and config.fsdp and self.dist.world_size > 1:  # loaded: lora_rank 0
-            raise ValueError(
-                "fsdp cannot be combined with LoRA (the model was loaded with adapters): run it under "
-                "torchrun without --fsdp (DDP)"
-            )
-        return adapters
-
-    def _reference(self, model, start, start_adapted: bool):
-        """The KL's reference log-probs module: those of `start`, the model the run started from. Trained
-        whole, or adapters loaded from a directory at the start: a frozen copy of it (adapters and all;
-        TRL keeps those as a second, frozen adapter). Fresh adapters on a base (B = 0: the model is its
-        base): the policy with its adapters off, no copy at all."""
-        if self.adapters is not None and not start_adapted:
-            return BaseLogprobs(model)
-        self.reference = frozen_copy(start)
-        return TokenLogprobs(self.reference)
-
-    def _teacher(self):
-        """(teacher, sha256 of its weights), loaded and checked against the policy (run/teacher.py), its
-        context checked for the task's prompts. Under torchrun every rank holds the whole teacher, as it
-        holds the whole batch after stage 2 (see Updater.teacher_outputs)."""
-        teacher, sha256 = load_teacher(self.grpo, self.config, self.model, self.tokenizer)
-        check_prompts(
-            self.prompt_ids,
-            self.grpo.sampling_config(),
-            teacher.config.vocab_size,
-            teacher.config.max_position_embeddings,
-            f"task's prompts for the teacher {self.grpo.teacher_model}",
-            self.task.sources,
-        )
-        return teacher, sha256
-
-    def _choose_stages(self) -> None:
-        """The stages this run takes, chosen once: train_step's callees test no feature switch."""
-        grpo = self.grpo
-        # a fresh ToolRunner per sampling call (its requests are that call's rows), or no tools at all
-        self.tool_runner = contextlib.nullcontext
-        if grpo.tool_names:
-            self.tool_runner = functools.partial(
-                ToolRunner, self.tokenizer, grpo.tool_format, grpo.tool_names, grpo.max_tool_calls
-            )
-            # one runner built now, not at the first step: it checks that the tools exist and that the
-            # tokenizer has the format's markers
-            with self.tool_runner():
-                pass
-        # stage 3's advantage per completion (update/estimators.py)
-        self.outcome_advantages = estimator_for(grpo)
-        self.sampling_rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
-        self.drops_flat_groups = grpo.dynamic_sampling or grpo.drop_zero_variance_groups
-        # stage 2's step rewards: none when advantages are per completion alone
-        self.step_rewards = _no_step_rewards
-        if grpo.advantage_type != "outcome" and grpo.process_rewards == "monte_carlo":
-            self.step_rewards = self._monte_carlo_steps
-        elif grpo.advantage_type != "outcome":
-            self.step_rewards = self._checked_steps
-        # stage 3's per-token advantages: none (the update reads each rollout's one advantage), the
-        # steps' alone, or the steps' plus the outcome's
+    def _bind_stages(self) -> None:
+        """The plan's stages that run on this trainer's state, as its callables: train_step's callees test
+        no feature switch."""
+        self.step_rewards = {
+            "none": _no_step_rewards,
+            "checked": self._checked_steps,
+            "monte_carlo": self._monte_carlo_steps,
+        }[self.plan.step_rewards]
         self.token_advantages = {
             "outcome": _no_token_advantages,
             "process": functools.partial(_step_advantages, with_outcome=False),
             "outcome+process": functools.partial(_step_advantages, with_outcome=True),
-        }[grpo.advantage_type]
-        if grpo.kl_in_reward:  # REINFORCE++: each token's return, its KL to the reference subtracted
-            self.token_advantages = self._kl_shaped_returns
+            "kl_shaped_returns": self._kl_shaped_returns,
+        }[self.plan.token_advantages]
         # before stage 3, the teacher's forward on the rollouts trained on; none without a teacher
-        self.teach = self._teach if self.teacher is not None else _no_teacher
-        # stage 5's stats over the sampled rollouts
-        self.rollout_stats = [reward_stats]
-        if grpo.advantage_type != "outcome":
-            self.rollout_stats.append(step_stats)
-        if grpo.tool_names:
-            self.rollout_stats.append(functools.partial(tool_stats, names=grpo.tool_names))
+        self.teach = self._teach if self.plan.teacher is not None else _no_teacher
+
+    # -- what the plan decided, under the names the trace and callers read ------------------------
+    @property
+    def adapters(self) -> Adapters | None:
+        return self.plan.adapters
+
+    @property
+    def reference(self):
+        return self.plan.reference
+
+    @property
+    def teacher(self):
+        return self.plan.teacher
+
+    @property
+    def distillation(self):
+        return self.plan.distillation
+
+    @property
+    def base_sha256(self) -> str | None:
+        return self.plan.base_sha256
+
+    @property
+    def teacher_sha256(self) -> str | None:
+        return self.plan.teacher_sha256
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
@@ -316,8 +227,8 @@ class Trainer:
         self.step += 1
         self._set_learning_rate()
         clock = Clock()
-        batch = StepRollouts(self.grpo.num_generations, self.config.batch_size, self.drops_flat_groups)
-        for round_ in range(self.sampling_rounds):
+        batch = StepRollouts(self.grpo.num_generations, self.config.batch_size, self.plan.drops_flat_groups)
+        for round_ in range(self.plan.sampling_rounds):
             indices = self.stream.next(batch.missing_groups())  # the next prompts of the task
             rank_prompts = self.dist.block_of(indices)  # this rank's block of them (one process: all)
             with clock("sample"):
@@ -367,7 +278,7 @@ class Trainer:
             if not indices:  # dynamic sampling may leave a rank nothing to sample this round
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
             prompts = [self.prompt_ids[i] for i in indices]
-            with self.tool_runner() as tools:
+            with self.plan.tool_runner() as tools:
                 return generate(
                     self.sampling_copy.synced(),
                     prompts,
@@ -442,7 +353,7 @@ class Trainer:
             outputs = self.updater.teacher_outputs(rollouts)  # each ((Tc,), (Tc, H_teacher))
         for r, (logprobs, hidden) in zip(rollouts, outputs):  # the teacher's fields of each rollout
             r.teacher_logprobs = logprobs
-            r.teacher_hidden = hidden if self.distillation.keeps_hidden else None
+            r.teacher_hidden = hidden if self.plan.distillation.keeps_hidden else None
         return teacher_stats(rollouts)
 
     def advantages(self, rollouts: list[Rollout]) -> dict[str, float]:
@@ -455,10 +366,10 @@ class Trainer:
         G = self.grpo.num_generations
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)  # (N,)
         lengths = [r.loss_tokens for r in rollouts]  # (N,): the whitening estimators weigh by them
-        outcome = self.outcome_advantages(rewards, G, lengths).tolist()  # (N,)
+        outcome = self.plan.outcome_advantages(rewards, G, lengths).tolist()  # (N,)
         per_token, stats = self.token_advantages(rollouts, outcome, G)  # each (Tc,), or None
         # with a teacher: its advantages mixed in, or the verifier's scaled (as they were without one)
-        outcome, per_token, distilled = self.distillation.advantages(rollouts, outcome, per_token)
+        outcome, per_token, distilled = self.plan.distillation.advantages(rollouts, outcome, per_token)
         stats = {**stats, **distilled}
         for r, advantage, tokens in zip(rollouts, outcome, per_token):  # stage 3's fields of each rollout
             r.advantage = advantage
@@ -490,7 +401,7 @@ class Trainer:
         # the step waits for the slowest rank's sampling
         clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]
         stats = {}
-        for rollout_stats in self.rollout_stats:
+        for rollout_stats in self.plan.rollout_stats:
             stats.update(rollout_stats(batch.sampled))
         stats.update(batch.stats(clock.seconds["sample"]))
         stats.update(sandbox_stats())  # tool calls' and code rewards' sandboxes, once any has run
@@ -523,8 +434,8 @@ class Trainer:
             parts.insert(1, f"advantage_type={grpo.advantage_type}")
         if grpo.kl_in_reward:  # REINFORCE++'s KL is in its token rewards, not in the loss's beta
             parts.insert(1, f"kl_in_reward beta={grpo.beta:g}")
-        if self.teacher is not None:
-            parts.append(f"{self.distillation.describe()} teacher_model={grpo.teacher_model}")
+        if self.plan.teacher is not None:
+            parts.append(f"{self.plan.distillation.describe()} teacher_model={grpo.teacher_model}")
         if grpo.use_adaptive_entropy:
             parts.append(f"adaptive entropy bonus (target {grpo.entropy_target:g})")
         elif grpo.entropy_coef:
