@@ -123,6 +123,9 @@ def counts(walk: Walk) -> dict:
         "call_sites": len(walk.edges),
         "rooms": dict(sorted(rooms.items(), key=lambda item: (-item[1]["crossings_in"], item[0]))),
         "files": sorted(walk.files),
+        "crossing_calls": sorted(
+            f"{a}:{f} -> {b}:{g}" for a, f, b, g in walk.edges if room(a) != room(b)
+        ),  # caller -> callee, file:function
     }
 
 
