@@ -33,7 +33,7 @@ from common import SHAPES, machine_line  # noqa: E402
 from minigrpo import GRPOConfig, TrainConfig, distributed  # noqa: E402
 from minigrpo.model import Qwen3, Qwen3Config  # noqa: E402
 from minigrpo.rollout import Rollout, padding_rollout  # noqa: E402
-from minigrpo.update import LOGPROB_CHUNK_ROWS, Updater, distillation_for  # noqa: E402
+from minigrpo.update import LOGPROB_CHUNK_ROWS, Updater, distillation_for, step_totals  # noqa: E402
 
 FORMS = ("none", "token", "full")  # no teacher, then each distillation_form
 GIB = 2**30
@@ -112,7 +112,7 @@ def step_memory(form: str, smoke: bool) -> dict:
             r.advantage, r.token_advantages = advantage, tokens
     teacher_peak = resident()[1]
     reset_peak()
-    stats = updater(rollouts, step=1)
+    stats = updater(rollouts, 1, step_totals(rollouts))  # one process: the whole step
     parameters = sum(p.numel() for p in model.parameters())
     return {
         "before": before,

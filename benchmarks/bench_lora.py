@@ -37,7 +37,7 @@ from minigrpo import GRPOConfig, TrainConfig, distributed  # noqa: E402
 from minigrpo.config import LORA_TARGETS  # noqa: E402
 from minigrpo.model import Adapters, Qwen3, Qwen3Config, add_adapters, trainable_parameters  # noqa: E402
 from minigrpo.rollout import Rollout, padding_rollout  # noqa: E402
-from minigrpo.update import BaseLogprobs, TokenLogprobs, Updater, frozen_copy  # noqa: E402
+from minigrpo.update import BaseLogprobs, TokenLogprobs, Updater, frozen_copy, step_totals  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETUPS = {  # name: (LoRA, a KL reference)
@@ -83,7 +83,7 @@ def update_memory(setup: str, rank: int, smoke: bool, checkpointing: bool) -> di
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # the peak from here on
     before = resident()[0]
-    stats = updater(rollouts, step=1)
+    stats = updater(rollouts, 1, step_totals(rollouts))  # one process: the whole step
     return {
         "peak": resident()[1],
         "before": before,

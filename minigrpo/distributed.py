@@ -55,9 +55,11 @@ class Dist:
         in order, and differ in size by at most one."""
         return slice(self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size)
 
-    def block_of(self, items: list) -> list:
-        """This rank's contiguous block of `items` (see `block`): all of them on one process."""
-        return items[self.block(len(items))]
+    def block_of(self, items: list, group_size: int = 1) -> list:
+        """This rank's contiguous block of `items` (see `block`), in whole groups of `group_size` items:
+        all of them on one process."""
+        groups = self.block(len(items) // group_size)
+        return items[groups.start * group_size : groups.stop * group_size]
 
     def gather_joined(self, items: list) -> list:
         """Every rank's `items` joined in rank order, on every rank: the whole list that `block_of`

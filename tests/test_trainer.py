@@ -122,7 +122,7 @@ class Recorder(Sampled):
             lambda *a, seed, **k: self.seeds.append(seed) or generate(*a, seed=seed, **k),
         )
         updater = trainer.updater
-        trainer.updater = lambda rollouts, step: self.trained.append(rollouts) or updater(rollouts, step)
+        trainer.updater = lambda rollouts, *rest: self.trained.append(rollouts) or updater(rollouts, *rest)
 
 
 def test_dynamic_sampling_with_batch_scaling_divides_by_the_std_of_the_trained_groups(

@@ -48,14 +48,17 @@ a straight one bit for bit on CPU; each of the num_iterations passes is one Adam
 whole batch (the paper leaves the split open); the learning rate is scheduled per GRPO step
 (warm-up, then constant or cosine over max_steps), set on the optimizer before each step.
 
-Under torchrun (see distributed.py) every rank draws the same prompts and samples and scores its
-own contiguous block of whole groups (stages 1-2). The rollouts are then gathered, so stage 3
-(advantages, including scale_rewards="batch"; dynamic sampling's decisions) and every logged
-metric see the whole batch, on every rank. In stage 4 each rank trains a block of the groups;
-DistributedDataParallel, or FSDP2 with config.fsdp, averages the gradients, and the loss is
-scaled by the world size because its shares are taken against the whole step's totals (dapo's
-token count, grpo's sequence count): one process and several compute the same update. Only
-the completions differ with the number of ranks, since each rank seeds its own sampling.
+Under torchrun (see distributed.py) the stages meet the ranks where the step hands data from one to
+the next, each place marked "ranks:" in this file (stage 4's gradient collectives are the updater's):
+every rank draws the same prompts and samples and scores its own contiguous block of whole
+groups (stages 1-2). The rollouts are then gathered, so stage 3 (advantages, including
+scale_rewards="batch"; dynamic sampling's decisions) and every logged metric see the whole batch, on
+every rank. Stage 4 is given this rank's block of the groups trained on and the whole step's totals;
+DistributedDataParallel, or FSDP2 with config.fsdp, averages the gradients, and the loss is scaled
+by the world size because its shares are taken against those totals (dapo's token count, grpo's
+sequence count): one process and several compute the same update. Only the completions differ with
+the number of ranks, since each rank seeds its own sampling. On one process each of these returns
+its input, and nothing is gathered.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from ..update import (
     SamplingCopy,
     Updater,
     kl_shaped_returns,
+    step_totals,
     teacher_stats,
     token_advantages,
     zero_variance_groups,
@@ -230,14 +234,17 @@ class Trainer:
         batch = StepRollouts(self.grpo.num_generations, self.config.batch_size, self.plan.drops_flat_groups)
         for round_ in range(self.plan.sampling_rounds):
             indices = self.stream.next(batch.missing_groups())  # the next prompts of the task
-            rank_prompts = self.dist.block_of(indices)  # this rank's block of them (one process: all)
+            # ranks: each samples and verifies its own block of them (one process: all)
+            rank_prompts = self.dist.block_of(indices)
             with clock("sample"):
                 rollouts, warmup = self.sample(rank_prompts, round_)  # 1. sample G completions per prompt
             if warmup:  # graphs captured in this step's sampling: logged by the steps that capture any
                 clock.add("warmup", warmup)
             with clock("verify"):
                 self.verify(rollouts, rank_prompts)  # 2. verify: every reward of the task
-            rollouts = self.dist.gather_joined(rollouts)  # every rank's, in prompt order
+            # ranks: every rank's, in prompt order, as dynamic sampling, stage 3 (batch-wide scaling and
+            # whitening) and the metrics read the whole batch
+            rollouts = self.dist.gather_joined(rollouts)
             rewards = torch.tensor([r.reward for r in rollouts])  # (N,)
             # (N / G,) the groups whose rewards are all equal: no signal
             no_signal = zero_variance_groups(rewards, self.grpo.num_generations).tolist()
@@ -249,8 +256,12 @@ class Trainer:
         if observer is not None:
             observer.rollouts(self, batch.sampled)
         self.updated_step = None  # until it ends, the weights are neither this step's nor the last's
+        # ranks: each trains an equal block of the groups trained on (not its own samples: dynamic
+        # sampling drops flat groups), each loss a share of the whole step's totals
+        rank_groups = self.dist.block_of(batch.trained, self.grpo.num_generations)
+        totals = step_totals(batch.trained)
         with clock("update"):
-            update = self.updater(batch.trained, self.step)  # 4. update: num_iterations AdamW steps
+            update = self.updater(rank_groups, self.step, totals)  # 4. update: num_iterations AdamW steps
         self.updated_step = self.step
         if observer is not None:
             observer.updated(self, update)

@@ -10,7 +10,8 @@
   micro-batch's loss under it, with its stats; its policy terms (policy_losses.py: GRPO's clip,
   dual-clip, CISPO, SAPO, GMPO, DPPO, REINFORCE, Clip-Cov, KL-Cov); `grpo_loss`, the same from
   keyword settings; `EntropyCoefficient` (entropy.py), the entropy bonus's fixed or adaptive weight;
-- `Updater` (updater.py): old and reference log-probs, micro-batches, num_iterations AdamW steps;
+- `Updater` (updater.py): old and reference log-probs, micro-batches, num_iterations AdamW steps on
+  one rank's rollouts; `step_totals`, the whole step's counts that each loss is a share of;
 - `distillation_for` (distillation.py): what a teacher adds (on-policy distillation), chosen once: the
   token form's advantages or the full form's exact reverse KL (`ChunkedReverseKL`), and their stats;
 - `frozen_copy`, `SamplingCopy` (copies.py): the reference policy, frozen, and the sampler's copy in
@@ -41,7 +42,7 @@ from .logprobs import (
 )
 from .loss import Objective, grpo_loss, k3, objective_from, objective_loss, sampler_mismatch
 from .micro_batching import group_batches, micro_batches, padding_fraction, token_budget_batches
-from .updater import NonFiniteWeights, Updater
+from .updater import NonFiniteWeights, Updater, step_totals
 
 __all__ = [
     "BaseLogprobs",
@@ -73,6 +74,7 @@ __all__ = [
     "padding_fraction",
     "process_advantages",
     "sampler_mismatch",
+    "step_totals",
     "teacher_stats",
     "token_advantages",
     "token_budget_batches",

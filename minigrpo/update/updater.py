@@ -1,16 +1,19 @@
 """Stage 4 of the loop, update: a step's rollouts in, num_iterations AdamW steps and their stats out.
 
-In: rollouts with advantages (stage 3). Per step: their old log-probs (num_iterations > 1) and
-reference log-probs (beta > 0); with a teacher, before stage 3, the teacher's outputs
-(`teacher_outputs`). Then each pass cuts them into micro-batches (by rows, by a budget
+In: this rank's block of the step's rollouts, with advantages (stage 3), and the whole step's
+totals (`step_totals`), against which each loss share is taken. Per step: their old log-probs
+(num_iterations > 1) and reference log-probs (beta > 0); with a teacher, before stage 3, the teacher's
+outputs (`teacher_outputs`). Then each pass cuts them into micro-batches (by rows, by a budget
 of padded tokens, or whole groups for the shared-prompt forward), takes the run's objective of each
 (loss.py: chosen once, when the updater is built) with gradient accumulation, clips the gradient and
 makes one AdamW step; the entropy bonus's coefficient (entropy.py) moves after each; a teacher's
 exact reverse KL joins each micro-batch's loss (distillation.py's full form). A non-finite
 loss or gradient skips the pass and leaves weights and AdamW state as they were; weights that are
 not finite after a step stop the run (NonFiniteWeights), before anything saves them. It knows
-rollouts, tensors and the configs, not text, rewards or where the rollouts came from;
-distributed.ParallelModel hides the ranks.
+rollouts, tensors and the configs, not text, rewards or where the rollouts came from. It meets the
+ranks only where an AdamW step needs every rank: distributed.ParallelModel's gradient all-reduce,
+padding micro-batches and global-norm clipping; and each pass's stats and weight check, reduced
+over the ranks so that every rank takes the same skip and entropy decisions.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ from .micro_batching import group_batches, micro_batches, padding_fraction, toke
 # Stats of a micro-step that are shares of the step's totals (they add up over micro-batches and
 # ranks); the others are token means, or maxima (names ending in _max).
 SHARES = frozenset({"loss", "tokens", "mismatch/seq_logratio_mean", "distill/loss"})
+
+
+def step_totals(rollouts: list[Rollout]) -> dict[str, int]:
+    """The whole step's sequences and loss tokens: each micro-batch's loss, on every rank, is an exact
+    share of them (grpo's sequence count, dapo's token count)."""
+    return {"sequences": len(rollouts), "tokens": sum(r.loss_tokens for r in rollouts)}
 
 
 class NonFiniteWeights(RuntimeError):
@@ -103,17 +112,12 @@ class Updater:
             weight_decay=config.weight_decay,
         )
 
-    def __call__(self, rollouts: list[Rollout], step: int) -> dict[str, float]:
-        """num_iterations AdamW steps on the whole batch's rollouts at GRPO step `step`, each rank
-        training its share of the groups; stats averaged over tokens and passes, and over ranks."""
-        if not rollouts:
+    def __call__(self, rollouts: list[Rollout], step: int, totals: dict[str, int]) -> dict[str, float]:
+        """num_iterations AdamW steps at GRPO step `step` on this rank's rollouts (one process: the
+        whole batch), each loss a share of the whole step's `totals` (`step_totals`); stats averaged
+        over tokens and passes, and over ranks."""
+        if not totals["sequences"]:
             return {"skipped": 1.0, "update/no_groups": 1.0}
-        # The step's totals, for exact shares of the loss on every rank and in every micro-batch.
-        tokens = sum(r.loss_tokens for r in rollouts)
-        totals = {"sequences": len(rollouts), "tokens": tokens}
-        G = self.grpo.num_generations
-        groups = self.dist.block(len(rollouts) // G)
-        rollouts = rollouts[groups.start * G : groups.stop * G]  # this rank's groups
         self.model.train()
         if self.grpo.num_iterations > 1:
             for r, logprobs in self._logprobs(rollouts, self.policy):
