@@ -285,7 +285,8 @@ class Trainer:
         rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
         seed = random.Random(f"{self.config.seed}-{self.step}-{round_}{rank}").getrandbits(62)
         self.model.eval()
-        with self.policy.gathered():  # FSDP2: every rank all-gathers the weights, then samples on its own
+        # ranks: FSDP2's weights whole on each (an all-gather every rank joins), then each samples alone
+        with self.policy.gathered():
             if not indices:  # dynamic sampling may leave a rank nothing to sample this round
                 return Samples(tokens=[], logprobs=[], finish_reasons=[], prompt_indices=[])
             prompts = [self.prompt_ids[i] for i in indices]
@@ -341,7 +342,7 @@ class Trainer:
         checked = self._checked_steps(rollouts, indices, columns)
         rank = f"-rank{self.dist.rank}" if self.dist.rank else ""
         self.model.eval()
-        with self.policy.gathered():
+        with self.policy.gathered():  # ranks: as in stage 1, sampled on FSDP2's whole weights
             return monte_carlo_step_rewards(
                 self.model,
                 self.tokenizer,
@@ -409,7 +410,7 @@ class Trainer:
     # -- 5. metrics -----------------------------------------------------------------------------
     def metrics(self, batch: StepRollouts, update: dict[str, float], clock: Clock) -> dict[str, float]:
         """Stage 5: the step's stats for the logger, over the whole batch, the same on every rank."""
-        # the step waits for the slowest rank's sampling
+        # ranks: the step waits for the slowest rank's sampling
         clock.seconds["sample"] = self.dist.max([clock.seconds["sample"]])[0]
         stats = {}
         for rollout_stats in self.plan.rollout_stats:

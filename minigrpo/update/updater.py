@@ -180,13 +180,13 @@ class Updater:
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         chunks = self._micro_batches(rollouts, generator)
-        parts = self.policy.parts(rollouts, chunks)
+        parts = self.policy.parts(rollouts, chunks)  # ranks: padded to as many, as each joins every backward
         micro_stats = []
         for n, part in enumerate(parts):
             with self.policy.accumulating(last=n == len(parts) - 1):
                 micro_stats.append(self._micro_step(part, totals, entropy_coef, choices))
-        out = self._combine(micro_stats)
-        grad_norm = self.policy.clip_gradients(self.config.max_grad_norm)
+        out = self._combine(micro_stats)  # ranks: over all their micro-batches, so each skips alike
+        grad_norm = self.policy.clip_gradients(self.config.max_grad_norm)  # ranks: the norm over every shard
         skipped = not (math.isfinite(out["loss"]) and math.isfinite(grad_norm))
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)  # weights and AdamW state stay as they were
@@ -216,6 +216,7 @@ class Updater:
         more on CPU than the sum of 2-norms.)"""
         with torch.no_grad():
             norms = torch._foreach_norm([_local(p) for p in self.trainable])
+            # ranks: a NaN in one rank's shard stops every rank, together
             suspect = self.dist.max([float(not torch.isfinite(torch.stack(norms).sum()))])[0]
         if not suspect:
             return
@@ -244,6 +245,7 @@ class Updater:
                     weighted[key] = weighted.get(key, 0.0) + value
                 else:
                     weighted[key] = weighted.get(key, 0.0) + value * stats["tokens"]
+        # ranks: each pass, not once a step, as the skip and the entropy coefficient read the whole batch's
         weighted = _over_ranks(weighted, self.dist.sum)
         peaks = _over_ranks(peaks, self.dist.max)
         tokens = max(weighted["tokens"], 1.0)
