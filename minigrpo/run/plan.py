@@ -35,28 +35,22 @@ from .teacher import load_teacher
 class TrainingPlan:
     """What a run trains, against what, and the stages each step takes; `plan_training` decides it."""
 
-    adapters: (
-        Adapters | None
-    )  # the LoRA adapters trained (the rest of the model frozen), or None: every weight
+    adapters: Adapters | None  # the LoRA adapters trained (the rest frozen), or None: every weight
     base_path: str  # the base that an adapted policy's checkpoints name (its files, or model_path), or ""
     base_sha256: str | None  # the sha256 of that base's weights; None trained whole or from memory
     reference: torch.nn.Module | None  # a frozen copy of the starting policy, when the KL needs one
     reference_logprobs: TokenLogprobs | None  # the KL's reference log-probs (beta > 0), or None
-    teacher: (
-        torch.nn.Module | None
-    )  # on-policy distillation's frozen teacher, beside the policy (never saved)
+    teacher: torch.nn.Module | None  # on-policy distillation's frozen teacher (never saved), or None
     teacher_sha256: str | None  # the sha256 of the teacher's weights as loaded; None without a teacher
     distillation: object  # what the teacher adds to stages 3 and 4 (update/distillation.py), or nothing
     tool_runner: Callable  # a fresh ToolRunner per sampling call (its rows' requests), or no tools at all
     sampling_rounds: int  # rounds of stages 1-2 a step may take (dynamic sampling's max_sampling_rounds)
     drops_flat_groups: (
-        bool  # groups with no signal leave the batch (dynamic sampling, drop_zero_variance_groups)
+        bool  # groups with no signal leave the batch (dynamic_sampling, drop_zero_variance_groups)
     )
     step_rewards: str  # stage 2's step rewards: "none", "checked" (the checker's) or "monte_carlo"
     outcome_advantages: Callable  # stage 3's advantage per completion (update/estimators.py)
-    token_advantages: (
-        str  # stage 3's per token: "outcome" (none), "process", "outcome+process", "kl_shaped_returns"
-    )
+    token_advantages: str  # stage 3's per token: "outcome", "process", "outcome+process", "kl_shaped_returns"
     rollout_stats: tuple[Callable, ...]  # stage 5's stats over the sampled rollouts
 
 
