@@ -45,9 +45,7 @@ class TrainingPlan:
     distillation: object  # what the teacher adds to stages 3 and 4 (update/distillation.py), or nothing
     tool_runner: Callable  # a fresh ToolRunner per sampling call (its rows' requests), or no tools at all
     sampling_rounds: int  # rounds of stages 1-2 a step may take (dynamic sampling's max_sampling_rounds)
-    drops_flat_groups: (
-        bool  # groups with no signal leave the batch (dynamic_sampling, drop_zero_variance_groups)
-    )
+    drops_flat_groups: bool  # drop groups with no signal (dynamic_sampling or drop_zero_variance_groups)
     step_rewards: str  # stage 2's step rewards: "none", "checked" (the checker's) or "monte_carlo"
     outcome_advantages: Callable  # stage 3's advantage per completion (update/estimators.py)
     token_advantages: str  # stage 3's per token: "outcome", "process", "outcome+process", "kl_shaped_returns"
