@@ -19,6 +19,7 @@ import os
 
 import pytest
 import torch
+from helpers import tiny_train_config
 from tokenizers import Tokenizer
 
 import minigrpo
@@ -146,15 +147,8 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
     rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in PROBLEMS]
     grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu)
     optimizer = dict(OPTIMIZER, adam_betas=(0.8, 0.95))
-    config = TrainConfig(
-        output_dir=str(tmp_path / "run"),
-        batch_size=len(PROBLEMS) * G,
-        micro_batch_size=G,
-        lr_schedule="cosine",
-        progress_bar=False,
-        log_completions_every=0,
-        **optimizer,
-    )
+    batch = dict(batch_size=len(PROBLEMS) * G, micro_batch_size=G)
+    config = tiny_train_config(tmp_path / "run", **batch, lr_schedule="cosine", **optimizer)
     trainer = Trainer(
         model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config, reference=reference
     )
@@ -412,16 +406,9 @@ def library_steps(tmp_path, loss_type, beta, mu, top_p) -> list[tuple]:
     model, library_tokenizer = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
     rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in THREE]
     grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu, top_p=top_p)
-    config = TrainConfig(
-        output_dir=str(tmp_path / "run"),
-        batch_size=2 * G,
-        micro_batch_size=G,
-        lr_schedule="cosine",
-        progress_bar=False,
-        log_completions_every=0,
-        seed=7,
-        adam_betas=(0.8, 0.95),
-        **STEPS,
+    batch = dict(batch_size=2 * G, micro_batch_size=G)
+    config = tiny_train_config(
+        tmp_path / "run", **batch, lr_schedule="cosine", seed=7, adam_betas=(0.8, 0.95), **STEPS
     )
     trainer = Trainer(model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config)
     sample = trainer._sample
