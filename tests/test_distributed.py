@@ -115,11 +115,10 @@ def background_work(tmp_path_factory) -> dict:
     ENV["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     # the calc format's markers, one token each: the tools objective's trainer checks them at start
     markers = ("<calc>", "</calc>", "<out>", "</out>")
-    policy = str(tmp_path_factory.mktemp("policy"))
-    checkpoint = in_a_process("helpers", "tiny_policy", policy, markers, max_position_embeddings=128)
-    teacher = str(tmp_path_factory.mktemp("teacher"))
-    ENV["MINIGRPO_TEST_TEACHER"] = in_a_process(
-        "helpers", "tiny_policy", teacher, markers, seed=1, max_position_embeddings=128
+    policy, teacher = (str(tmp_path_factory.mktemp(name)) for name in ("policy", "teacher"))
+    policies = [(policy, markers, {}), (teacher, markers, {"seed": 1})]  # both in one process
+    checkpoint, ENV["MINIGRPO_TEST_TEACHER"] = in_a_process(
+        "helpers", "tiny_policies", policies, max_position_embeddings=128
     )
     layouts = layouts_job(checkpoint, tmp_path_factory)
     return {
