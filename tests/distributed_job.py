@@ -12,10 +12,10 @@ import random
 import sys
 
 import torch
-from helpers import ROWS
+from helpers import ROWS, tiny_train_config
 
 import minigrpo
-from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, distributed
+from minigrpo import GRPOConfig, RewardSpec, Task, distributed
 from minigrpo.rollout import Samples
 from minigrpo.run import Trainer, build_run
 from minigrpo.tools import ToolCall
@@ -92,12 +92,13 @@ def main(job: dict) -> None:
         grpo = dict(run["grpo"])
         if grpo.get("teacher_model") == "TEACHER":  # test_distributed.py's teacher, made beside the policy
             grpo["teacher_model"] = os.environ["MINIGRPO_TEST_TEACHER"]
-        built = build_run(job["checkpoint"], task, GRPOConfig(**grpo), TrainConfig(**train))
+        config = tiny_train_config(train.pop("output_dir"), **train)
+        built = build_run(job["checkpoint"], task, GRPOConfig(**grpo), config)
         trainer = built.trainer
         GRADIENTS.clear()
         built.train()
         if trainer.dist.is_main:
-            torch.save(GRADIENTS, os.path.join(train["output_dir"], "gradients.pt"))
+            torch.save(GRADIENTS, os.path.join(config.output_dir, "gradients.pt"))
 
 
 if __name__ == "__main__":

@@ -157,6 +157,15 @@ def tiny_policy(directory: str, extra_specials: tuple[str, ...] = (), **override
     return directory
 
 
+def tiny_policies(policies: list, **shared) -> list[str]:
+    """tiny_policy(directory, extra_specials, **overrides, **shared) for each (directory, extra_specials,
+    overrides) of `policies`, in this process: a fresh interpreter (in_a_process) starts once for all."""
+    return [
+        tiny_policy(directory, tuple(specials), **overrides, **shared)
+        for directory, specials, overrides in policies
+    ]
+
+
 def tree(directory: str) -> dict[str, object]:
     """Every path under `directory`: a file's bytes, a symlink's target, "directory" for a directory."""
     found = {}

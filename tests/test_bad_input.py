@@ -3,7 +3,8 @@ non-zero with one line on stderr that names the problem, never a traceback, and 
 before any work. Rows a data set cannot use are skipped with a note instead (NOTED).
 
 One table, run through tests/tool_runner.py: every case is its own process, forked from one that has
-imported torch and the library once (a process per case from scratch would cost 2-3 s each).
+imported torch and the library once (a process per case from scratch would cost 2-3 s each). The table
+runs beside the suite's other files (background_work, conftest's Background).
 """
 
 import errno
@@ -13,10 +14,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_run, tiny_tokenizer, tree
+from helpers import in_a_process, tiny_model, tiny_run, tiny_tokenizer, tree
 
 import minigrpo
 from minigrpo import files
@@ -666,11 +668,18 @@ def checkpoints(tmp) -> dict:
     return paths
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every case of the table, run at once; name -> (exit status, stdout, stderr), and the paths."""
+def made_checkpoints(tmp: str) -> dict[str, str]:
+    """checkpoints(tmp), its paths as text: what background_work gets back from its own process."""
+    return {name: str(path) for name, path in checkpoints(Path(tmp)).items()}
+
+
+def background_work(tmp_path_factory):
+    """Every case of the table, run at once beside the suite's other files (conftest's Background); name ->
+    (exit status, stdout, stderr), and the paths. The checkpoints are made in a process of their own:
+    making them draws from torch's random generator, which the tests running meanwhile seed."""
     tmp = tmp_path_factory.mktemp("bad_input")
-    paths = checkpoints(tmp)
+    made = in_a_process("test_bad_input", "made_checkpoints", str(tmp))
+    paths = {name: Path(path) for name, path in made.items()}
     jobs = []
     for tool, case, args, _ in CASES + NOTED:
         if case not in SKIPPED:
@@ -692,13 +701,18 @@ def runs(tmp_path_factory):
     )
     assert runner.returncode == 0, runner.stderr[-3000:]
     statuses = json.loads(runner.stdout)
-    yield (
-        {
-            name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
-            for name, status in statuses.items()
-        },
-        paths,
-    )
+    results = {
+        name: (status, (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text())
+        for name, status in statuses.items()
+    }
+    return results, paths
+
+
+@pytest.fixture(scope="module")
+def runs(background):
+    """background_work's runs: name -> (exit status, stdout, stderr), and the paths."""
+    results, paths = background.result(__name__)
+    yield results, paths
     paths["read_only"].chmod(0o755)  # so that pytest can remove it
 
 

@@ -439,16 +439,22 @@ def test_a_failed_mount_stops_the_sandbox(monkeypatch, tmp_path):
 def sandbox_with_failing_mount(directory):
     """A copy of supervisor.py whose bind mount over /var/tmp fails, as it did when its source path was
     unreachable."""
-    source = open(code_module.supervisor.__file__).read()
-    hooked = source.replace(
+    return hooked_supervisor(
+        directory,
         'mounts.mount(f"/proc/self/fd/{directory}", shared,',
         'mounts.mount("/nonexistent" if shared == "/var/tmp" else f"/proc/self/fd/{directory}", shared,',
     )
+
+
+def hooked_supervisor(directory, old: str, new: str) -> str:
+    """A copy of supervisor.py in `directory` with `old` (which it must hold) replaced by `new`, beside copies
+    of its siblings, which it loads from its own directory; the copy's path."""
+    source = open(code_module.supervisor.__file__).read()
+    hooked = source.replace(old, new)
     assert hooked != source
     path = directory / "supervisor.py"
     path.write_text(hooked)
     verifier = os.path.dirname(code_module.supervisor.__file__)
-    # supervisor.py loads them from its own directory
     for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
         (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
     return str(path)
@@ -993,17 +999,11 @@ def test_as_a_plain_user_the_sandbox_still_has_no_network(as_a_plain_user):
 
 def sandbox_without_namespaces(directory):
     """A copy of supervisor.py (and its siblings) on which the OS refuses every namespace."""
-    source = open(code_module.supervisor.__file__).read()
-    hooked = source.replace(
-        "def _unshare(flags: int) -> bool:\n", "def _unshare(flags: int) -> bool:\n    return False\n"
+    return hooked_supervisor(
+        directory,
+        "def _unshare(flags: int) -> bool:\n",
+        "def _unshare(flags: int) -> bool:\n    return False\n",
     )
-    assert hooked != source
-    path = directory / "supervisor.py"
-    path.write_text(hooked)
-    verifier = os.path.dirname(code_module.supervisor.__file__)
-    for sibling in ("confine.py", "seccomp.py", "cleanup.py", "process_io.py", "mounts.py"):
-        (directory / sibling).write_text(open(os.path.join(verifier, sibling)).read())
-    return str(path)
 
 
 def test_where_the_os_refuses_the_namespaces_no_code_runs_without_an_opt_in(

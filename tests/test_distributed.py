@@ -24,10 +24,11 @@ from minigrpo.run import latest_checkpoint, load_state
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
+# Each run's TrainConfig: helpers.tiny_train_config (distributed_job.py) with TRAIN and its batch over it.
 # Adam's early steps are about lr * sign(g) for every |g| >> adam_epsilon: rounding noise (other
 # padding, other summation order) in gradients that should be 0, such as the KL's at step 1, would
 # become lr-sized moves. A larger epsilon keeps the comparison about the gradients.
-TRAIN = dict(max_steps=2, learning_rate=1e-3, adam_epsilon=1e-6, progress_bar=False, log_completions_every=0)
+TRAIN = dict(max_steps=2, learning_rate=1e-3, adam_epsilon=1e-6)
 # Three objectives, each with gradient accumulation over several micro-batches on every rank.
 OBJECTIVES = {
     "grpo": (dict(num_generations=4, max_completion_length=10), dict(batch_size=16, micro_batch_size=3)),
@@ -114,11 +115,10 @@ def background_work(tmp_path_factory) -> dict:
     ENV["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
     # the calc format's markers, one token each: the tools objective's trainer checks them at start
     markers = ("<calc>", "</calc>", "<out>", "</out>")
-    policy = str(tmp_path_factory.mktemp("policy"))
-    checkpoint = in_a_process("helpers", "tiny_policy", policy, markers, max_position_embeddings=128)
-    teacher = str(tmp_path_factory.mktemp("teacher"))
-    ENV["MINIGRPO_TEST_TEACHER"] = in_a_process(
-        "helpers", "tiny_policy", teacher, markers, seed=1, max_position_embeddings=128
+    policy, teacher = (str(tmp_path_factory.mktemp(name)) for name in ("policy", "teacher"))
+    policies = [(policy, markers, {}), (teacher, markers, {"seed": 1})]  # both in one process
+    checkpoint, ENV["MINIGRPO_TEST_TEACHER"] = in_a_process(
+        "helpers", "tiny_policies", policies, max_position_embeddings=128
     )
     layouts = layouts_job(checkpoint, tmp_path_factory)
     return {

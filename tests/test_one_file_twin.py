@@ -19,6 +19,7 @@ import os
 
 import pytest
 import torch
+from helpers import tiny_train_config
 from tokenizers import Tokenizer
 
 import minigrpo
@@ -146,15 +147,8 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
     rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in PROBLEMS]
     grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu)
     optimizer = dict(OPTIMIZER, adam_betas=(0.8, 0.95))
-    config = TrainConfig(
-        output_dir=str(tmp_path / "run"),
-        batch_size=len(PROBLEMS) * G,
-        micro_batch_size=G,
-        lr_schedule="cosine",
-        progress_bar=False,
-        log_completions_every=0,
-        **optimizer,
-    )
+    batch = dict(batch_size=len(PROBLEMS) * G, micro_batch_size=G)
+    config = tiny_train_config(tmp_path / "run", **batch, lr_schedule="cosine", **optimizer)
     trainer = Trainer(
         model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config, reference=reference
     )
@@ -166,19 +160,17 @@ def library_step(tokenizer, tmp_path, loss_type, beta, mu, step):
     return {name: w.detach() for name, w in weights.items()}, sampler.asked, stats
 
 
+def twin_settings(loss_type, beta, mu, **settings):
+    """The twin's Settings for a case: SHARED, AdamW's betas 0.8 and 0.95 (the library side's adam_betas),
+    the case's loss, KL weight and num_iterations, and `settings`."""
+    objective = dict(loss_type=loss_type, beta=beta, num_iterations=mu)
+    return twin.Settings(**SHARED, adam_beta1=0.8, adam_beta2=0.95, **objective, **settings)
+
+
 def twin_step(tokenizer, monkeypatch, loss_type, beta, mu, step, asked):
     """The weights after the twin's grpo_step number `step` on the same completions, the prompts in the
     library's order."""
-    s = twin.Settings(
-        **SHARED,
-        **OPTIMIZER,
-        adam_beta1=0.8,
-        adam_beta2=0.95,
-        loss_type=loss_type,
-        beta=beta,
-        num_iterations=mu,
-        prompts_per_step=len(asked),
-    )
+    s = twin_settings(loss_type, beta, mu, **OPTIMIZER, prompts_per_step=len(asked))
     fixed = {tuple(twin.encode(tokenizer, p.question)): fixed_completions(tokenizer, p) for p in PROBLEMS}
     monkeypatch.setattr(twin, "sample_group", lambda weights, config, prompt, *_: fixed[tuple(prompt)])
     monkeypatch.setattr(twin, "completion_logprobs", stored_in_fp32(twin.completion_logprobs))
@@ -412,16 +404,9 @@ def library_steps(tmp_path, loss_type, beta, mu, top_p) -> list[tuple]:
     model, library_tokenizer = minigrpo.load_pretrained(twin.MODEL, dtype=torch.float64)
     rows = [{"prompt": p.question + "\n", "answer": p.answer} for p in THREE]
     grpo = GRPOConfig(**SHARED, loss_type=loss_type, beta=beta, num_iterations=mu, top_p=top_p)
-    config = TrainConfig(
-        output_dir=str(tmp_path / "run"),
-        batch_size=2 * G,
-        micro_batch_size=G,
-        lr_schedule="cosine",
-        progress_bar=False,
-        log_completions_every=0,
-        seed=7,
-        adam_betas=(0.8, 0.95),
-        **STEPS,
+    batch = dict(batch_size=2 * G, micro_batch_size=G)
+    config = tiny_train_config(
+        tmp_path / "run", **batch, lr_schedule="cosine", seed=7, adam_betas=(0.8, 0.95), **STEPS
     )
     trainer = Trainer(model, library_tokenizer, Task(rows, [RewardSpec("accuracy")]), grpo, config)
     sample = trainer._sample
@@ -446,18 +431,7 @@ def library_steps(tmp_path, loss_type, beta, mu, top_p) -> list[tuple]:
 def twin_steps(tokenizer, monkeypatch, loss_type, beta, mu, top_p) -> list[tuple]:
     """The twin's train() for 3 steps on THREE (fp64, seed 7), each step as (its prompts' token ids, its
     sampled completions, the weights after it, its stats)."""
-    s = twin.Settings(
-        **SHARED,
-        **STEPS,
-        adam_beta1=0.8,
-        adam_beta2=0.95,
-        loss_type=loss_type,
-        beta=beta,
-        num_iterations=mu,
-        top_p=top_p,
-        prompts_per_step=2,
-        seed=7,
-    )
+    s = twin_settings(loss_type, beta, mu, **STEPS, top_p=top_p, prompts_per_step=2, seed=7)
     sample_group = twin.sample_group
     grpo_step = twin.grpo_step
     sampled = []

@@ -4,8 +4,6 @@ padding."""
 import pytest
 import torch
 from helpers import CONFIGS, TINY, tiny_model
-from transformers import Qwen3Config as HFConfig
-from transformers import Qwen3ForCausalLM
 
 import minigrpo
 import minigrpo.model.layers as layers
@@ -13,8 +11,12 @@ import minigrpo.model.layers as layers
 ATOL = 1e-4
 
 
-def hf_twin(model: minigrpo.Qwen3) -> Qwen3ForCausalLM:
-    """transformers' Qwen3 holding the same weights (no disk involved)."""
+def hf_twin(model: minigrpo.Qwen3):
+    """transformers' Qwen3ForCausalLM holding the same weights (no disk involved). transformers is imported
+    here, where it is used, so that collecting the suite (or running other files) does not import it."""
+    from transformers import Qwen3Config as HFConfig
+    from transformers import Qwen3ForCausalLM
+
     hf = Qwen3ForCausalLM(HFConfig(**model.config.to_dict())).eval()
     missing, unexpected = hf.load_state_dict(minigrpo.model.weights.to_hf_state_dict(model), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}

@@ -210,21 +210,28 @@ def test_many_calls_at_once_each_get_their_whole_time_limit(tokenizer):
     """Eight calls of a tool that takes 0.6 s of its 1 s each, made at once: all answer, none waits
     behind the others and times out (a pool of 4 workers once let the last 4 time out in its queue)."""
 
-    @register_tool("test_sleepy", time_limit=1.0, argument="text")
-    def sleepy(text):
+    responses = slow_calls_at_once(tokenizer, "test_sleepy", 8)
+    assert responses == ["ok"] * 8
+
+
+def slow_calls_at_once(tokenizer, name: str, count: int) -> list[str]:
+    """`count` calls made at once (requests 0, 1, ...) of a tool registered here as `name`, which takes
+    0.6 s of its 1 s limit; their responses once every one is answered."""
+
+    @register_tool(name, time_limit=1.0, argument="text")
+    def slow(text):
         time.sleep(0.6)
         return "ok"
 
-    call = '<tool_call>{"name": "test_sleepy", "arguments": {"text": ""}}</tool_call>'
-    with ToolRunner(tokenizer, "qwen3", ["test_sleepy"], max_tool_calls=4) as runner:
-        for request in range(8):
+    call = f"<tool_call>{json.dumps({'name': name, 'arguments': {'text': ''}})}</tool_call>"
+    with ToolRunner(tokenizer, "qwen3", [name], max_tool_calls=4) as runner:
+        for request in range(count):
             runner.start(request, tokenizer.encode(call))
         answered = set()
-        while len(answered) < 8:
-            answered |= {r for r in set(range(8)) - answered if runner.poll(r) is not None}
+        while len(answered) < count:
+            answered |= {r for r in set(range(count)) - answered if runner.poll(r) is not None}
             time.sleep(0.01)
-        responses = [runner.calls(r)[0].response for r in range(8)]
-    assert responses == ["ok"] * 8
+        return [runner.calls(r)[0].response for r in range(count)]
 
 
 @pytest.fixture
@@ -412,20 +419,7 @@ def test_a_queued_call_is_timed_from_when_it_starts_not_when_it_was_made(tokeniz
         runner_module, "THREADS", runner_module.Threads()
     )  # none of the process's threads idle: one at a time
 
-    @register_tool("test_queued", time_limit=1.0, argument="text")
-    def queued(text):
-        time.sleep(0.6)
-        return "ok"
-
-    call = '<tool_call>{"name": "test_queued", "arguments": {"text": ""}}</tool_call>'
-    with ToolRunner(tokenizer, "qwen3", ["test_queued"], max_tool_calls=4) as runner:
-        for request in range(2):
-            runner.start(request, tokenizer.encode(call))
-        answered = set()
-        while len(answered) < 2:
-            answered |= {r for r in {0, 1} - answered if runner.poll(r) is not None}
-            time.sleep(0.01)
-        responses = [runner.calls(r)[0].response for r in range(2)]
+    responses = slow_calls_at_once(tokenizer, "test_queued", 2)
     assert responses == ["ok", "ok"]
 
 

@@ -13,8 +13,6 @@ import pytest
 import torch
 from helpers import CONFIGS, TINY, tiny_model, tiny_tokenizer, write_json
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
-from transformers import Qwen3Config as HFConfig
 
 import minigrpo
 from minigrpo import files
@@ -23,7 +21,12 @@ ATOL = 1e-4
 IDS = torch.randint(0, TINY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(0))
 
 
-def hf_random(**overrides) -> Qwen3ForCausalLM:
+def hf_random(**overrides):
+    """A random transformers Qwen3ForCausalLM (TINY, with `overrides`). transformers is imported where it is
+    used, so that collecting the suite (or running other files) does not import it."""
+    from transformers import Qwen3Config as HFConfig
+    from transformers import Qwen3ForCausalLM
+
     torch.manual_seed(1)
     return Qwen3ForCausalLM(HFConfig(**{**TINY, **overrides})).eval()
 
@@ -42,6 +45,8 @@ def test_transformers_checkpoint_loads_with_same_logits(tmp_path, name):
 def test_our_checkpoint_loads_in_transformers(tmp_path, name):
     model = tiny_model(**CONFIGS[name])
     minigrpo.save_pretrained(model, None, tmp_path / "ckpt")
+    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
     assert isinstance(hf, Qwen3ForCausalLM)
     with torch.no_grad():
@@ -62,6 +67,8 @@ def test_sharded_checkpoints_round_trip(tmp_path):
     ]
     assert len(shards) > 1
     again, _ = minigrpo.load_pretrained(str(tmp_path / "ours"))
+    from transformers import Qwen3ForCausalLM
+
     reread = Qwen3ForCausalLM.from_pretrained(tmp_path / "ours").eval()
     with torch.no_grad():
         assert torch.equal(again(IDS), model(IDS))
