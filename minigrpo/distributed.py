@@ -21,15 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as tdist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -167,7 +158,8 @@ def digest(rows: list[dict]) -> str:
 
 
 # -- the policy across ranks -----------------------------------------------------------------------
-_WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole state, gathered to rank 0's CPU
+# FSDP2, DDP and the distributed state dicts are imported where they are used: importing them costs every
+# process that imports the trainer most of a second, and one process uses only the state dicts, to save.
 
 
 class ParallelModel:
@@ -198,12 +190,10 @@ class ParallelModel:
     ):
         self.dist = dist
         self.padding = padding
-        self.module = (
-            module
-            if dist.world_size == 1 or not (shard or trainable)
-            else _wrap(module, dist, shard, blocks, trainable)
-        )
-        self.sharded = isinstance(self.module, FSDPModule)
+        wrapped = dist.world_size > 1 and (shard or trainable)
+        self.module = _wrap(module, dist, shard, blocks, trainable) if wrapped else module
+        self.sharded = wrapped and shard  # FSDP2
+        self.replicated = wrapped and not shard  # DistributedDataParallel
         if self.sharded and trainable:
             # FSDP2 sets itself up in the root's first forward, and the sampler calls the blocks directly:
             # one forward (every rank) first. The root then keeps its weights whole until a backward: reshard.
@@ -223,7 +213,7 @@ class ParallelModel:
         """No all-reduce in the backward of any micro-batch but the last (DDP). FSDP2 reduce-scatters
         every micro-batch's gradients: postponing that would keep whole gradients on every rank, the
         memory it saves."""
-        if last or not isinstance(self.module, DistributedDataParallel):
+        if last or not self.replicated:
             return contextlib.nullcontext()
         return self.module.no_sync()
 
@@ -232,6 +222,11 @@ class ParallelModel:
         """Every FSDP2-sharded parameter whole on every rank until the block ends, and no resharding after
         each block's forward: the sampler runs without collectives, so ranks may take different numbers of
         decode steps. Nothing happens when not sharded. Every rank must enter it (an all-gather)."""
+        if not self.sharded:
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
         sharded = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
         for m in sharded:
             m.unshard()
@@ -258,8 +253,10 @@ class ParallelModel:
         model's own state_dict is whole."""
         if not self.sharded:
             return None
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         # gathered from the root FSDP2 was applied to
-        whole = get_model_state_dict(self.module, options=_WHOLE)
+        whole = get_model_state_dict(self.module, options=_whole())
         return {name.removeprefix("model."): t for name, t in whole.items()}
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
@@ -268,17 +265,32 @@ class ParallelModel:
         optimizer's state, torch takes a step with lr 0 to create it, shifting AdamW's bias correction)."""
         if not optimizer.state:
             return None
-        return get_optimizer_state_dict(self.module, optimizer, options=_WHOLE)
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.module, optimizer, options=_whole())
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
         if state is None:  # saved before the first step: a fresh AdamW is the same
             return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
         set_optimizer_state_dict(
             self.module, optimizer, state, options=StateDictOptions(full_state_dict=True)
         )
 
 
+def _whole():
+    """The state dicts' options for a checkpoint: whole, gathered to rank 0's CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
 def _wrap(module: torch.nn.Module, dist: Dist, shard: bool, blocks, trainable: bool) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
     if shard:
         mesh = init_device_mesh(dist.device.type, (dist.world_size,))
         for block in blocks:
