@@ -111,29 +111,29 @@ class BatchRows:
 
     requests: torch.Tensor  # (b,) long: the request the row decodes
     columns: torch.Tensor  # (b,) long: the column of the Completions buffers its next token goes to
-    done: torch.Tensor  # (b,) bool: its request has ended; the row idles until refilled or dropped
+    finished: torch.Tensor  # (b,) bool: its request has ended; the row idles until refilled or dropped
     last_token: torch.Tensor  # (b,) long: its latest token, the next decode step's input
     noise: torch.Tensor  # (b, max_new + 1, A): its draws per column, A where top-p's rejection may redraw
-    row_keys: torch.Tensor  # (b,) long: its request's random key
+    keys: torch.Tensor  # (b,) long: its request's random key
     # host: the row's length less the decode steps run so far (its length if it had been decoding since
     # step 0). Every decode step adds at most one slot to a row, so no row holds more than
-    # decode_steps + max(reach) tokens: the slots a decode step must read, without a sync
-    reach: list[int]
+    # decode_steps + max(lengths_at_step_zero) tokens: the slots a decode step must read, without a sync
+    lengths_at_step_zero: list[int]
 
     @classmethod
     def empty(cls, rows: int, max_new: int, attempts: int, device) -> BatchRows:
         return cls(
             requests=torch.arange(rows, device=device),
             columns=torch.zeros(rows, dtype=torch.long, device=device),
-            done=torch.zeros(rows, dtype=torch.bool, device=device),
+            finished=torch.zeros(rows, dtype=torch.bool, device=device),
             last_token=torch.zeros(rows, dtype=torch.long, device=device),
             noise=torch.zeros(rows, max_new + 1, attempts, device=device),
-            row_keys=torch.zeros(rows, dtype=torch.long, device=device),
-            reach=[0] * rows,
+            keys=torch.zeros(rows, dtype=torch.long, device=device),
+            lengths_at_step_zero=[0] * rows,
         )
 
     def __len__(self) -> int:
-        return len(self.reach)
+        return len(self.lengths_at_step_zero)
 
     def select(self, order: torch.Tensor) -> BatchRows:
         """Rows `order` (b',) of every field, in that order: the one place rows are re-indexed."""
@@ -198,7 +198,7 @@ class Engine:
             self.logits = self.start_rows(list(range(rows)), list(range(rows)))  # (b, V)
             first_prefill = self.prefill_seconds
             start = time.perf_counter()
-            self.decode_loop()
+            self.decode_until_finished()
             refill_seconds = self.prefill_seconds - first_prefill  # refills are prefill
             self.warmup_seconds = self.graphs.capture_seconds - captured if self.graphs is not None else 0.0
             decode_seconds = time.perf_counter() - start - refill_seconds - self.warmup_seconds
@@ -240,26 +240,26 @@ class Engine:
         rows = self.rows
         rows.requests[where] = request_ids
         rows.columns[where] = 0
-        rows.done[where] = False
-        rows.row_keys[where] = self.completions.keys[request_ids]
-        draws = all_draws(rows.row_keys[where], self.max_new, rows.noise.shape[2])  # (b', max_new + 1, A)
+        rows.finished[where] = False
+        rows.keys[where] = self.completions.keys[request_ids]
+        draws = all_draws(rows.keys[where], self.max_new, rows.noise.shape[2])  # (b', max_new + 1, A)
         rows.noise[where] = draws
         for slot, p in zip(slots, prompt_of):
-            rows.reach[slot] = len(self.prompts[p]) - self.decode_steps
+            rows.lengths_at_step_zero[slot] = len(self.prompts[p]) - self.decode_steps
         self.prefill_seconds += time.perf_counter() - t
         return logits
 
-    def decode_loop(self) -> None:
+    def decode_until_finished(self) -> None:
         """Take a token for every row, then run a decode step, until every request has finished."""
         while True:
             self.choose(self.logits)
-            if (self.decode_steps + 1) % self.check_every == 0 and not self.check():
+            if (self.decode_steps + 1) % self.check_every == 0 and not self.refill_or_drop():
                 return
             span = self.span()
             if self.compiled:
                 span = span_bucket(span, self.cache.max_len)
             self.logits = self.decode(self.model, self.rows.last_token, self.cache, span)  # (b, V)
-            self.cache.lengths -= self.rows.done.long()  # finished rows stay where they are
+            self.cache.lengths -= self.rows.finished.long()  # finished rows stay where they are
             self.decode_steps += 1
 
     def choose(self, logits: torch.Tensor, which=slice(None)) -> None:
@@ -270,25 +270,25 @@ class Engine:
         # token, logprob: (b,) each
         token, logprob = sample(logits, self.config, self.rows.noise[which], columns)
         if self.hook is None:
-            self.record(which, requests, columns, token, logprob)
+            self.write_tokens(which, requests, columns, token, logprob)
         else:
             steering = self.hook.steer(self, which, token)  # the one place a hook meets the loop
-            self.record_steered(which, requests, columns, token, logprob, steering)
+            self.write_steered_tokens(which, requests, columns, token, logprob, steering)
 
-    def record(self, which, requests, columns, token, logprob) -> None:
+    def write_tokens(self, which, requests, columns, token, logprob) -> None:
         """Store the rows' tokens at their columns and move the rows on. A row finishes at an EOS or at its
         budget's last column."""
         completions = self.completions
         completions.tokens[requests, columns] = token
         completions.logprobs[requests, columns] = logprob
         ends = torch.isin(token, self.eos)  # (b,)
-        finished = self.rows.done[which] | ends | (columns == completions.budgets[requests] - 1)  # (b,)
-        self.rows.done[which] = finished
+        finished = self.rows.finished[which] | ends | (columns == completions.budgets[requests] - 1)  # (b,)
+        self.rows.finished[which] = finished
         self.rows.last_token[which] = token
         self.rows.columns[which] = torch.where(finished, self.scratch, columns + 1)  # finished: to scratch
 
-    def record_steered(self, which, requests, columns, drawn, logprob, steering: Steering) -> None:
-        """`record` as the hook steers it. A forced token is stored with log-prob 0 and generated
+    def write_steered_tokens(self, which, requests, columns, drawn, logprob, steering: Steering) -> None:
+        """`write_tokens` as the hook steers it. A forced token is stored with log-prob 0 and generated
         False, and its EOS ends nothing; a held row writes to the scratch column and stays as it was, and
         its cache length steps back one, so that the next decode step feeds its last token into that
         token's own slot; a stopped row finishes after its token."""
@@ -303,22 +303,22 @@ class Engine:
         completions.generated[requests, written] = ~forced
         ends = torch.isin(token, self.eos) & ~(forced | held)  # (b,)
         last_column = written == completions.budgets[requests] - 1  # (b,)
-        finished = rows.done[which] | ends | last_column | steering.stopped  # (b,)
+        finished = rows.finished[which] | ends | last_column | steering.stopped  # (b,)
         next_columns = torch.where(finished, self.scratch, written + 1)  # (b,)
         # before the columns move on: `columns` may be a view of them
         completions.limits[requests] = torch.where(
             steering.stopped, columns + 1, completions.limits[requests]
         )
         completions.stopped[requests] |= steering.stopped
-        rows.done[which] = finished
+        rows.finished[which] = finished
         rows.last_token[which] = torch.where(held, rows.last_token[which], token)
         rows.columns[which] = torch.where(held, columns, next_columns)
         self.cache.lengths[which] -= held.long()
 
-    def check(self) -> bool:
+    def refill_or_drop(self) -> bool:
         """The check: refill finished rows with waiting requests, or, once none wait, drop them (when they
         are half the batch); False once every request has finished."""
-        finished = self.rows.done.nonzero().squeeze(1).tolist()
+        finished = self.rows.finished.nonzero().squeeze(1).tolist()
         if finished and self.waiting:
             refill = finished[: len(self.waiting)]
             requests = [self.waiting.pop() for _ in refill]
@@ -337,14 +337,14 @@ class Engine:
         """Move the running rows to the front and shrink the batch (to a batch bucket when compiled)."""
         size = running if not self.compiled else min(b for b in self.batch_sizes if b >= running)
         # running rows first, in order
-        order = torch.argsort(self.rows.done.to(torch.int8), stable=True)[:size]
+        order = torch.argsort(self.rows.finished.to(torch.int8), stable=True)[:size]
         self.cache = self.cache.keep_rows(order, self.span(), fresh=self.mode == "inductor")
         self.rows = self.rows.select(order)
 
     def span(self) -> int:
         """Cache slots the next decode step reads: one more than the longest row will then hold (a
         host-side bound)."""
-        return self.decode_steps + max(self.rows.reach) + 1
+        return self.decode_steps + max(self.rows.lengths_at_step_zero) + 1
 
     def to_samples(self, decode_seconds: float) -> Samples:
         completions = self.completions

@@ -54,7 +54,7 @@ class ToolTurns:
         that have observation tokens queued, hold the rows whose call still runs, and start the calls of
         the rows that drew the end marker (or stop them, past the limit)."""
         requests = engine.rows.requests[which].tolist()
-        finished = engine.rows.done[which].tolist()
+        finished = engine.rows.finished[which].tolist()
         # wait for an answer only when no finished row could take a waiting request instead
         self.collect_answers(requests, finished, wait=not (engine.waiting and any(finished)))
         rows = len(requests)
@@ -92,7 +92,7 @@ class ToolTurns:
             time.sleep(POLL_SECONDS)
 
     def ends_row(self, engine, request: int, column: int) -> bool:
-        """Whether the end marker, drawn for `column`, ends its row (as Engine.record_steered decides):
+        """Whether the end marker, drawn for `column`, ends its row (as Engine.write_steered_tokens decides):
         an EOS, or the budget's last column. Such a row starts no call."""
         return (
             self.tools.end_token_id in engine.config.eos_token_ids
