@@ -1,11 +1,45 @@
 """Stage 1 of the loop, rollout: the decode engine, the state machine behind sampler.generate.
 
 In: the model, prompts as token-id lists, the sampling settings, a seed and an optional `DecodeHook`
-(tool calls: tool_turns.py). Out: `Samples`. It keeps the KV cache (model/kv_cache.py) and, per request, the
-tokens and log-probs drawn so far; it knows token ids and tensors, not text, rewards or tools: the hook
-is the one place a decode step is steered by anything but sampling.
+(tool calls: tool_turns.py). Out: `Samples`. It keeps the KV cache (model/kv_cache.py) and two tables:
+`Completions`, per request, the tokens and log-probs written so far; `BatchRows`, per batch row, what the
+row decodes now. It knows token ids and tensors, not text, rewards or tools: the hook is the one place a
+decode step is steered by anything but sampling.
 
-How a call runs, how rows are refilled and compacted, and the graphed decode: sampler.py's docstring.
+How a call runs. The P x G requests (request r continues prompt r // G) decode in one batch of at most
+`max_batch_rows` rows, over one KV cache. `Engine.start_rows` prefills each distinct prompt once and
+copies it into its rows; every row has its own length. Then `Engine.decode_until_finished` repeats:
+`Engine.choose` draws each row's next token (next_token.py) into its request's Completions row, and a
+decode step runs every row's last token through the model, the LM head on that position only, attention
+over the slots written so far (`Engine.span`, a bound the host knows without a sync).
+
+Refill and compaction. At a check (`Engine.refill_or_drop`: every decode step on CPU, where it is a read
+of host memory; every 8 on a GPU) a finished row is refilled with a waiting request; once nothing
+waits, finished rows are dropped from the batch when they are half of it (`Engine.compact`). Until then
+a finished row writes to the scratch column and its cache length steps back after each decode step: it
+costs compute, not correctness. `BatchRows.select` is the one place rows are re-indexed; Completions are
+indexed by request and never move. A row's random numbers are keyed by its request (next_token.py), so
+refill and compaction move rows around without changing a single draw.
+
+Graphed decode (`compile`): one graph per (batch rows, span), spans from length buckets of 64, 128,
+256, ... slots and batch rows from the call's first batch size and the powers of two below it
+(compaction pads with finished rows, masked). On a GPU the graphs are CUDA graphs of the eager decode
+step (decode_graphs.py), kept with their KV cache from one call to the next: a decode step of 28 layers
+is one launch instead of about a thousand, and this is the default there (`compile="auto"`). The graphs
+read the cache and their own token and logits buffers, never the BatchRows: a step copies the rows' last
+tokens in, and compaction moves the cache's rows to the front in place. On CPU they are torch.compile
+graphs (`compile=True`), living for the process; eager is CPU's default, and the reference path
+everywhere (`compile=False`). The slow reference, the whole sequence recomputed per token, lives in the
+tests.
+
+Tool calls (the hook, tool_turns.ToolTurns). A row that draws the hook's end marker pauses; the hook
+runs the call while the other rows decode, and the row resumes with the response's tokens (the
+observation) fed in as forced tokens, one per decode step, written to its cache slots like sampled ones
+but never drawn (`Engine.write_steered_tokens`). A paused row is held like a finished one (its decode
+step's cache write undone) and keeps its random stream. With a hook the host checks every decode step.
+Departure from the usual engines (verl's, vLLM's): observations are not prefilled as one chunk; feeding
+them through the batched decode steps needs no second attention path, at one decode step per
+observation token.
 """
 
 from __future__ import annotations
