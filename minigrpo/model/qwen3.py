@@ -172,7 +172,9 @@ class Attention(nn.Module):
           completions attending to their prompt's and their own (SharedPrompt);
         - a `cache`: a prompt block, stored, then causal over itself (prefill);
         - a `cache` while `decoding`: one token per row, stored at its row's length, attending to the
-          cache's first mask.shape[-1] slots (`attend_one_token`)."""
+          cache's first mask.shape[-1] slots.
+        The first three differ only in where the keys and values come from, and attend with
+        `attend_block`; the decode step attends with `attend_one_token`."""
         q, k, v = self.project(x, cos, sin)
         if decoding:
             return self.attend_one_token(q, k, v, mask, cache)
