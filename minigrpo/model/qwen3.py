@@ -109,9 +109,9 @@ class Qwen3Config:
 class SharedPrompt:
     """Training with the G completions of a prompt in G consecutive rows: the prompt runs once.
 
-    Passed to the blocks as their cache, twice: while the prompts (P rows) run, each block keeps
-    their keys and values, with their graph; then each block of the completions (P * G rows)
-    attends to its prompt's keys and values followed by its own. Only those keys and values are
+    Passed to the blocks as `shared` (attention's shared-prompt path), twice: while the prompts (P rows)
+    run, each block keeps their keys and values, with their graph; then each block of the completions
+    (P * G rows) attends to its prompt's keys and values followed by its own. Only those keys and values are
     copied per row; the prompt's projections, MLP and activations exist once, and autograd sums
     the G rows' gradients.
     """
@@ -122,9 +122,9 @@ class SharedPrompt:
         self.values = {}  # layer -> (P, kv_heads, Lp, D)
         self.completions = False  # False while the prompts run, True once the completions do
 
-    def write_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """The prompts' own k, v (kept), or for completions k, v (P * G, kv_heads, Tc, D) their
-        prompt's followed by theirs, (P * G, kv_heads, Lp + Tc, D)."""
+    def keys_and_values(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """What block `layer` attends to: the prompts' own k, v (kept), or for completions k, v
+        (P * G, kv_heads, Tc, D) their prompt's followed by theirs, (P * G, kv_heads, Lp + Tc, D)."""
         if not self.completions:
             self.keys[layer] = k
             self.values[layer] = v
@@ -156,10 +156,36 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None = None, decoding: bool = False):
-        """x (B, T, hidden). No cache: the batch attends to itself (training). A cache: a prompt block,
-        stored, then causal over itself (prefill); or, decoding, one token per row, stored at its row's
-        length, attending to the cache's first mask.shape[-1] slots."""
+    def forward(
+        self,
+        x,
+        cos,
+        sin,
+        mask,
+        cache: KVCache | None = None,
+        decoding: bool = False,
+        shared: SharedPrompt | None = None,
+    ):
+        """x (B, T, hidden) through one of attention's four paths, chosen by what comes with it:
+        - nothing: the batch attends to itself (training);
+        - `shared`: the shared-prompt path (training), the prompts keeping their keys and values, then the
+          completions attending to their prompt's and their own (SharedPrompt);
+        - a `cache`: a prompt block, stored, then causal over itself (prefill);
+        - a `cache` while `decoding`: one token per row, stored at its row's length, attending to the
+          cache's first mask.shape[-1] slots.
+        The first three differ only in where the keys and values come from, and attend with
+        `attend_block`; the decode step attends with `attend_one_token`."""
+        q, k, v = self.project(x, cos, sin)
+        if decoding:
+            return self.attend_one_token(q, k, v, mask, cache)
+        if cache is not None:
+            k, v = cache.write_prompt(self.layer, k, v)
+        elif shared is not None:
+            k, v = shared.keys_and_values(self.layer, k, v)
+        return self.attend_block(q, k, v, mask)
+
+    def project(self, x, cos, sin):
+        """q (B, H, T, D), k and v (B, Hkv, T, D) of x (B, T, hidden): q and k normed, then rotated."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
         q = self.q_norm(q).transpose(1, 2)  # (B, H, T, D)
@@ -167,17 +193,25 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        if cache is not None and not decoding:
-            k, v = cache.write_prompt(self.layer, k, v)
-        elif cache is not None:
-            k, v = cache.write_token(self.layer, k, v, mask.shape[-1])  # (B, Hkv, span, D)
-            # one query per row: the heads sharing a kv head become its queries (faster than enable_gqa)
-            y = F.scaled_dot_product_attention(q.view(B, self.n_kv, -1, self.head_dim), k, v, attn_mask=mask)
-            return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, H/Hkv, D) holds the heads in order
+        return q, k, v
+
+    def attend_block(self, q, k, v, mask):
+        """The block's T queries over keys and values k, v (B, Hkv, S, D): causal when mask is None (S = T),
+        else where mask (B, 1, T, S) allows; (B, T, hidden)."""
+        B, _, T, _ = q.shape
         gqa = self.n_kv != self.n_heads
         # y: (B, H, T, D)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def attend_one_token(self, q, k, v, mask, cache: KVCache):
+        """The decode step: one token per row, q (B, H, 1, D), its k, v stored at its row's length, over
+        the cache's first mask.shape[-1] slots; (B, 1, hidden)."""
+        B = q.shape[0]
+        k, v = cache.write_token(self.layer, k, v, mask.shape[-1])  # (B, Hkv, span, D)
+        # one query per row: the heads sharing a kv head become its queries (faster than enable_gqa)
+        y = F.scaled_dot_product_attention(q.view(B, self.n_kv, -1, self.head_dim), k, v, attn_mask=mask)
+        return self.o_proj(y.reshape(B, 1, -1))  # (B, Hkv, H/Hkv, D) holds the heads in order
 
 
 class MLP(nn.Module):
@@ -203,8 +237,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask, cache=None, decoding=False):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, decoding)
+    def forward(self, x, cos, sin, mask, cache=None, decoding=False, shared=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, decoding, shared)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -268,7 +302,7 @@ class Qwen3(nn.Module):
             self.embed_tokens(prompt_ids),
             self._rotary(positions[::G, :Lp]),
             visibility_mask(prompt_mask.bool()),
-            shared,
+            shared=shared,
         )
         last_prompt = self.norm(x[:, -1])  # (P, hidden): predicts each completion's first token
         shared.completions = True
@@ -277,7 +311,7 @@ class Qwen3(nn.Module):
             self.embed_tokens(input_ids[:, Lp:]),
             self._rotary(positions[:, Lp:]),
             completion_rows,
-            shared,
+            shared=shared,
             checkpointed=self._checkpointing,
         )
         first = last_prompt.repeat_interleave(G, 0)[:, None]  # (B, 1, hidden)
@@ -291,12 +325,18 @@ class Qwen3(nn.Module):
         """cos, sin (B, 1, T, D) for positions (B, T), broadcast over the heads."""
         return rotary_cos_sin(positions[:, None], self.config.head_dim, self.config.rope_theta, self.dtype)
 
-    def _blocks(self, x, rotary, mask, cache=None, decoding: bool = False, checkpointed: bool = False):
+    def _blocks(
+        self, x, rotary, mask, cache=None, decoding: bool = False, shared=None, checkpointed: bool = False
+    ):
+        """x through every block; a KV cache (prefill, or `decoding`) or a SharedPrompt picks attention's
+        path (Attention.forward)."""
         for block in self.layers:
             if checkpointed:
-                x = torch.utils.checkpoint.checkpoint(block, x, *rotary, mask, cache, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(
+                    block, x, *rotary, mask, cache, decoding, shared, use_reentrant=False
+                )
             else:
-                x = block(x, *rotary, mask, cache, decoding)
+                x = block(x, *rotary, mask, cache, decoding, shared)
         return x
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor, cache: KVCache) -> torch.Tensor:

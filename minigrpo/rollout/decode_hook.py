@@ -28,5 +28,6 @@ class DecodeHook(Protocol):
     calls: list[list]  # per request, the records of its calls (Samples.tool_calls)
 
     def steer(self, engine, which, drawn: torch.Tensor) -> Steering:
-        """The steering of batch rows `which`, which drew `drawn` (b,). It reads the engine's requests,
-        done, columns, tokens and waiting, and writes none of them."""
+        """The steering of batch rows `which`, which drew `drawn` (b,). It reads the engine's rows
+        (requests, finished, columns), its completions (tokens, budgets) and waiting, and writes none of
+        them."""

@@ -3,39 +3,24 @@
 In: prompts as lists of token ids, and the sampling settings. Out: `Samples` (completion tokens,
 the log-prob of each under the temperature-scaled full distribution, finish reasons, timings).
 It knows token ids and the model, not text, rewards or training. This module is the stage's entry:
-`generate` checks the prompts and runs one `Engine` (engine.py, the decode state machine).
+`generate` checks the prompts and runs one `Engine` (engine.py, the decode state machine; its docstring
+says how a call runs, how rows are refilled and compacted, and how decode steps run as graphs).
 
-A call decodes the P x G requested rows in one batch of at most `max_batch_rows` rows, over one
-KV cache (model/kv_cache.py). Each distinct prompt is prefilled once and copied into its rows; every row has
-its own length. At a check (every decode step on CPU, where it is a read of host memory; every 8 on a
-GPU) a finished row is refilled with a waiting request; once nothing waits, finished rows are dropped
-from the batch when they are half of it. The LM head runs on the last position only, attention
-over the slots written so far; each row's next token is drawn by next_token.py.
+What a caller chooses (SamplingConfig): `max_batch_rows` bounds the rows decoding at once, and so the
+KV cache; finished rows are refilled from the waiting ones, and dropped when half the batch (`compact`).
+`compile` runs the decode steps as graphs: CUDA graphs on a GPU by default ("auto"), torch.compile's on
+CPU with True (slow to build); False is the eager reference path everywhere.
 
-Graphed decode (`compile`): one graph per (batch rows, span), spans from length buckets of 64, 128,
-256, ... slots and batch rows from the call's first batch size and the powers of two below it
-(compaction pads with finished rows, masked). On a GPU the graphs are CUDA graphs of the eager decode
-step (decode_graphs.py), kept with their KV cache from one call to the next: a decode step of 28 layers
-is one launch instead of about a thousand, and this is the default there (`compile="auto"`). On CPU they
-are torch.compile graphs (`compile=True`), living for the process; eager is CPU's default, and the
-reference path everywhere (`compile=False`). The slow reference, the whole sequence recomputed per
-token, lives in the tests.
-
-Tool calls (`tools`, a `ToolHook` such as tools.ToolRunner): the engine's one hook, tool_turns.ToolTurns.
-A row that draws the hook's end marker pauses; the hook runs the call while the other rows decode, and
-the row resumes with the response's tokens (the observation) fed in as forced tokens, one per decode
-step, written to its cache slots like sampled ones but never drawn: their log-probs are 0 and `generated`
-marks them False. They count against max_new_tokens. A paused row is held like a finished one (its
-decode step's cache write undone) and keeps its random stream, so its completion does not depend on
-when the call returned. With tools the host checks every decode step, and `Samples.tool_calls` holds
-each completion's call records.
-Departure from the usual engines (verl's, vLLM's): observations are not prefilled as one chunk; feeding
-them through the batched decode steps needs no second attention path, at one decode step per
-observation token.
+Tool calls (`tools`, a `ToolHook` such as tools.ToolRunner): a completion that draws the tools' end
+marker pauses while its call runs, then takes the response's tokens (the observation) as forced tokens:
+their log-probs are 0 and `generated` marks them False, and they count against max_new_tokens. A
+completion does not depend on when its call returned, and `Samples.tool_calls` holds each completion's
+call records.
 
 Departure from the usual recipe (transformers, vLLM): no torch.Generator. A counter-based hash of
 (row seed, token index) makes a row's random numbers independent of the batch row it decodes in and of
-what runs beside it, so refill and compaction move rows around without changing a single draw.
+what runs beside it: the same seed gives the same tokens whatever `max_batch_rows`, refill or
+compaction do.
 """
 
 from __future__ import annotations

@@ -53,18 +53,18 @@ class ToolTurns:
         """The steering of batch rows `which`, which drew `drawn` (b,): collect the answers, feed the rows
         that have observation tokens queued, hold the rows whose call still runs, and start the calls of
         the rows that drew the end marker (or stop them, past the limit)."""
-        requests = engine.requests[which].tolist()
-        done = engine.done[which].tolist()
+        requests = engine.rows.requests[which].tolist()
+        finished = engine.rows.finished[which].tolist()
         # wait for an answer only when no finished row could take a waiting request instead
-        self.collect_answers(requests, done, wait=not (engine.waiting and any(done)))
+        self.collect_answers(requests, finished, wait=not (engine.waiting and any(finished)))
         rows = len(requests)
         tokens = torch.zeros(rows, dtype=torch.long)  # (b,)
         forced = torch.zeros(rows, dtype=torch.bool)  # (b,)
         held = torch.zeros(rows, dtype=torch.bool)  # (b,)
         stopped = torch.zeros(rows, dtype=torch.bool)  # (b,)
-        columns = engine.columns[which].tolist()
+        columns = engine.rows.columns[which].tolist()
         for row, (request, token) in enumerate(zip(requests, drawn.tolist())):
-            if done[row]:
+            if finished[row]:
                 continue
             if self.queued.get(request):
                 tokens[row] = self.queued[request].pop(0)
@@ -76,7 +76,7 @@ class ToolTurns:
         device = engine.device
         return Steering(tokens.to(device), forced.to(device), held.to(device), stopped.to(device))
 
-    def collect_answers(self, requests: list[int], done: list[bool], wait: bool) -> None:
+    def collect_answers(self, requests: list[int], finished: list[bool], wait: bool) -> None:
         """Queue the observations of the calls that have answered. When every unfinished row is waiting
         on a call and `wait`, wait here (a decode step would do nothing) until one answers."""
         while True:
@@ -86,17 +86,17 @@ class ToolTurns:
                     if observation is not None:
                         self.running.discard(request)
                         self.queued[request] = list(observation)
-            waiting = [request in self.running for request, d in zip(requests, done) if not d]
+            waiting = [request in self.running for request, f in zip(requests, finished) if not f]
             if not wait or not waiting or not all(waiting):
                 return
             time.sleep(POLL_SECONDS)
 
     def ends_row(self, engine, request: int, column: int) -> bool:
-        """Whether the end marker, drawn for `column`, ends its row (as Engine.record_steered decides):
+        """Whether the end marker, drawn for `column`, ends its row (as Engine.write_steered_tokens decides):
         an EOS, or the budget's last column. Such a row starts no call."""
         return (
             self.tools.end_token_id in engine.config.eos_token_ids
-            or column == int(engine.budgets[request]) - 1
+            or column == int(engine.completions.budgets[request]) - 1
         )
 
     def start_call(self, engine, request: int, column: int) -> bool:
@@ -105,7 +105,7 @@ class ToolTurns:
         self.made[request] += 1
         if self.made[request] > self.tools.max_tool_calls:
             return True
-        completion = engine.tokens[request, :column].tolist() + [self.tools.end_token_id]
+        completion = engine.completions.tokens[request, :column].tolist() + [self.tools.end_token_id]
         self.calls[request].append(self.tools.start(request, completion))
         self.running.add(request)
         return False
