@@ -480,8 +480,8 @@ class Trainer:
             )
 
     def go_back(self, step: int, stream_state: dict) -> None:
-        """Back to the end of step `step`, the prompt stream at `data`, after a failure in stages 1-3 of
-        the step after it (whose weights are still those of `step`)."""
+        """Back to the end of step `step`, the prompt stream at `stream_state`, after a failure in stages
+        1-3 of the step after it (whose weights are still those of `step`)."""
         self.step = step
         self.stream.load_state(stream_state)
 
