@@ -28,8 +28,9 @@ from ..step_rewards import policy_steps
 from ..update import formula, token_logprobs
 from ..verifier import extract_answer
 
-MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
-# (and with a teacher, those where its log-prob is farthest from the policy's)
+# per completion in the token table: those the update moved most, in their order (and with a teacher,
+# those where its log-prob is farthest from the policy's)
+MAX_TOKENS_SHOWN = 8
 # the update stats shown, in order
 BRIEF = (
     "loss",
