@@ -254,7 +254,7 @@ class Trainer:
         taught = self.teach(batch.trained, clock)  # the teacher's log-probs (on-policy distillation)
         advantage_stats = self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
-            observer.rollouts(self, batch.sampled)
+            observer.after_advantages(self, batch.sampled)
         self.updated_step = None  # until it ends, the weights are neither this step's nor the last's
         # ranks: each trains an equal block of the groups trained on (not its own samples: dynamic
         # sampling drops flat groups), each loss a share of the whole step's totals
@@ -264,7 +264,7 @@ class Trainer:
             update = self.updater(rank_groups, self.step, totals)  # 4. update: num_iterations AdamW steps
         self.updated_step = self.step
         if observer is not None:
-            observer.updated(self, update)
+            observer.after_update(self, update)
         stats = self.metrics(batch, {**taught, **advantage_stats, **update}, clock)  # 5. metrics
         return stats, self._examples(batch.sampled)
 
