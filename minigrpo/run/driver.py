@@ -57,10 +57,10 @@ def build_run(
     dist = distributed.setup(device)  # under torchrun: join the process group, take this rank's device
     config.check_against(grpo, dist.world_size)
     resume_from = resume.resume_point(config, model_path, dist)
-    saved = None if resume_from is None else checkpoint.load_state(resume_from)
-    if saved is not None:
-        resume.check_same_start(saved["model_path"], model_path, resume_from, dist.print)
-        resume.check_same_adapters(saved["configs"], config, resume_from)
+    state = None if resume_from is None else checkpoint.load_state(resume_from)
+    if state is not None:
+        resume.check_same_start(state["model_path"], model_path, resume_from, dist.print)
+        resume.check_same_adapters(state["configs"], config, resume_from)
     device = dist.device  # each rank's own GPU under torchrun
     model, tokenizer = load_pretrained(
         resume_from or model_path,
@@ -78,13 +78,13 @@ def build_run(
     trainer = Trainer(
         model, tokenizer, task, grpo, config, model_path=model_path, reference=reference, dist=dist
     )
-    if saved is None:
+    if state is None:
         return Run(trainer)
-    resume.check_same_base(saved.get("base_sha256"), trainer.plan, resume_from)
-    resume.check_same_teacher(saved.get("teacher_sha256"), trainer.plan, grpo.teacher_model, resume_from)
-    for note in resume.changed_settings(saved["configs"], as_dict(grpo, config)):
+    resume.check_same_base(state.get("base_sha256"), trainer.plan, resume_from)
+    resume.check_same_teacher(state.get("teacher_sha256"), trainer.plan, grpo.teacher_model, resume_from)
+    for note in resume.changed_settings(state["configs"], as_dict(grpo, config)):
         dist.print(note)
-    wall_seconds_before = checkpoint.restore(trainer, saved)
+    wall_seconds_before = checkpoint.restore(trainer, state)
     dist.print(f"resuming from {resume_from} (step {trainer.step})")
     return Run(trainer, wall_seconds_before)
 
@@ -117,13 +117,13 @@ class Run:
                 start_stats,
             )
         first_step = trainer.step
-        saved = trainer.step  # the last step a checkpoint holds (or the start)
+        saved_step = trainer.step  # the last step a checkpoint holds (or the start)
         save_every = config.save_every
-        data = trainer.stream.state()
+        stream_before = trainer.stream.state()
         try:
             last = min(config.max_steps, config.stop_at_step or config.max_steps)
             while trainer.step < last:
-                data = trainer.stream.state()  # the prompt stream before this step: a failure goes back to it
+                stream_before = trainer.stream.state()  # a failure in this step goes back to it
                 stats, examples = trainer.train_step(observer)
                 observer = None
                 if on_step is not None:
@@ -134,11 +134,11 @@ class Run:
                     logger.log_completions(trainer.step, examples)
                 if save_every and trainer.step % save_every == 0:
                     self.save()
-                    saved = trainer.step
+                    saved_step = trainer.step
             if trainer.step > first_step and (not save_every or trainer.step % save_every):
                 self.save()  # the last step, unless it was just saved (or this process took none)
         except Exception as error:
-            self._save_after_failure(error, saved, data)
+            self._save_after_failure(error, saved_step, stream_before)
             raise
         finally:
             logger.close()
@@ -168,18 +168,18 @@ class Run:
         processes up to the checkpoint it resumed from."""
         return self.wall_seconds_before + time.monotonic() - self.started
 
-    def _save_after_failure(self, error: Exception, saved: int, data: dict) -> None:
+    def _save_after_failure(self, error: Exception, saved_step: int, stream_before: dict) -> None:
         """After an exception in `train`: a checkpoint of the last step whose update completed, so that a
         resume goes on from there, unless one holds it already. Not after a failure inside an update (its
         weights are neither step's, or NaN), nor a full disk, nor under torchrun, where the other ranks
         may not have failed and a save waits for all of them. A failure in stages 1-3 of a step leaves
-        the weights of the step before: the step and the prompt stream (`data`) go back to it."""
+        the weights of the step before: the step and the prompt stream (`stream_before`) go back to it."""
         trainer = self.trainer
         updated = trainer.updated_step
-        if updated is None or updated == saved or isinstance(error, files.DiskFull):
+        if updated is None or updated == saved_step or isinstance(error, files.DiskFull):
             return
         if trainer.dist.world_size > 1:  # (a rank that saves alone would wait for the others for ever)
             return
         if updated < trainer.step:
-            trainer.go_back(updated, data)
+            trainer.go_back(updated, stream_before)
         self.save()
