@@ -58,7 +58,7 @@ def update_memory(setup: str, rank: int, smoke: bool, checkpointing: bool) -> di
         prompt_tokens, completion_tokens = 8, 16
     torch.manual_seed(0)
     model = Qwen3(Qwen3Config(**shape))  # (random weights: memory does not depend on their values)
-    model.gradient_checkpointing = checkpointing  # as the trainer sets it from TrainConfig
+    model.gradient_checkpointing = checkpointing  # as load_pretrained(gradient_checkpointing=...) builds it
     if lora:
         add_adapters(model, Adapters(rank=rank, alpha=32, targets=LORA_TARGETS), seed=0)
     reference = None

@@ -308,10 +308,10 @@ def test_the_learning_rate_follows_warm_up_then_the_schedule(tokenizer, tmp_path
 class Rollouts:
     """An observer of train_step (as trace.py's) that keeps the step's rollouts after stage 3."""
 
-    def rollouts(self, trainer, rollouts):
+    def after_advantages(self, trainer, rollouts):
         self.seen = rollouts
 
-    def updated(self, trainer, stats):
+    def after_update(self, trainer, stats):
         pass
 
 

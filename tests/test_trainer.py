@@ -102,10 +102,10 @@ class Sampled:
     def __init__(self):
         self.sampled = []
 
-    def rollouts(self, trainer, rollouts):
+    def after_advantages(self, trainer, rollouts):
         self.sampled.append(rollouts)
 
-    def updated(self, trainer, stats):
+    def after_update(self, trainer, stats):
         pass
 
 

@@ -79,9 +79,7 @@ class Samples:
     finish_reasons: list[str]  # "stop" (EOS), "length" (max_new_tokens reached), "tool_limit"
     prompt_indices: list[int]  # the prompt each sample continues
     generated: list[list[bool]] | None = None  # per completion token: sampled (True) or a tool's observation
-    tool_calls: list[list] | None = (
-        None  # per completion, the records of its calls; None: called without tools
-    )
+    tool_calls: list[list] | None = None  # per completion, its calls' records; None without tools
     prefill_seconds: float = 0.0  # prompt passes (the first and every refill), copies into the rows included
     decode_seconds: float = 0.0  # every decode step, sampling included
     decode_steps: int = 0  # model calls after the first prefill

@@ -1,7 +1,8 @@
 """The loop and what stands around it: the trainer's step, the run that drives it, and what it leaves
 behind (metrics, checkpoints, evaluations, the trace, curves).
 
-- `Trainer` (trainer.py): one GRPO step, the stages in order, chosen once when it is built;
+- `Trainer` (trainer.py): one GRPO step, the stages in order, chosen once when it is built (what
+  trains, against what, and which stages: plan.py's `TrainingPlan`);
 - `train`, `build_run`, `Run` (driver.py): a run started fresh or resumed, driven to its end,
   logged and saved; where a resume goes on from, and its checks (resume.py);
 - checkpoints (checkpoint.py): `save_checkpoint`, `load_state`, the format of trainer_state.pt;

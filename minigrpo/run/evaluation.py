@@ -196,10 +196,12 @@ def evaluate_held_out(trainer, problems, template, rewards=None, **settings) -> 
     """`evaluate` of a Trainer's policy on held-out problems, each rank taking a block of them;
     every rank gets the result over all of them. Greedy results do not depend on the number of ranks;
     sampled ones (temperature > 0) do, as each rank seeds its own block."""
-    mine = trainer.dist.block_of(problems)
+    rank_problems = trainer.dist.block_of(problems)
     trainer.model.eval()
     with trainer.policy.gathered():
-        results = evaluate(trainer.model, trainer.tokenizer, mine, template, rewards, **settings).results
+        results = evaluate(
+            trainer.model, trainer.tokenizer, rank_problems, template, rewards, **settings
+        ).results
     return summarize(trainer.dist.gather_joined(results), settings.get("samples", 1), settings.get("ks", ()))
 
 
@@ -211,14 +213,14 @@ def initial_evaluation(trainer, measure, measured_on: dict) -> dict:
     rank calls it (measure() is an evaluation they run together)."""
     config = trainer.config
     dist = trainer.dist
-    saved = {}
+    recorded = {}
     if config.resume and dist.is_main:
-        saved = checkpoint.read_initial_evaluation(config.output_dir)
-    saved = dist.broadcast(saved)  # every rank takes the same branch below
-    if saved.get("held_out") == measured_on:
-        return saved
+        recorded = checkpoint.read_initial_evaluation(config.output_dir)
+    recorded = dist.broadcast(recorded)  # every rank takes the same branch below
+    if recorded.get("held_out") == measured_on:
+        return recorded
     if trainer.step > 0:  # the starting policy is gone: measuring now would compare the run with itself
-        was = _described(saved["held_out"]) if saved.get("held_out") else "problems not recorded"
+        was = _described(recorded["held_out"]) if recorded.get("held_out") else "problems not recorded"
         raise ValueError(
             f"this run's accuracy before GRPO was measured on {was}, not on "
             f"{_described(measured_on)}: resume with the same held-out problems and tools (or start "

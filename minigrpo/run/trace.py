@@ -28,8 +28,9 @@ from ..step_rewards import policy_steps
 from ..update import formula, token_logprobs
 from ..verifier import extract_answer
 
-MAX_TOKENS_SHOWN = 8  # per completion in the token table: those the update moved most, in their order
-# (and with a teacher, those where its log-prob is farthest from the policy's)
+# per completion in the token table: those the update moved most, in their order (and with a teacher,
+# those where its log-prob is farthest from the policy's)
+MAX_TOKENS_SHOWN = 8
 # the update stats shown, in order
 BRIEF = (
     "loss",
@@ -42,13 +43,16 @@ BRIEF = (
 
 
 class Trace:
+    """An observer of `Trainer.train_step`: `after_advantages` shows the first group's rollouts after stage
+    3, `after_update` what the update did to them after stage 4."""
+
     def __init__(self, write=print, html_path: str | None = None):
         self.write = write
         self.html_path = html_path
         self.group = []
         self.record = {}
 
-    def rollouts(self, trainer, rollouts) -> None:
+    def after_advantages(self, trainer, rollouts) -> None:
         G = trainer.grpo.num_generations
         self.group = rollouts[:G]
         self.before = self._logprobs(trainer)
@@ -117,7 +121,7 @@ class Trace:
                 "token's advantage, the sum of the normalised step rewards of the steps ending at or after it"
             )
 
-    def updated(self, trainer, stats: dict) -> None:
+    def after_update(self, trainer, stats: dict) -> None:
         after = self._logprobs(trainer)
         for i, (r, shown) in enumerate(zip(self.group, self.record["completions"])):
             generated = r.generated or [True] * len(r.completion_ids)

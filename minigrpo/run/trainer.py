@@ -254,7 +254,7 @@ class Trainer:
         taught = self.teach(batch.trained, clock)  # the teacher's log-probs (on-policy distillation)
         advantage_stats = self.advantages(batch.trained)  # 3. advantages, over the groups trained on
         if observer is not None:
-            observer.rollouts(self, batch.sampled)
+            observer.after_advantages(self, batch.sampled)
         self.updated_step = None  # until it ends, the weights are neither this step's nor the last's
         # ranks: each trains an equal block of the groups trained on (not its own samples: dynamic
         # sampling drops flat groups), each loss a share of the whole step's totals
@@ -264,7 +264,7 @@ class Trainer:
             update = self.updater(rank_groups, self.step, totals)  # 4. update: num_iterations AdamW steps
         self.updated_step = self.step
         if observer is not None:
-            observer.updated(self, update)
+            observer.after_update(self, update)
         stats = self.metrics(batch, {**taught, **advantage_stats, **update}, clock)  # 5. metrics
         return stats, self._examples(batch.sampled)
 
@@ -480,8 +480,8 @@ class Trainer:
             )
 
     def go_back(self, step: int, stream_state: dict) -> None:
-        """Back to the end of step `step`, the prompt stream at `data`, after a failure in stages 1-3 of
-        the step after it (whose weights are still those of `step`)."""
+        """Back to the end of step `step`, the prompt stream at `stream_state`, after a failure in stages
+        1-3 of the step after it (whose weights are still those of `step`)."""
         self.step = step
         self.stream.load_state(stream_state)
 

@@ -278,8 +278,7 @@ class Updater:
         )
         # a teacher's exact reverse KL joins the loss (distillation_form="full"; otherwise as it was)
         loss, stats = self.distillation.loss(loss, stats, distilled, batch.completion_mask, totals["tokens"])
-        # The sampler and this pass computed the same tokens' log-probs under the same weights: ~0 apart
-        # in fp32.
+        # the sampler and this pass computed these tokens' log-probs under the same weights: ~0 apart in fp32
         if batch.sampler_logprobs is not None:
             mismatch = sampler_mismatch(
                 old, batch.sampler_logprobs, batch.completion_mask, totals["sequences"]
