@@ -51,8 +51,14 @@ def vowel_share(completions, **_):
     return [sum(c.count(ch) for ch in "aeiou") / max(len(c), 1) for c in completions]
 
 
-if VOWELS not in REWARD_FUNCTIONS:
-    register_reward(VOWELS)(vowel_share)
+def x_or_vowel_share(completions, **_):
+    """vowel_share with 'x' counted too: the trainer and distillation tests' reward, test_count_x."""
+    return [sum(c.count(ch) for ch in "xaeiou") / max(len(c), 1) for c in completions]
+
+
+for _name, _reward in ((VOWELS, vowel_share), ("test_count_x", x_or_vowel_share)):
+    if _name not in REWARD_FUNCTIONS:
+        register_reward(_name)(_reward)
 
 
 def tiny_train_config(output_dir, /, **settings) -> minigrpo.TrainConfig:

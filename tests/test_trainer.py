@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from helpers import ROWS, tiny_train_config
+from helpers import ROWS, tiny_train_config, x_or_vowel_share
 
 import minigrpo
 from minigrpo import GRPOConfig, RewardSpec, Task, TrainConfig, Trainer
@@ -18,22 +18,16 @@ from minigrpo.tasks import PromptStream
 from minigrpo.verifier import REWARD_FUNCTIONS, register_reward
 
 
-def _count_x(completions, **_):
-    """A reward a random model earns unevenly: the share of characters that are 'x' or a vowel."""
-    return [sum(c.count(ch) for ch in "xaeiou") / max(len(c), 1) for c in completions]
-
-
 def _constant(completions, **_):
     return [1.0 for _ in completions]
 
 
 def _count_x_for_odd_answers(completions, answer, **_):
-    """_count_x where the gold answer is odd; 0.5 for every completion of the other prompts (flat groups)."""
-    return [x if int(a) % 2 else 0.5 for x, a in zip(_count_x(completions), answer)]
+    """x_or_vowel_share where the gold answer is odd; 0.5 for the other prompts (flat groups)."""
+    return [x if int(a) % 2 else 0.5 for x, a in zip(x_or_vowel_share(completions), answer)]
 
 
 for _name, _fn in (
-    ("test_count_x", _count_x),
     ("test_constant", _constant),
     ("test_odd_only", _count_x_for_odd_answers),
 ):
