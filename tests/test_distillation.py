@@ -230,13 +230,16 @@ def test_a_tools_observation_tokens_stay_out_of_the_kl():
 def test_a_run_with_a_teacher_trains_and_leaves_the_teacher_as_it_was(policies, tmp_path, form, options):
     student, teacher, _ = policies
     trainer = make(student, tmp_path, distilling(teacher, distillation_form=form, **options))
-    before = {k: v.clone() for k, v in trainer.teacher.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.plan.teacher.state_dict().items()}
     stats, _ = trainer.train_step()
     assert stats["distill/reverse_kl"] > 0 and 0 < stats["distill/loss_share"] < 1
     assert stats["time/teacher"] > 0 and stats["skipped"] == 0.0
     assert f"rkl {stats['distill/reverse_kl']:.4f}" in console_line(1, stats)
-    assert all(torch.equal(before[k], v) for k, v in trainer.teacher.state_dict().items())
-    assert not any(p.requires_grad for p in trainer.teacher.parameters()) and not trainer.teacher.training
+    assert all(torch.equal(before[k], v) for k, v in trainer.plan.teacher.state_dict().items())
+    assert (
+        not any(p.requires_grad for p in trainer.plan.teacher.parameters())
+        and not trainer.plan.teacher.training
+    )
     assert f"distillation_form={form}" in trainer.describe_objective()
     if form == "full":  # the exact KL of the update, and its term in the loss
         assert stats["distill/reverse_kl_exact"] > 0 and stats["distill/loss"] > 0
@@ -246,7 +249,7 @@ def test_a_run_without_a_teacher_has_no_teacher_stage(policies, tmp_path):
     student, _, _ = policies
     trainer = make(student, tmp_path, GRPOConfig(num_generations=4, max_completion_length=8))
     stats, _ = trainer.train_step()
-    assert trainer.teacher is None and not [k for k in stats if "distill" in k or k == "time/teacher"]
+    assert trainer.plan.teacher is None and not [k for k in stats if "distill" in k or k == "time/teacher"]
 
 
 def test_a_lora_student_trains_its_adapters_beside_a_teacher_and_keeps_its_base_as_kl_reference(
@@ -255,10 +258,10 @@ def test_a_lora_student_trains_its_adapters_beside_a_teacher_and_keeps_its_base_
     student, teacher, _ = policies
     trainer = make(student, tmp_path, distilling(teacher, beta=0.1), lora_rank=2)
     stats, _ = trainer.train_step()
-    assert trainer.reference is None  # the KL's reference: the student's base, its adapters off
+    assert trainer.plan.reference is None  # the KL's reference: the student's base, its adapters off
     trainable = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in name for name in trainable)
-    assert trainer.teacher is not trainer.model and stats["distill/reverse_kl"] > 0 and "kl" in stats
+    assert trainer.plan.teacher is not trainer.model and stats["distill/reverse_kl"] > 0 and "kl" in stats
 
 
 def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies, tmp_path):
@@ -276,7 +279,7 @@ def test_a_resumed_run_reloads_its_teacher_and_repeats_the_straight_run(policies
     assert all(torch.equal(v, resumed.model.state_dict()[k]) for k, v in straight.model.state_dict().items())
     saved = load_state(latest_checkpoint(str(tmp_path / "stopped")))  # the teacher's weights named, not held
     assert saved["teacher_sha256"] == weights_digest(minigrpo.load_pretrained(teacher)[0])
-    assert saved["teacher_sha256"] == resumed.teacher_sha256
+    assert saved["teacher_sha256"] == resumed.plan.teacher_sha256
     changed = root / "changed-teacher"
     shutil.copytree(teacher, changed)
     tokenizer = minigrpo.Tokenizer.from_directory(teacher)
@@ -303,8 +306,10 @@ def test_a_teacher_given_as_a_peft_adapter_directory_is_its_base_with_the_adapte
         adapted.layers[0].self_attn.q_proj.lora_B.weight.add_(0.5)  # adapters that change the base's outputs
     minigrpo.save_pretrained(adapted, tokenizer, str(root / "adapter-teacher"))
     trainer = make(student, tmp_path, distilling(str(root / "adapter-teacher")))
-    assert trainer.teacher.adapters is not None and trainer.teacher_sha256 == weights_digest(adapted)
-    assert trainer.teacher_sha256 != weights_digest(minigrpo.load_pretrained(student)[0])
+    assert trainer.plan.teacher.adapters is not None and trainer.plan.teacher_sha256 == weights_digest(
+        adapted
+    )
+    assert trainer.plan.teacher_sha256 != weights_digest(minigrpo.load_pretrained(student)[0])
     assert trainer.train_step()[0]["distill/reverse_kl"] > 0
 
 

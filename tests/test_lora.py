@@ -250,7 +250,7 @@ def lora_trainer(model_path: str, tmp_path, grpo=None, dtype=None, **train):
 
 def test_the_reference_is_the_base_with_adapters_off_and_only_adapters_reach_adamw(base, tmp_path):
     trainer = lora_trainer(base, tmp_path)
-    assert trainer.reference is None  # no second copy of the model
+    assert trainer.plan.reference is None  # no second copy of the model
     optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for p in adapter_state(trainer.model).values()}
     printed = []
@@ -275,7 +275,7 @@ def test_the_run_s_lora_settings_reach_its_adapters(base, tmp_path):
     )
     trainer = lora_trainer(base, tmp_path, seed=7, **settings)  # lora_rank 4
     wanted = Adapters(rank=4, alpha=12.0, targets=("q_proj", "down_proj"), dropout=0.1, rslora=True)
-    assert trainer.adapters == wanted
+    assert trainer.plan.adapters == wanted
     modules = {name: m for name, m in trainer.model.named_modules() if hasattr(m, "lora_A")}
     assert sorted(modules) == [
         f"layers.{i}.{p}" for i in (0, 1) for p in ("mlp.down_proj", "self_attn.q_proj")
@@ -286,8 +286,8 @@ def test_the_run_s_lora_settings_reach_its_adapters(base, tmp_path):
         model, _ = minigrpo.load_pretrained(base)
         drawn = adapter_state(add_adapters(model, wanted, seed=seed))
         assert all(torch.equal(p, drawn[name]) for name, p in adapter_state(trainer.model).items()) == same
-    assert trainer.base_sha256 == weights_sha256(base)  # pinned for its checkpoints
-    assert lora_trainer(base, tmp_path, lora_rank=0).base_sha256 is None  # trained whole: no base
+    assert trainer.plan.base_sha256 == weights_sha256(base)  # pinned for its checkpoints
+    assert lora_trainer(base, tmp_path, lora_rank=0).plan.base_sha256 is None  # trained whole: no base
 
 
 def trainer_parameters(model) -> float:
@@ -301,12 +301,12 @@ def test_a_run_starting_from_an_adapter_directory_continues_it_against_a_frozen_
     minigrpo.save_pretrained(model, tokenizer, str(tmp_path / "start"))
     # continues the file's adapters, with this run's dropout
     trainer = lora_trainer(str(tmp_path / "start"), tmp_path, lora_rank=0, lora_dropout=0.25)
-    assert trainer.adapters.rank == 4 and trainer.adapters.dropout == 0.25
+    assert trainer.plan.adapters.rank == 4 and trainer.plan.adapters.dropout == 0.25
     assert all(m.dropout.p == 0.25 for m in trainer.model.modules() if hasattr(m, "lora_A"))
-    assert trainer.reference is not None and trainer.reference.adapters == trainer.adapters
-    assert not any(p.requires_grad for p in trainer.reference.parameters())  # a frozen copy of the start
+    assert trainer.plan.reference is not None and trainer.plan.reference.adapters == trainer.plan.adapters
+    assert not any(p.requires_grad for p in trainer.plan.reference.parameters())  # a frozen copy of the start
     x = ids(model.config.vocab_size)
-    assert torch.equal(trainer.reference(x), model(x))
+    assert torch.equal(trainer.plan.reference(x), model(x))
     mask = torch.ones_like(x)
     with torch.no_grad():  # the KL's reference log-probs are that copy's
         theirs = minigrpo.update.TokenLogprobs(model)(x, mask, 4, 1.0)[0]
@@ -334,11 +334,11 @@ def test_adapters_put_on_in_memory_name_the_run_s_model_and_are_refused_under_fs
     model.name_or_path = ""  # as a model built in memory, its adapters on
     trainer = Trainer(model, tokenizer, task, grpo, TrainConfig(**settings), model_path=base)
     saved = minigrpo.run.Run(trainer).save()  # its checkpoints name it, the model left as it came
-    assert read_adapter_config(saved)[1] == base and trainer.base_sha256 is None
+    assert read_adapter_config(saved)[1] == base and trainer.plan.base_sha256 is None
     assert trainer.model.name_or_path == ""
     model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
     one_process = Trainer(model, tokenizer, task, grpo, TrainConfig(fsdp=True, **settings))
-    assert one_process.adapters is not None  # fsdp is a setting of several ranks: one trains as it is
+    assert one_process.plan.adapters is not None  # fsdp is a setting of several ranks: one trains as it is
     model, tokenizer = adapted(base, Adapters(rank=2, alpha=4, targets=("q_proj",)))
     message = r"fsdp cannot be combined with LoRA \(the model was loaded with adapters\)"
     with pytest.raises(ValueError, match=message):
@@ -416,7 +416,7 @@ def test_a_rank_above_the_narrowest_projection_is_refused_before_any_adapter_is_
         lora_trainer(base, tmp_path, lora_rank=10**12)  # (an allocation of terabytes, never tried)
     with pytest.raises(AdapterError, match="^lora_rank = 49 is above 48, the most q_proj takes"):
         lora_trainer(base, tmp_path, lora_rank=49, lora_target_modules="q_proj")
-    assert lora_trainer(base, tmp_path, lora_rank=48, lora_target_modules="q_proj").adapters.rank == 48
+    assert lora_trainer(base, tmp_path, lora_rank=48, lora_target_modules="q_proj").plan.adapters.rank == 48
     config_path, weights = saved_adapter(base, tmp_path / "adapter")
     edit_config(config_path, r=10**12)
     refused(

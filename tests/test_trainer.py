@@ -72,12 +72,12 @@ def test_a_step_with_all_advantages_zero_leaves_the_weights(checkpoint, tmp_path
 def test_beta_keeps_a_frozen_reference_and_logs_kl(checkpoint, tmp_path):
     grpo = GRPOConfig(num_generations=4, max_completion_length=12, beta=0.1, num_iterations=2)
     trainer = make_trainer(checkpoint, tmp_path, grpo=grpo)
-    assert make_trainer(checkpoint, tmp_path).reference is None  # beta = 0: no reference model at all
-    reference = weights(trainer.reference)
+    assert make_trainer(checkpoint, tmp_path).plan.reference is None  # beta = 0: no reference model at all
+    reference = weights(trainer.plan.reference)
     stats, _ = trainer.train_step()
     assert stats["kl"] > 0  # the second pass moved away from the reference
-    assert all(torch.equal(reference[k], v) for k, v in trainer.reference.state_dict().items())
-    assert not any(p.requires_grad for p in trainer.reference.parameters())
+    assert all(torch.equal(reference[k], v) for k, v in trainer.plan.reference.state_dict().items())
+    assert not any(p.requires_grad for p in trainer.plan.reference.parameters())
 
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal(checkpoint, tmp_path):

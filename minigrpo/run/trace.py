@@ -110,9 +110,9 @@ class Trace:
             + f"advantage = {formula(trainer.grpo)}"
             + ("  -> all equal: no signal" if rewards.std() == 0 else "")
         )
-        if trainer.teacher is not None:
+        if trainer.plan.teacher is not None:
             w(
-                f"[3 distillation]   {trainer.distillation.describe()} (update/distillation.py): the "
+                f"[3 distillation]   {trainer.plan.distillation.describe()} (update/distillation.py): the "
                 "teacher's log-probs above are those it grades the policy's tokens by"
             )
         if trainer.grpo.advantage_type != "outcome":
@@ -140,7 +140,7 @@ class Trace:
         )
         for i, shown in enumerate(self.record["completions"]):
             w(f"  #{i} A={shown['advantage']:+.2f}  " + " ".join(_most_moved(shown["tokens"])))
-        adapters = trainer.adapters
+        adapters = trainer.plan.adapters
         trained = (
             "every weight"
             if adapters is None

@@ -72,7 +72,7 @@ import torch
 
 from .. import distributed
 from ..config import GRPOConfig, TrainConfig, as_dict
-from ..model import Adapters, trainable_parameters
+from ..model import trainable_parameters
 from ..rollout import (
     Rollout,
     Samples,
@@ -199,31 +199,6 @@ class Trainer:
         }[self.plan.token_advantages]
         # before stage 3, the teacher's forward on the rollouts trained on; none without a teacher
         self.teach = self._teach if self.plan.teacher is not None else _no_teacher
-
-    # -- what the plan decided, under the names the trace and callers read ------------------------
-    @property
-    def adapters(self) -> Adapters | None:
-        return self.plan.adapters
-
-    @property
-    def reference(self):
-        return self.plan.reference
-
-    @property
-    def teacher(self):
-        return self.plan.teacher
-
-    @property
-    def distillation(self):
-        return self.plan.distillation
-
-    @property
-    def base_sha256(self) -> str | None:
-        return self.plan.base_sha256
-
-    @property
-    def teacher_sha256(self) -> str | None:
-        return self.plan.teacher_sha256
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, observer=None) -> tuple[dict[str, float], list[dict]]:
